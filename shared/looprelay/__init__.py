@@ -1,0 +1,1 @@
+"""looprelay: GitHub activity to AI coding-agent sessions."""

@@ -1,0 +1,308 @@
+"""The configuration: one pydantic model tree, the single list of options.
+
+Loaded in one fixed order by :func:`load_config`: defaults, then the YAML file, then
+``LOOPRELAY__section__key=value`` environment overrides. Secrets are referenced by the *name*
+of an environment variable, so their values never appear in the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from looprelay.errors import ConfigError
+
+ENV_OVERRIDE_PREFIX = "LOOPRELAY__"
+GITHUB_MAX_PAYLOAD_BYTES = 25 * 1024 * 1024
+"""GitHub never sends a payload above 25 MB (docs: webhook events and payloads)."""
+
+DEFAULT_EVENTS = (
+    "issues",
+    "issue_comment",
+    "pull_request",
+    "pull_request_review",
+    "pull_request_review_comment",
+    "installation",
+    "installation_repositories",
+)
+CI_EVENTS = ("check_run", "check_suite", "workflow_run", "status")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+def _check_env_name(name: str) -> str:
+    if not _ENV_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not an environment-variable name; put the secret in an environment "
+            "variable and write its name here, never the secret itself"
+        )
+    return name
+
+
+class GitHubConfig(_Section):
+    """How looprelay talks to GitHub and proves deliveries came from it."""
+
+    webhook_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of environment variables holding webhook secrets, primary first; "
+        "older ones stay listed during a rotation. Empty under `looprelay up` means a secret "
+        "generated in the data directory.",
+    )
+    api_url: str = Field(
+        default="https://api.github.com",
+        description="Base URL of the GitHub REST API (GitHub Enterprise: https://HOST/api/v3).",
+    )
+    app_id: int | None = Field(default=None, description="GitHub App id, for App auth.")
+    private_key_env: str | None = Field(
+        default=None, description="Environment variable holding the App's PEM private key."
+    )
+    token_env: str | None = Field(
+        default=None,
+        description="Environment variable holding a token, instead of App auth (local use).",
+    )
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        return [_check_env_name(name) for name in names]
+
+    @field_validator("private_key_env", "token_env")
+    @classmethod
+    def _optional_name(cls, name: str | None) -> str | None:
+        return None if name is None else _check_env_name(name)
+
+
+class WebhookConfig(_Section):
+    """The ingress function."""
+
+    events: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_EVENTS),
+        description="Events that are queued for the worker; any other event is acknowledged "
+        "with 202 and ignored.",
+    )
+    ci_events: bool = Field(
+        default=False,
+        description="Also queue CI events (check_run, check_suite, workflow_run, status).",
+    )
+    max_body_bytes: int = Field(
+        default=GITHUB_MAX_PAYLOAD_BYTES,
+        gt=0,
+        le=GITHUB_MAX_PAYLOAD_BYTES,
+        description="Largest request body accepted; larger ones get 413.",
+    )
+    max_text_chars: int = Field(
+        default=65_536,
+        ge=256,
+        le=200_000,
+        description="Cap on each free-text field (comment, review or PR body) in the envelope.",
+    )
+
+    def allowed_events(self) -> frozenset[str]:
+        """Return the events ingress queues."""
+        return frozenset(self.events) | (frozenset(CI_EVENTS) if self.ci_events else frozenset())
+
+
+class OidcConfig(_Section):
+    """Who may call the worker in the cloud: the queue's OIDC identity."""
+
+    service_account_email: str = Field(
+        description="Service account Cloud Tasks signs its OIDC token as."
+    )
+    audience: str = Field(description="Audience of the token: the worker's URL.")
+
+
+class WorkerConfig(_Section):
+    """The worker function."""
+
+    oidc: OidcConfig | None = Field(
+        default=None,
+        description="Verify Cloud Tasks OIDC tokens (required in the cloud). Unset under "
+        "`looprelay up`, where a shared secret in the data directory is used.",
+    )
+
+
+class SqliteConfig(_Section):
+    """The embedded store."""
+
+    path: str | None = Field(
+        default=None, description="Database file; default `looprelay.db` in the data directory."
+    )
+
+
+class FirestoreConfig(_Section):
+    """The cloud store."""
+
+    project: str | None = Field(
+        default=None, description="Google Cloud project; default from the environment."
+    )
+    database: str = Field(default="(default)", description="Firestore database id.")
+    collection_prefix: str = Field(
+        default="", description="Prefix of every collection name, to share a database."
+    )
+
+
+class StoreConfig(_Section):
+    """Where durable state lives."""
+
+    backend: Literal["sqlite", "firestore"] = Field(
+        default="sqlite", description="`sqlite` (embedded) or `firestore` (cloud)."
+    )
+    retention_days: int = Field(
+        default=7,
+        ge=3,
+        description="Days ledger records and events are kept; at least GitHub's 3-day "
+        "redelivery window.",
+    )
+    sqlite: SqliteConfig = Field(default_factory=SqliteConfig, description="SQLite settings.")
+    firestore: FirestoreConfig = Field(
+        default_factory=FirestoreConfig, description="Firestore settings."
+    )
+
+
+class RetryConfig(_Section):
+    """How often and how late a failed task is tried again (Cloud Tasks' RetryConfig)."""
+
+    max_attempts: int = Field(default=25, ge=1, description="Attempts before a dead letter.")
+    min_backoff_seconds: float = Field(
+        default=1.0, gt=0, description="Wait before the first retry."
+    )
+    max_backoff_seconds: float = Field(default=300.0, gt=0, description="Longest wait.")
+    max_doublings: int = Field(
+        default=16, ge=0, description="Times the wait doubles before growing linearly."
+    )
+
+
+class EmbeddedQueueConfig(_Section):
+    """The SQLite-backed queue of `looprelay up`."""
+
+    concurrency: int = Field(default=4, ge=1, le=64, description="Tasks dispatched at once.")
+    dedup_window_seconds: int = Field(
+        default=3600, ge=60, description="How long a finished task's name blocks a duplicate."
+    )
+    dispatch_deadline_seconds: float = Field(
+        default=60.0, gt=0, description="How long one POST to the worker may take."
+    )
+
+
+class CloudTasksConfig(_Section):
+    """Google Cloud Tasks."""
+
+    project: str = Field(default="", description="Project of the queue.")
+    location: str = Field(default="", description="Region of the queue.")
+    queue: str = Field(default="looprelay", description="Queue name.")
+    worker_url: str = Field(default="", description="URL of the worker function.")
+    service_account_email: str = Field(
+        default="", description="Identity whose OIDC token the queue attaches."
+    )
+    dispatch_deadline_seconds: int = Field(
+        default=60, ge=15, le=1800, description="How long the queue waits for the worker."
+    )
+    api_endpoint: str | None = Field(
+        default=None, description="Override of the Cloud Tasks endpoint (tests only)."
+    )
+
+
+class QueueConfig(_Section):
+    """How deliveries travel from ingress to the worker."""
+
+    backend: Literal["embedded", "cloudtasks"] = Field(
+        default="embedded", description="`embedded` (SQLite) or `cloudtasks`."
+    )
+    retry: RetryConfig = Field(default_factory=RetryConfig, description="Retry policy.")
+    embedded: EmbeddedQueueConfig = Field(
+        default_factory=EmbeddedQueueConfig, description="Embedded queue settings."
+    )
+    cloudtasks: CloudTasksConfig = Field(
+        default_factory=CloudTasksConfig, description="Cloud Tasks settings."
+    )
+
+
+class ServerConfig(_Section):
+    """The listener of `looprelay up`."""
+
+    host: str = Field(default="127.0.0.1", description="Address to bind; loopback by default.")
+    port: int = Field(default=8484, ge=0, le=65535, description="Port to bind (0 = any free).")
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    github: GitHubConfig = Field(default_factory=GitHubConfig, description="GitHub.")
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig, description="Ingress.")
+    worker: WorkerConfig = Field(default_factory=WorkerConfig, description="Worker.")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="Store.")
+    queue: QueueConfig = Field(default_factory=QueueConfig, description="Queue.")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="Local server.")
+
+
+def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Load the configuration: defaults, then the YAML at ``path``, then env overrides.
+
+    Expects ``path`` to be a YAML mapping (or None for defaults only). Raises ``ConfigError``
+    naming the file and the key when the file is missing, not YAML, or does not validate.
+    """
+    env = os.environ if environ is None else environ
+    source = str(path) if path else "defaults"
+    data: dict[str, Any] = {}
+    if path:
+        data = _read_yaml(Path(path))
+    _apply_env_overrides(data, env)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from exc
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return loaded
+
+
+def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    """``LOOPRELAY__store__backend=firestore`` sets ``store.backend``; values are YAML."""
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_OVERRIDE_PREFIX):
+            continue
+        keys = [key for key in name[len(ENV_OVERRIDE_PREFIX) :].split("__") if key]
+        node = data
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"environment {name}: {key} is not a section")
+            node = child
+        if keys:
+            node[keys[-1]] = yaml.safe_load(raw)
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: the configuration is not valid:"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (see docs/config.md for the keys there are)")
+        else:
+            lines.append(f"  {key}: {error['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The pure core: values in, decisions out; no I/O, no clock, no randomness."""

@@ -1,0 +1,265 @@
+"""The slim, typed event the webhook enqueues: what the worker needs and nothing else.
+
+A GitHub payload can be 25 MB; a Cloud Task holds 1 MB. :func:`project_envelope` keeps ids,
+names and a capped copy of each free-text field, and notes which fields it cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_Text = Callable[[Any, int, str], str]
+"""Caps a free-text value and notes the field when it was cut."""
+
+TITLE_CAP = 1_024
+NAME_CAP = 256
+LIST_CAP = 100
+"""Labels, linked PR numbers and installation repositories kept per envelope."""
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Actor(_Value):
+    """A GitHub account: the sender of an event or the author of a comment."""
+
+    login: str
+    id: int | None = None
+    type: str | None = None
+
+
+class Repository(_Value):
+    """The repository an event happened in."""
+
+    full_name: str
+    id: int | None = None
+    private: bool | None = None
+
+
+class Issue(_Value):
+    """The issue (or pull request, seen as an issue) an event names."""
+
+    number: int
+    title: str = ""
+    state: str | None = None
+    is_pull_request: bool = False
+    author: Actor | None = None
+    labels: list[str] = Field(default_factory=list)
+
+
+class Comment(_Value):
+    """An issue comment, a review comment or a review body."""
+
+    id: int
+    body: str = ""
+    author: Actor | None = None
+    review_state: str | None = None
+
+
+class PullRequest(_Value):
+    """A pull request and where its head lives."""
+
+    number: int
+    title: str = ""
+    body: str = ""
+    state: str | None = None
+    merged: bool = False
+    draft: bool = False
+    head_ref: str | None = None
+    head_repo: str | None = None
+    base_ref: str | None = None
+    base_repo: str | None = None
+    author: Actor | None = None
+
+
+class CheckRef(_Value):
+    """A CI event's subject (check run or suite, workflow run, status)."""
+
+    name: str | None = None
+    conclusion: str | None = None
+    head_sha: str | None = None
+    head_branch: str | None = None
+    pull_requests: list[int] = Field(default_factory=list)
+
+
+class Envelope(_Value):
+    """One delivery, projected. Every free-text field is capped; ``truncated`` names the cut
+    ones."""
+
+    delivery_id: str
+    event: str
+    action: str | None = None
+    installation_id: int | None = None
+    repository: Repository | None = None
+    sender: Actor | None = None
+    issue: Issue | None = None
+    pull_request: PullRequest | None = None
+    comment: Comment | None = None
+    label: str | None = None
+    check: CheckRef | None = None
+    repositories_added: list[str] = Field(default_factory=list)
+    repositories_removed: list[str] = Field(default_factory=list)
+    truncated: list[str] = Field(default_factory=list)
+
+
+def project_envelope(
+    *, event: str, delivery_id: str, payload: Mapping[str, Any], max_text_chars: int
+) -> Envelope:
+    """Project a verified GitHub payload into an :class:`Envelope`.
+
+    Expects the decoded JSON object. Fields of an unexpected type are left out rather than
+    trusted; never raises for payload shape.
+    """
+    cut: list[str] = []
+
+    def text(value: Any, cap: int, name: str) -> str:
+        if not isinstance(value, str):
+            return ""
+        if len(value) > cap:
+            cut.append(name)
+            return value[:cap]
+        return value
+
+    comment_source = _dict(payload, "comment") or _dict(payload, "review")
+    return Envelope(
+        delivery_id=delivery_id,
+        event=event,
+        action=_str(payload, "action"),
+        installation_id=_int(_dict(payload, "installation"), "id"),
+        repository=_repository(_dict(payload, "repository")),
+        sender=_actor(_dict(payload, "sender")),
+        issue=_issue(_dict(payload, "issue"), text),
+        pull_request=_pull_request(_dict(payload, "pull_request"), text, max_text_chars),
+        comment=_comment(comment_source, text, max_text_chars, _dict(payload, "review") != {}),
+        label=text(_dict(payload, "label").get("name"), NAME_CAP, "label") or None,
+        check=_check(payload),
+        repositories_added=_repo_names(payload.get("repositories_added")),
+        repositories_removed=_repo_names(payload.get("repositories_removed")),
+        truncated=cut,
+    )
+
+
+def _dict(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    value = obj.get(key) if obj else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value[:NAME_CAP] if isinstance(value, str) else None
+
+
+def _int(obj: Mapping[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    # bool is an int in Python; a JSON true is not an id.
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _actor(obj: Mapping[str, Any]) -> Actor | None:
+    login = _str(obj, "login")
+    if login is None:
+        return None
+    return Actor(login=login, id=_int(obj, "id"), type=_str(obj, "type"))
+
+
+def _repository(obj: Mapping[str, Any]) -> Repository | None:
+    full_name = _str(obj, "full_name")
+    if full_name is None:
+        return None
+    private = obj.get("private")
+    return Repository(
+        full_name=full_name,
+        id=_int(obj, "id"),
+        private=private if isinstance(private, bool) else None,
+    )
+
+
+def _issue(obj: Mapping[str, Any], text: _Text) -> Issue | None:
+    number = _int(obj, "number")
+    if number is None:
+        return None
+    labels = obj.get("labels")
+    names = [
+        label["name"][:NAME_CAP]
+        for label in (labels if isinstance(labels, list) else [])[:LIST_CAP]
+        if isinstance(label, Mapping) and isinstance(label.get("name"), str)
+    ]
+    return Issue(
+        number=number,
+        title=text(obj.get("title"), TITLE_CAP, "issue.title"),
+        state=_str(obj, "state"),
+        is_pull_request="pull_request" in obj,
+        author=_actor(_dict(obj, "user")),
+        labels=names,
+    )
+
+
+def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest | None:
+    number = _int(obj, "number")
+    if number is None:
+        return None
+    head, base = _dict(obj, "head"), _dict(obj, "base")
+    return PullRequest(
+        number=number,
+        title=text(obj.get("title"), TITLE_CAP, "pull_request.title"),
+        body=text(obj.get("body"), cap, "pull_request.body"),
+        state=_str(obj, "state"),
+        merged=obj.get("merged") is True,
+        draft=obj.get("draft") is True,
+        head_ref=_str(head, "ref"),
+        head_repo=_str(_dict(head, "repo"), "full_name"),
+        base_ref=_str(base, "ref"),
+        base_repo=_str(_dict(base, "repo"), "full_name"),
+        author=_actor(_dict(obj, "user")),
+    )
+
+
+def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> Comment | None:
+    comment_id = _int(obj, "id")
+    if comment_id is None:
+        return None
+    return Comment(
+        id=comment_id,
+        body=text(obj.get("body"), cap, "comment.body"),
+        author=_actor(_dict(obj, "user")),
+        review_state=_str(obj, "state") if is_review else None,
+    )
+
+
+def _check(payload: Mapping[str, Any]) -> CheckRef | None:
+    for key in ("check_run", "check_suite", "workflow_run"):
+        obj = _dict(payload, key)
+        if obj:
+            prs = obj.get("pull_requests")
+            numbers = [
+                pr["number"]
+                for pr in (prs if isinstance(prs, list) else [])[:LIST_CAP]
+                if isinstance(pr, Mapping) and _int(pr, "number") is not None
+            ]
+            return CheckRef(
+                name=_str(obj, "name"),
+                conclusion=_str(obj, "conclusion"),
+                head_sha=_str(obj, "head_sha"),
+                head_branch=_str(obj, "head_branch"),
+                pull_requests=numbers,
+            )
+    if "sha" in payload and "state" in payload:  # the `status` event
+        return CheckRef(
+            name=_str(payload, "context"),
+            conclusion=_str(payload, "state"),
+            head_sha=_str(payload, "sha"),
+        )
+    return None
+
+
+def _repo_names(value: Any) -> list[str]:
+    repos = value if isinstance(value, list) else []
+    return [
+        repo["full_name"][:NAME_CAP]
+        for repo in repos[:LIST_CAP]
+        if isinstance(repo, Mapping) and isinstance(repo.get("full_name"), str)
+    ]

@@ -1,0 +1,47 @@
+"""The one error tree of looprelay, classified by who must act.
+
+Adapters translate foreign exceptions into these once, at the edge; callers branch on the class,
+never on message text.
+"""
+
+from __future__ import annotations
+
+
+class LoopRelayError(Exception):
+    """Base of every error looprelay raises on purpose."""
+
+
+class ConfigError(LoopRelayError):
+    """The operator's configuration is wrong; the message names the key and the fix."""
+
+
+class BadDelivery(LoopRelayError):
+    """A request from outside is malformed; ``status`` is the HTTP code it earns."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Unauthorized(LoopRelayError):
+    """The caller did not prove who it is (401) or is not allowed (403)."""
+
+    def __init__(self, message: str, *, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Transient(LoopRelayError):
+    """Try again later: a store, queue or GitHub hiccup (429/5xx, network, contention)."""
+
+
+class Permanent(LoopRelayError):
+    """Retrying cannot help; the work goes to the dead letters for an operator."""
+
+
+class RunnerError(LoopRelayError):
+    """An agent-side outcome with a machine-readable ``reason``, reported as a result."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,177 @@
+"""The webhook: raw HTTP in, a verified slim envelope on the queue, 202 out.
+
+Checks run cheapest first and each failure has one status code (SPEC §1). Nothing here runs
+policy; it must answer well inside GitHub's 10-second budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qs
+
+from looprelay.config import WebhookConfig
+from looprelay.core.envelope import Envelope, project_envelope
+from looprelay.core.signature import verify_signature
+from looprelay.core.tasknames import delivery_task_name
+from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.ports import MAX_TASK_BYTES, Queue, Task
+
+log = logging.getLogger("looprelay.ingress")
+
+EVENT_HEADER = "x-github-event"
+DELIVERY_HEADER = "x-github-delivery"
+SIGNATURE_HEADER = "x-hub-signature-256"
+JSON_TYPE = "application/json"
+FORM_TYPE = "application/x-www-form-urlencoded"
+_DELIVERY_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_EVENT_NAME = re.compile(r"^[a-z_]{1,64}$")
+
+
+class Ingress:
+    """Verifies deliveries and enqueues them; one instance serves many requests."""
+
+    def __init__(
+        self,
+        *,
+        secrets: Sequence[bytes],
+        queue: Queue,
+        config: WebhookConfig,
+        verify: bool = True,
+    ) -> None:
+        """Raises ``ConfigError`` when verification is on and there is no secret (fail closed)."""
+        if verify and not secrets:
+            raise ConfigError(
+                "no webhook secret: set github.webhookSecrets to the names of environment "
+                "variables holding the secret; refusing to accept unsigned deliveries"
+            )
+        self._secrets = tuple(secrets)
+        self._queue = queue
+        self._config = config
+        self._allowed = config.allowed_events()
+        self._verify = verify
+
+    def handle(self, request: Request) -> Response:
+        """Answer one webhook request; never raises."""
+        delivery = request.headers.get(DELIVERY_HEADER, "")
+        try:
+            return self._accept(request)
+        except BadDelivery as exc:
+            log.warning(
+                "webhook rejected: %s",
+                exc,
+                extra={"delivery_id": _loggable(delivery), "fields": {"status": exc.status}},
+            )
+            return json_response(exc.status, {"error": str(exc)})
+        except Transient as exc:
+            log.error("enqueue failed, GitHub will record a failed delivery: %s", exc,
+                      extra={"delivery_id": _loggable(delivery)})
+            return json_response(503, {"error": "queue unavailable; redeliver later"})
+
+    def _accept(self, request: Request) -> Response:
+        if request.method != "POST":
+            raise BadDelivery("only POST is accepted here", status=405)
+        self._check_size(request)
+        media_type = _media_type(request.headers.get("content-type", ""))
+        if media_type not in (JSON_TYPE, FORM_TYPE):
+            raise BadDelivery(f"content type must be {JSON_TYPE} or {FORM_TYPE}", status=415)
+        event = request.headers.get(EVENT_HEADER, "")
+        delivery_id = request.headers.get(DELIVERY_HEADER, "")
+        if not _EVENT_NAME.match(event):
+            raise BadDelivery("missing or malformed X-GitHub-Event header")
+        if not _DELIVERY_ID.match(delivery_id):
+            raise BadDelivery("missing or malformed X-GitHub-Delivery header")
+        self._check_signature(request)
+        payload = _decode(request.body, media_type)
+        if event == "ping":
+            log.info("ping received", extra={"delivery_id": delivery_id})
+            return json_response(200, {"status": "pong"})
+        if event not in self._allowed:
+            log.info("event %s is not on the allow-list; ignored", event,
+                     extra={"delivery_id": delivery_id})
+            return json_response(202, {"status": "ignored", "delivery": delivery_id})
+        envelope = self._project(event, delivery_id, payload)
+        queued = self._enqueue(delivery_id, envelope)
+        log.info("delivery %s", "queued" if queued else "duplicate",
+                 extra={"delivery_id": delivery_id,
+                        "fields": {"event": event, "action": envelope.action}})
+        return json_response(
+            202, {"status": "queued" if queued else "duplicate", "delivery": delivery_id}
+        )
+
+    def _check_size(self, request: Request) -> None:
+        declared = request.headers.get("content-length")
+        limit = self._config.max_body_bytes
+        if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
+            raise BadDelivery(f"body larger than {limit} bytes", status=413)
+        if declared is not None and (not declared.isdigit() or int(declared) != len(request.body)):
+            raise BadDelivery("body length does not match Content-Length (truncated?)")
+
+    def _check_signature(self, request: Request) -> None:
+        if not self._verify:
+            log.warning("SIGNATURE NOT VERIFIED: started with --insecure-no-verify; "
+                        "never expose this server")
+            return
+        header = request.headers.get(SIGNATURE_HEADER)
+        if header is None:
+            legacy = "x-hub-signature" in request.headers
+            raise BadDelivery(
+                "SHA-1 X-Hub-Signature is not accepted; send X-Hub-Signature-256"
+                if legacy else "missing X-Hub-Signature-256 header",
+                status=401,
+            )
+        if not verify_signature(request.body, header, self._secrets):
+            raise BadDelivery("signature does not match any configured secret", status=401)
+
+    def _project(self, event: str, delivery_id: str, payload: dict[str, Any]) -> Envelope:
+        # A Cloud Task holds 1 MB; escaping can inflate text up to six-fold, so shrink the
+        # per-field cap until the envelope fits rather than refuse a legitimate delivery.
+        cap = self._config.max_text_chars
+        while True:
+            envelope = project_envelope(
+                event=event, delivery_id=delivery_id, payload=payload, max_text_chars=cap
+            )
+            if len(envelope.model_dump_json()) <= MAX_TASK_BYTES or cap <= 1:
+                return envelope
+            cap //= 2
+
+    def _enqueue(self, delivery_id: str, envelope: Envelope) -> bool:
+        task = Task(name=delivery_task_name(delivery_id), body=envelope.model_dump_json().encode())
+        try:
+            return self._queue.enqueue(task)
+        except Permanent as exc:
+            raise BadDelivery(f"delivery cannot be queued: {exc}", status=413) from exc
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _decode(body: bytes, media_type: str) -> dict[str, Any]:
+    """Decode the JSON object GitHub sent, directly or as the form field ``payload``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadDelivery("body is not valid UTF-8") from exc
+    if media_type == FORM_TYPE:
+        fields = parse_qs(text, keep_blank_values=True, strict_parsing=False)
+        values = fields.get("payload")
+        if not values or len(values) != 1:
+            raise BadDelivery("form body must carry exactly one payload= field")
+        text = values[0]
+    try:
+        payload = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise BadDelivery("body is not valid JSON") from exc
+    if not isinstance(payload, dict):
+        raise BadDelivery("payload must be a JSON object")
+    return payload
+
+
+def _loggable(delivery_id: str) -> str | None:
+    """Only a well-formed delivery id reaches the logs; anything else could forge lines."""
+    return delivery_id if _DELIVERY_ID.match(delivery_id) else None

@@ -1,0 +1,105 @@
+"""The ports the core and the request handlers talk through; adapters implement them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from looprelay.records import DeliveryRecord, EventRecord
+
+MAX_TASK_BYTES = 1_000_000
+"""A Cloud Task holds at most 1 MB; the embedded queue enforces the same bound."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A unit of work for the worker: a deterministic name and the bytes to POST."""
+
+    name: str
+    body: bytes
+
+
+class Clock(Protocol):
+    """Where the current time comes from (the core never reads a clock itself)."""
+
+    def now(self) -> datetime:
+        """Return the current time, timezone-aware UTC."""
+        ...
+
+
+class Queue(Protocol):
+    """Hands tasks to the worker at least once; deduplicates by task name."""
+
+    def enqueue(self, task: Task) -> bool:
+        """Queue ``task``; return False when a task of that name was already queued.
+
+        Raises ``Permanent`` for a task that can never be queued (too large, bad name) and
+        ``Transient`` when the queue cannot be reached now.
+        """
+        ...
+
+
+class Store(Protocol):
+    """Durable state: the delivery ledger and the event log."""
+
+    def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
+        """Create the ledger record unless one exists; return the stored record and whether
+        this call created it. An existing unsettled record has its ``attempts`` counted up.
+
+        Raises ``Transient`` when the store is unavailable.
+        """
+        ...
+
+    def settle_delivery(
+        self, delivery_id: str, *, outcome: str, detail: str, at: datetime
+    ) -> bool:
+        """Move a ``received`` delivery to its final ``outcome``; return False if it was
+        already settled (or unknown). Exactly one caller ever gets True.
+
+        Raises ``ValueError`` for an outcome the ledger does not know, ``Transient`` when the
+        store is unavailable.
+        """
+        ...
+
+    def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
+        """Put a ``failed`` delivery back to ``received`` for a replay; False if it is not
+        failed."""
+        ...
+
+    def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
+        """Return the ledger record of ``delivery_id``, or None."""
+        ...
+
+    def list_deliveries(
+        self, *, outcome: str | None = None, limit: int = 100
+    ) -> list[DeliveryRecord]:
+        """Return ledger records, newest first, optionally only one ``outcome`` (a
+        ``refused`` filter matches every ``refused:<reason>``)."""
+        ...
+
+    def append_event(self, event: EventRecord) -> None:
+        """Add ``event`` to the log."""
+        ...
+
+    def list_events(
+        self,
+        *,
+        delivery_id: str | None = None,
+        work_item: str | None = None,
+        name: str | None = None,
+        after: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[EventRecord]:
+        """Return events oldest first, filtered by every argument given; ``after`` is
+        exclusive, for following the log."""
+        ...
+
+
+class TaskAuthenticator(Protocol):
+    """Proves a request to the worker came from the queue."""
+
+    def authenticate(self, headers: Mapping[str, str]) -> None:
+        """Return if the request is the queue's; raise ``Unauthorized`` otherwise."""
+        ...

@@ -1,0 +1,168 @@
+"""The Store contract: every adapter (SQLite, Firestore) must pass the same cases."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from looprelay.ports import Store
+from looprelay.records import DeliveryRecord, EventRecord
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def _record(delivery_id: str, *, at: datetime = T0, event: str = "issue_comment") -> DeliveryRecord:
+    return DeliveryRecord(
+        delivery_id=delivery_id, event=event, action="created", received_at=at,
+        envelope='{"delivery_id": "%s"}' % delivery_id,
+    )
+
+
+class TestDeliveryLedger:
+    def test_first_begin_creates_a_received_record(self, store: Store) -> None:
+        stored, created = store.begin_delivery(_record("d-1"))
+        assert created
+        assert stored.outcome == "received" and not stored.settled
+        assert stored.attempts == 1
+        assert stored.received_at == T0
+        assert stored.envelope == '{"delivery_id": "d-1"}'
+
+    def test_second_begin_returns_the_existing_record_and_counts_the_attempt(
+        self, store: Store
+    ) -> None:
+        store.begin_delivery(_record("d-1"))
+        stored, created = store.begin_delivery(_record("d-1", at=T0 + timedelta(minutes=5)))
+        assert not created
+        assert stored.attempts == 2
+        assert stored.received_at == T0
+
+    def test_settle_moves_received_to_the_outcome_exactly_once(self, store: Store) -> None:
+        store.begin_delivery(_record("d-1"))
+        assert store.settle_delivery("d-1", outcome="ignored", detail="no router", at=T0)
+        assert not store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)
+        stored = store.get_delivery("d-1")
+        assert stored is not None
+        assert (stored.outcome, stored.detail, stored.settled_at) == ("ignored", "no router", T0)
+
+    def test_begin_after_settle_changes_nothing(self, store: Store) -> None:
+        store.begin_delivery(_record("d-1"))
+        store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)
+        stored, created = store.begin_delivery(_record("d-1"))
+        assert not created
+        assert stored.outcome == "dispatched"
+        assert stored.attempts == 1
+
+    def test_settle_of_an_unknown_delivery_is_refused(self, store: Store) -> None:
+        assert not store.settle_delivery("nope", outcome="ignored", detail="", at=T0)
+        assert store.get_delivery("nope") is None
+
+    @pytest.mark.parametrize("outcome", ["received", "refused:", "exploded", ""])
+    def test_settle_rejects_outcomes_the_ledger_does_not_know(
+        self, store: Store, outcome: str
+    ) -> None:
+        store.begin_delivery(_record("d-1"))
+        with pytest.raises(ValueError, match="outcome"):
+            store.settle_delivery("d-1", outcome=outcome, detail="", at=T0)
+        stored = store.get_delivery("d-1")
+        assert stored is not None and stored.outcome == "received"
+
+    def test_refused_outcomes_carry_their_reason(self, store: Store) -> None:
+        store.begin_delivery(_record("d-1"))
+        store.settle_delivery("d-1", outcome="refused:unauthorized", detail="mallory", at=T0)
+        stored = store.get_delivery("d-1")
+        assert stored is not None and stored.outcome == "refused:unauthorized"
+
+    def test_concurrent_settles_have_exactly_one_winner(self, store: Store) -> None:
+        store.begin_delivery(_record("d-race"))
+        wins: list[bool] = []
+        barrier = threading.Barrier(4)
+
+        def settle(outcome: str) -> None:
+            barrier.wait()
+            wins.append(store.settle_delivery("d-race", outcome=outcome, detail="", at=T0))
+
+        threads = [
+            threading.Thread(target=settle, args=(o,))
+            for o in ("dispatched", "ignored", "failed", "refused:x")
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(wins) == [False, False, False, True]
+
+    def test_concurrent_begins_create_once(self, store: Store) -> None:
+        created: list[bool] = []
+        barrier = threading.Barrier(4)
+
+        def begin() -> None:
+            barrier.wait()
+            created.append(store.begin_delivery(_record("d-race"))[1])
+
+        threads = [threading.Thread(target=begin) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(created) == [False, False, False, True]
+
+    def test_reopen_puts_only_failed_deliveries_back(self, store: Store) -> None:
+        store.begin_delivery(_record("ok"))
+        store.settle_delivery("ok", outcome="dispatched", detail="", at=T0)
+        store.begin_delivery(_record("bad"))
+        store.settle_delivery("bad", outcome="failed", detail="boom", at=T0)
+        later = T0 + timedelta(hours=1)
+        assert not store.reopen_delivery("ok", at=later)
+        assert store.reopen_delivery("bad", at=later)
+        assert not store.reopen_delivery("missing", at=later)
+        reopened = store.get_delivery("bad")
+        assert reopened is not None
+        assert (reopened.outcome, reopened.settled_at) == ("received", None)
+        assert store.settle_delivery("bad", outcome="dispatched", detail="", at=later)
+
+    def test_list_is_newest_first_and_filters_by_outcome(self, store: Store) -> None:
+        for index, outcome in enumerate(["dispatched", "failed", "refused:a", "refused:b"]):
+            delivery_id = f"d-{index}"
+            store.begin_delivery(_record(delivery_id, at=T0 + timedelta(seconds=index)))
+            store.settle_delivery(delivery_id, outcome=outcome, detail="", at=T0)
+        store.begin_delivery(_record("d-open", at=T0 + timedelta(seconds=10)))
+        everything = [r.delivery_id for r in store.list_deliveries()]
+        assert everything == ["d-open", "d-3", "d-2", "d-1", "d-0"]
+        assert [r.delivery_id for r in store.list_deliveries(outcome="failed")] == ["d-1"]
+        assert [r.delivery_id for r in store.list_deliveries(outcome="refused")] == ["d-3", "d-2"]
+        assert [r.delivery_id for r in store.list_deliveries(outcome="received")] == ["d-open"]
+        assert len(store.list_deliveries(limit=2)) == 2
+
+
+class TestEventLog:
+    def test_events_come_back_oldest_first_with_their_data(self, store: Store) -> None:
+        store.append_event(EventRecord(name="b", at=T0 + timedelta(seconds=1), delivery_id="d1"))
+        store.append_event(
+            EventRecord(name="a", at=T0, delivery_id="d1", work_item="github:o/r#1",
+                        data={"reason": "unauthorized", "n": 3, "nested": {"ok": True}})
+        )
+        events = store.list_events()
+        assert [e.name for e in events] == ["a", "b"]
+        assert events[0].data == {"reason": "unauthorized", "n": 3, "nested": {"ok": True}}
+        assert events[0].work_item == "github:o/r#1"
+        assert events[0].at == T0
+
+    def test_filters_combine(self, store: Store) -> None:
+        store.append_event(EventRecord(name="routing.dropped", at=T0, delivery_id="d1"))
+        store.append_event(EventRecord(name="dispatch.queued", at=T0, delivery_id="d1",
+                                       work_item="github:o/r#1"))
+        store.append_event(EventRecord(name="dispatch.queued", at=T0, delivery_id="d2",
+                                       work_item="github:o/r#2"))
+        assert [e.delivery_id for e in store.list_events(name="dispatch.queued")] == ["d1", "d2"]
+        assert [e.name for e in store.list_events(delivery_id="d1")] == [
+            "routing.dropped", "dispatch.queued"]
+        assert [e.delivery_id for e in store.list_events(work_item="github:o/r#2")] == ["d2"]
+        assert store.list_events(delivery_id="d2", name="routing.dropped") == []
+
+    def test_after_is_exclusive_so_a_follower_sees_each_event_once(self, store: Store) -> None:
+        for second in range(3):
+            store.append_event(EventRecord(name=f"e{second}", at=T0 + timedelta(seconds=second)))
+        assert [e.name for e in store.list_events(after=T0)] == ["e1", "e2"]
+        assert [e.name for e in store.list_events(limit=1)] == ["e0"]
