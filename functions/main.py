@@ -1,0 +1,43 @@
+"""Cloud Functions entry points: each builds its handler once, then hands it the request."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+import functions_framework
+
+from looprelay.cloud import build_ingress, build_worker, cloud_config
+from looprelay.flaskmsg import request_from_flask, response_to_flask
+from looprelay.logs import configure_logging
+
+if TYPE_CHECKING:
+    import flask
+
+    from looprelay.ingress import Ingress
+    from looprelay.worker import Worker
+
+
+@functools.cache
+def _ingress() -> Ingress:
+    configure_logging()
+    return build_ingress(cloud_config(os.environ), os.environ)
+
+
+@functools.cache
+def _worker() -> Worker:
+    configure_logging()
+    return build_worker(cloud_config(os.environ))
+
+
+@functions_framework.http
+def webhook(request: flask.Request) -> flask.Response:
+    """GitHub's deliveries: verify, enqueue, 202."""
+    return response_to_flask(_ingress().handle(request_from_flask(request)))
+
+
+@functions_framework.http
+def worker(request: flask.Request) -> flask.Response:
+    """Cloud Tasks' target: settle the delivery in the ledger."""
+    return response_to_flask(_worker().handle(request_from_flask(request)))

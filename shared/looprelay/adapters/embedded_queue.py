@@ -1,0 +1,295 @@
+"""The embedded queue of ``looprelay up``: durable in SQLite, dispatched by threads.
+
+It behaves like Cloud Tasks towards the worker: a POST per task with the ``X-CloudTasks-*``
+headers, retries with the same backoff curve, dedup by task name, and a dead letter after the
+last attempt. A task leased when the process died is dispatched again on restart; the worker's
+delivery ledger turns that second delivery into a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from looprelay.config import EmbeddedQueueConfig, RetryConfig
+from looprelay.core.backoff import backoff_seconds
+from looprelay.errors import Permanent, Transient
+from looprelay.ports import MAX_TASK_BYTES, Task
+
+log = logging.getLogger("looprelay.queue")
+
+_TASK_NAME = re.compile(r"^[A-Za-z0-9_-]{1,500}$")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY,
+    body BLOB NOT NULL,
+    state TEXT NOT NULL,          -- pending | leased | done | dead
+    attempts INTEGER NOT NULL DEFAULT 0,
+    executions INTEGER NOT NULL DEFAULT 0,
+    eta REAL NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    last_status INTEGER,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
+"""
+_IDLE_WAIT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class QueuedTask:
+    """A task as the embedded queue holds it, for listings."""
+
+    name: str
+    state: str
+    attempts: int
+    eta: float
+    created_at: float
+    last_status: int | None
+    last_error: str | None
+    body: bytes
+
+
+class EmbeddedQueue:
+    """A durable queue in one SQLite file that POSTs each task to the worker."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        retry: RetryConfig,
+        settings: EmbeddedQueueConfig,
+        queue_name: str = "looprelay",
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        """Open the queue at ``path``; tasks left leased by a dead process become pending.
+
+        Opening only enqueues; :meth:`start` dispatches. Raises ``Transient`` when the file
+        cannot be opened.
+        """
+        self._worker_url = ""
+        self._auth_token = ""
+        self._retry = retry
+        self._settings = settings
+        self._queue_name = queue_name
+        self._now = now
+        self._lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        except sqlite3.Error as exc:
+            raise Transient(f"cannot open the embedded queue at {path}: {exc}") from exc
+
+    # -- the Queue port -------------------------------------------------------------------
+
+    def enqueue(self, task: Task) -> bool:
+        """See ``Queue.enqueue``; the task is on disk before this returns True."""
+        _validate(task)
+        now = self._now()
+        window_start = now - self._settings.dedup_window_seconds
+        with self._lock:
+            try:
+                inserted = self._db.execute(
+                    "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
+                    " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
+                    " attempts = 0, executions = 0, eta = excluded.eta,"
+                    " created_at = excluded.created_at, finished_at = NULL,"
+                    " last_status = NULL, last_error = NULL"
+                    " WHERE tasks.state = 'done' AND tasks.finished_at < ?",
+                    (task.name, task.body, "pending", now, now, window_start),
+                ).rowcount
+            except sqlite3.OperationalError as exc:
+                raise Transient(f"embedded queue busy or unavailable: {exc}") from exc
+        if inserted:
+            with self._wake:
+                self._wake.notify()
+        return bool(inserted)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, *, worker_url: str, auth_token: str) -> None:
+        """Start the dispatcher threads, POSTing to ``worker_url`` with ``auth_token``."""
+        self._worker_url = worker_url
+        self._auth_token = auth_token
+        self._stopping.clear()
+        for index in range(self._settings.concurrency):
+            thread = threading.Thread(
+                target=self._dispatch_loop, name=f"queue-dispatch-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        log.info("embedded queue dispatching to %s", self._worker_url,
+                 extra={"fields": {"concurrency": self._settings.concurrency}})
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop dispatching; a task in flight finishes or stays leased for the next start."""
+        self._stopping.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def close(self) -> None:
+        """Stop and close the database."""
+        self.stop()
+        with self._lock:
+            self._db.close()
+
+    # -- operator views ---------------------------------------------------------------------
+
+    def list_tasks(self, state: str | None = None, limit: int = 1000) -> list[QueuedTask]:
+        """Return tasks, oldest first, optionally in one ``state``."""
+        sql = "SELECT name, state, attempts, eta, created_at, last_status, last_error, body"
+        sql += " FROM tasks" + (" WHERE state = ?" if state else "")
+        sql += " ORDER BY created_at, name LIMIT ?"
+        params = (state, limit) if state else (limit,)
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [QueuedTask(*row) for row in rows]
+
+    def retry_dead(self, name: str) -> bool:
+        """Put a dead task back in line for another full set of attempts."""
+        with self._lock:
+            changed = self._db.execute(
+                "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
+                " WHERE name = ? AND state = 'dead'",
+                (self._now(), name),
+            ).rowcount
+        with self._wake:
+            self._wake.notify()
+        return bool(changed)
+
+    def purge_finished(self) -> int:
+        """Forget done tasks whose dedup window has passed; return how many."""
+        cutoff = self._now() - self._settings.dedup_window_seconds
+        with self._lock:
+            return self._db.execute(
+                "DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,)
+            ).rowcount
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        session = requests.Session()
+        while not self._stopping.is_set():
+            claimed = self._claim()
+            if claimed is None:
+                # Nothing due: sleep until woken by an enqueue or the next due task.
+                with self._wake:
+                    self._wake.wait(self._seconds_until_due())
+                continue
+            self._deliver(session, claimed)
+        session.close()
+
+    def _claim(self) -> tuple[str, bytes, int, int, float] | None:
+        with self._lock:
+            row = self._db.execute(
+                "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
+                " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
+                " RETURNING name, body, attempts, executions, eta",
+                (self._now(),),
+            ).fetchone()
+        return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+
+    def _seconds_until_due(self) -> float:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MIN(eta) FROM tasks WHERE state = 'pending'"
+            ).fetchone()
+        if row[0] is None:
+            return _IDLE_WAIT_SECONDS
+        return max(0.0, min(_IDLE_WAIT_SECONDS, row[0] - self._now()))
+
+    def _deliver(
+        self, session: requests.Session, claimed: tuple[str, bytes, int, int, float]
+    ) -> None:
+        name, body, attempts, executions, eta = claimed
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {self._auth_token}",
+            "X-CloudTasks-QueueName": self._queue_name,
+            "X-CloudTasks-TaskName": name,
+            "X-CloudTasks-TaskRetryCount": str(attempts),
+            "X-CloudTasks-TaskExecutionCount": str(executions),
+            "X-CloudTasks-TaskETA": f"{eta:.6f}",
+        }
+        status: int | None = None
+        retry_after: float | None = None
+        error = ""
+        try:
+            response = session.post(
+                self._worker_url, data=body, headers=headers,
+                timeout=self._settings.dispatch_deadline_seconds,
+            )
+            status = response.status_code
+            retry_after = _retry_after(response.headers.get("Retry-After"))
+            error = "" if status < 300 else response.text[:500]
+        except requests.RequestException as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        if status is not None and 200 <= status < 300:
+            self._finish(name, status)
+        else:
+            self._fail(name, attempts + 1, executions, status, error, retry_after)
+
+    def _finish(self, name: str, status: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
+                " attempts = attempts + 1 WHERE name = ?",
+                (self._now(), status, name),
+            )
+
+    def _fail(
+        self, name: str, attempts: int, executions: int, status: int | None, error: str,
+        retry_after: float | None,
+    ) -> None:
+        # Cloud Tasks counts an execution only when the handler answered, and not for 5xx.
+        executions += 1 if status is not None and status < 500 else 0
+        dead = attempts >= self._retry.max_attempts
+        wait = backoff_seconds(
+            attempts, min_backoff=self._retry.min_backoff_seconds,
+            max_backoff=self._retry.max_backoff_seconds, max_doublings=self._retry.max_doublings,
+        )
+        wait = max(wait, retry_after or 0.0)
+        with self._lock:
+            self._db.execute(
+                "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
+                " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
+                ("dead" if dead else "pending", attempts, executions, self._now() + wait,
+                 status, error, self._now() if dead else None, name),
+            )
+        level = logging.ERROR if dead else logging.WARNING
+        log.log(level, "task %s failed (attempt %d, status %s)%s", name, attempts, status,
+                " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
+                extra={"task": name, "fields": {"error": error}})
+
+
+def _validate(task: Task) -> None:
+    if not _TASK_NAME.match(task.name):
+        raise Permanent(f"task name {task.name[:60]!r} must match [A-Za-z0-9_-]{{1,500}}")
+    if len(task.body) > MAX_TASK_BYTES:
+        raise Permanent(f"task body of {len(task.body)} bytes exceeds {MAX_TASK_BYTES} bytes")
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

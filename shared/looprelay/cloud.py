@@ -1,0 +1,67 @@
+"""Build the Cloud Functions' handlers from the environment.
+
+Each builder imports only what its function needs: the webhook must stay light on cold start
+(no Firestore client, no Jinja2, no tmux).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from looprelay.config import Config, load_config
+from looprelay.errors import ConfigError
+from looprelay.ingress import Ingress
+from looprelay.secrets_env import webhook_secrets_from_env
+from looprelay.worker import Worker
+
+CONFIG_ENV = "LOOPRELAY_CONFIG"
+
+
+def cloud_config(environ: Mapping[str, str]) -> Config:
+    """Load the config named by ``LOOPRELAY_CONFIG`` (if any) plus env overrides."""
+    return load_config(environ.get(CONFIG_ENV) or None, environ=environ)
+
+
+def build_ingress(config: Config, environ: Mapping[str, str]) -> Ingress:
+    """The webhook's handler: verified, with the configured queue.
+
+    Raises ``ConfigError`` when no webhook secret is configured: a cloud deployment refuses
+    to start rather than accept unsigned deliveries.
+    """
+    if not config.github.webhook_secrets:
+        raise ConfigError(
+            "github.webhookSecrets is empty: a cloud deployment needs at least one secret "
+            "(the name of an environment variable wired from Secret Manager)"
+        )
+    from looprelay.queues import open_queue
+
+    return Ingress(
+        secrets=webhook_secrets_from_env(config.github, environ),
+        queue=open_queue(config, data_dir=None),
+        config=config.webhook,
+    )
+
+
+def build_worker(config: Config) -> Worker:
+    """The worker's handler: OIDC-authenticated, on the configured store.
+
+    Raises ``ConfigError`` when ``worker.oidc`` is unset: in the cloud only the queue's
+    identity may call the worker.
+    """
+    if config.worker.oidc is None:
+        raise ConfigError(
+            "worker.oidc is unset: set serviceAccountEmail and audience so only Cloud Tasks "
+            "can call the worker"
+        )
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
+    from looprelay.stores import open_store
+
+    return Worker(
+        store=open_store(config, data_dir=None),
+        authenticator=OidcTaskAuthenticator(
+            audience=config.worker.oidc.audience,
+            service_account_email=config.worker.oidc.service_account_email,
+        ),
+        clock=SystemClock(),
+    )

@@ -1,0 +1,139 @@
+"""``looprelay up``: the webhook, worker and runner API on one loopback port, with the
+embedded store and queue in a data directory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from looprelay.adapters.clock import SystemClock
+from looprelay.adapters.embedded_queue import EmbeddedQueue
+from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
+from looprelay.config import Config
+from looprelay.datadir import (
+    QUEUE_FILE,
+    WEBHOOK_SECRET_FILE,
+    WORKER_TOKEN_FILE,
+    ensure_data_dir,
+    lock_data_dir,
+    read_or_create_secret,
+)
+from looprelay.errors import ConfigError
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.ingress import Ingress
+from looprelay.secrets_env import webhook_secrets_from_env
+from looprelay.stores import open_store
+from looprelay.worker import Worker
+
+log = logging.getLogger("looprelay.up")
+
+WEBHOOK_PATH = "/webhook"
+WORKER_PATH = "/worker"
+HEALTH_PATH = "/healthz"
+_ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
+
+
+@dataclass(frozen=True)
+class SecretSource:
+    """Where the webhook secret comes from, for the banner."""
+
+    description: str
+    generated: bool
+    path: Path | None
+
+
+class EmbeddedStack:
+    """Everything ``looprelay up`` runs, built from a config and a data directory."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        data_dir: Path,
+        environ: Mapping[str, str],
+        verify: bool = True,
+    ) -> None:
+        """Lock the data directory, open the store and queue and bind the port.
+
+        Raises ``ConfigError`` for a config ``looprelay up`` cannot run (Cloud Tasks queue,
+        unset secret variables, a data directory in use) and ``OSError`` when the port is
+        taken.
+        """
+        if config.queue.backend != "embedded":
+            raise ConfigError("`looprelay up` runs the embedded queue; set queue.backend: embedded")
+        self.config = config
+        self.data_dir = ensure_data_dir(data_dir)
+        self._lock: IO[str] = lock_data_dir(self.data_dir)
+        secrets, self.secret_source = self._webhook_secrets(environ)
+        worker_token, _ = read_or_create_secret(self.data_dir / WORKER_TOKEN_FILE)
+        self._server = EmbeddedHttpServer(
+            host=config.server.host, port=config.server.port,
+            max_body_bytes=config.webhook.max_body_bytes,
+        )
+        host, port = self._server.address
+        self.base_url = f"http://{_url_host(host)}:{port}"
+        self.store = open_store(config, data_dir=self.data_dir)
+        self._worker_url = self._loopback_url(host, port) + WORKER_PATH
+        self._worker_token = worker_token
+        self.queue = EmbeddedQueue(
+            self.data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+        )
+        self.ingress = Ingress(
+            secrets=secrets, queue=self.queue, config=config.webhook, verify=verify
+        )
+        self.worker = Worker(
+            store=self.store, authenticator=SharedSecretAuthenticator(worker_token),
+            clock=SystemClock(),
+        )
+
+    @property
+    def webhook_url(self) -> str:
+        """Where GitHub (or ``looprelay send``) posts deliveries."""
+        return self.base_url + WEBHOOK_PATH
+
+    def start(self) -> None:
+        """Serve and start dispatching queued tasks (including ones left from a previous run)."""
+        routes = Routes(
+            {WEBHOOK_PATH: self.ingress.handle, WORKER_PATH: self.worker.handle,
+             HEALTH_PATH: _health},
+            {},
+        )
+        self._server.start(routes)
+        self.queue.start(worker_url=self._worker_url, auth_token=self._worker_token)
+        log.info("looprelay up serving", extra={"fields": {"url": self.base_url}})
+
+    def stop(self) -> None:
+        """Stop taking requests, let in-flight tasks finish, close files, release the lock."""
+        self._server.stop()
+        self.queue.close()
+        close = getattr(self.store, "close", None)
+        if callable(close):
+            close()
+        self._lock.close()
+
+    def _webhook_secrets(self, environ: Mapping[str, str]) -> tuple[list[bytes], SecretSource]:
+        if self.config.github.webhook_secrets:
+            names = ", ".join(self.config.github.webhook_secrets)
+            return (
+                webhook_secrets_from_env(self.config.github, environ),
+                SecretSource(f"environment variable(s) {names}", False, None),
+            )
+        path = self.data_dir / WEBHOOK_SECRET_FILE
+        value, generated = read_or_create_secret(path)
+        return [value.encode()], SecretSource(f"file {path}", generated, path)
+
+    @staticmethod
+    def _loopback_url(host: str, port: int) -> str:
+        return f"http://{_url_host(_ANY_ADDRESS.get(host, host))}:{port}"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _health(request: Request) -> Response:
+    return json_response(200, {"status": "ok"})

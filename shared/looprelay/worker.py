@@ -1,0 +1,139 @@
+"""The worker: a queue task in, the delivery ledger settled exactly once, 2xx or 5xx out.
+
+Scenario the ledger is built for: Cloud Tasks delivers at least once and in any order, and a
+worker can die anywhere. So (1) ``begin_delivery`` creates the record or finds it; (2) a settled
+record is a no-op; (3) the handler runs and must itself be idempotent, since a crash before
+settling runs it again; (4) ``settle_delivery`` is a compare-and-set, so only one run records
+the outcome. A ``Transient`` error answers 503 and leaves the record open for the retry;
+anything else is permanent: the delivery is settled ``failed`` (a dead letter to replay) and the
+queue gets 200 so it stops retrying.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from looprelay.core.envelope import Envelope
+from looprelay.errors import Transient, Unauthorized
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.ports import Clock, Store, TaskAuthenticator
+from looprelay.records import DeliveryRecord, EventRecord
+
+log = logging.getLogger("looprelay.worker")
+
+RETRY_COUNT_HEADER = "x-cloudtasks-taskretrycount"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a handler decided for one delivery: a ledger outcome and a short detail."""
+
+    outcome: str
+    detail: str = ""
+
+
+class DeliveryHandler(Protocol):
+    """Decides and performs what a delivery means; must be idempotent."""
+
+    def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        """Handle one delivery; raise ``Transient`` to be retried."""
+        ...
+
+
+def record_only(envelope: Envelope, record: DeliveryRecord) -> Outcome:
+    """The handler used until routing is installed: the delivery is recorded, nothing else."""
+    return Outcome("ignored", "recorded; no router installed")
+
+
+class Worker:
+    """Handles queue tasks; one instance serves many requests and threads."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        authenticator: TaskAuthenticator,
+        clock: Clock,
+        handler: DeliveryHandler = record_only,
+    ) -> None:
+        self._store = store
+        self._auth = authenticator
+        self._clock = clock
+        self._handler = handler
+
+    def handle(self, request: Request) -> Response:
+        """Answer one task request; never raises."""
+        if request.method != "POST":
+            return json_response(405, {"error": "only POST is accepted here"})
+        try:
+            self._auth.authenticate(request.headers)
+        except Unauthorized as exc:
+            log.warning("worker request refused: %s", exc)
+            return json_response(exc.status, {"error": str(exc)})
+        except Transient as exc:
+            log.error("cannot authenticate the queue now: %s", exc)
+            return json_response(503, {"error": "authentication unavailable; retry"})
+        try:
+            envelope = Envelope.model_validate_json(request.body)
+        except ValidationError as exc:
+            # Only our own ingress writes tasks, so this is a bug; the queue keeps the body.
+            log.error("task body is not an envelope: %s", exc.errors(include_input=False)[:3])
+            return json_response(400, {"error": "task body is not a delivery envelope"})
+        try:
+            return self._process(envelope, request)
+        except Transient as exc:
+            log.warning("transient failure, the queue will retry: %s", exc,
+                        extra={"delivery_id": envelope.delivery_id})
+            return json_response(503, {"error": "transient failure; retry"})
+
+    def _process(self, envelope: Envelope, request: Request) -> Response:
+        delivery_id = envelope.delivery_id
+        record, created = self._store.begin_delivery(
+            DeliveryRecord(
+                delivery_id=delivery_id, event=envelope.event, action=envelope.action,
+                received_at=self._clock.now(), envelope=request.body.decode(),
+            )
+        )
+        if record.settled:
+            log.info("delivery already settled as %s; nothing to do", record.outcome,
+                     extra={"delivery_id": delivery_id})
+            return json_response(200, {"status": "already-settled", "outcome": record.outcome})
+        if created:
+            self._event("delivery.received", envelope,
+                        {"event": envelope.event, "action": envelope.action})
+        outcome = self._run_handler(envelope, record)
+        if not self._store.settle_delivery(
+            delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=self._clock.now()
+        ):
+            return json_response(200, {"status": "already-settled"})
+        self._event("delivery.settled", envelope,
+                    {"outcome": outcome.outcome, "detail": outcome.detail,
+                     "attempts": record.attempts,
+                     "queue_retries": request.headers.get(RETRY_COUNT_HEADER)},
+                    severity="ERROR" if outcome.outcome == "failed" else "INFO")
+        log.info("delivery settled as %s", outcome.outcome,
+                 extra={"delivery_id": delivery_id, "fields": {"detail": outcome.detail}})
+        return json_response(200, {"status": "settled", "outcome": outcome.outcome})
+
+    def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        try:
+            return self._handler(envelope, record)
+        except Transient:
+            raise
+        except Exception as exc:
+            # Anything but Transient will fail the same way again: settle it as a dead letter
+            # an operator can read and replay, instead of letting the queue spin on it.
+            log.exception("handler failed permanently", extra={"delivery_id": record.delivery_id})
+            return Outcome("failed", f"{type(exc).__name__}: {exc}"[:500])
+
+    def _event(
+        self, name: str, envelope: Envelope, data: dict[str, object], severity: str = "INFO"
+    ) -> None:
+        self._store.append_event(
+            EventRecord(name=name, at=self._clock.now(), delivery_id=envelope.delivery_id,
+                        severity=severity, data=data)
+        )
