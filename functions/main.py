@@ -31,6 +31,19 @@ def _worker() -> Worker:
     return build_worker(cloud_config(os.environ))
 
 
+# Build the deployed target's handler at import, so a misconfigured deployment fails to
+# start (and the rollout stops) instead of answering 500 to every delivery.
+def _build_deployed_target() -> None:
+    target = os.environ.get("FUNCTION_TARGET")
+    if target == "webhook":
+        _ingress()
+    elif target == "worker":
+        _worker()
+
+
+_build_deployed_target()
+
+
 @functions_framework.http
 def webhook(request: flask.Request) -> flask.Response:
     """GitHub's deliveries: verify, enqueue, 202."""

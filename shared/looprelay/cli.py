@@ -28,12 +28,19 @@ _FOLLOW_POLL_SECONDS = 1.0
 def _state_options(func: F) -> F:
     """``--config`` and ``--data``: every command that reads state takes both."""
     func = click.option(
-        "--data", "data_dir", type=click.Path(path_type=Path), default=None,
+        "--data",
+        "data_dir",
+        type=click.Path(path_type=Path),
+        default=None,
         help="Data directory of the embedded store and queue [default: ~/.local/state/looprelay].",
     )(func)
     return click.option(
-        "--config", "config_path", type=click.Path(path_type=Path), default=None,
-        envvar="LOOPRELAY_CONFIG", help="YAML config file [env: LOOPRELAY_CONFIG].",
+        "--config",
+        "config_path",
+        type=click.Path(path_type=Path),
+        default=None,
+        envvar="LOOPRELAY_CONFIG",
+        help="YAML config file [env: LOOPRELAY_CONFIG].",
     )(func)
 
 
@@ -66,11 +73,20 @@ def cli() -> None:
 @_state_options
 @click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to bind [default: 8484].")
-@click.option("--insecure-no-verify", is_flag=True,
-              help="Accept unsigned deliveries (local experiments only; warns on every request).")
+@click.option(
+    "--insecure-no-verify",
+    is_flag=True,
+    help="Accept unsigned deliveries (local experiments only; warns on every request).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
-def up(config_path: Path | None, data_dir: Path | None, host: str | None, port: int | None,
-       insecure_no_verify: bool, log_level: str) -> None:
+def up(
+    config_path: Path | None,
+    data_dir: Path | None,
+    host: str | None,
+    port: int | None,
+    insecure_no_verify: bool,
+    log_level: str,
+) -> None:
     """Run webhook, worker and runner API on one machine, with the embedded store and queue."""
     from looprelay.embedded import EmbeddedStack
     from looprelay.logs import configure_logging
@@ -81,8 +97,9 @@ def up(config_path: Path | None, data_dir: Path | None, host: str | None, port: 
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
     config = config.model_copy(update={"server": server})
-    stack = EmbeddedStack(config, data_dir=_data(data_dir), environ=os.environ,
-                          verify=not insecure_no_verify)
+    stack = EmbeddedStack(
+        config, data_dir=_data(data_dir), environ=os.environ, verify=not insecure_no_verify
+    )
     stopping = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -127,14 +144,24 @@ def _banner(stack: Any, insecure: bool) -> str:
 @click.argument("payload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--event", required=True, help="X-GitHub-Event, e.g. issue_comment.")
 @click.option("--url", default=None, help="Webhook URL [default: from --config, /webhook].")
-@click.option("--secret-env", default=None,
-              help="Environment variable holding the secret [default: the data dir's secret].")
+@click.option(
+    "--secret-env",
+    default=None,
+    help="Environment variable holding the secret [default: the data dir's secret].",
+)
 @click.option("--delivery", default=None, help="X-GitHub-Delivery [default: a new UUID].")
 @click.option("--form", is_flag=True, help="Send as application/x-www-form-urlencoded.")
 @_state_options
-def send(payload: Path, event: str, url: str | None, secret_env: str | None,
-         delivery: str | None, form: bool, config_path: Path | None,
-         data_dir: Path | None) -> None:
+def send(
+    payload: Path,
+    event: str,
+    url: str | None,
+    secret_env: str | None,
+    delivery: str | None,
+    form: bool,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Sign PAYLOAD like GitHub does and post it to a running webhook."""
     from looprelay.sender import post_delivery
 
@@ -142,8 +169,12 @@ def send(payload: Path, event: str, url: str | None, secret_env: str | None,
     target = url or f"http://{config.server.host}:{config.server.port}/webhook"
     secret = _sending_secret(config, secret_env, _data(data_dir))
     status, body = post_delivery(
-        url=target, event=event, body=payload.read_bytes(), secret=secret,
-        delivery_id=delivery or str(uuid.uuid4()), form=form,
+        url=target,
+        event=event,
+        body=payload.read_bytes(),
+        secret=secret,
+        delivery_id=delivery or str(uuid.uuid4()),
+        form=form,
     )
     click.echo(f"{status} {body}")
     if not 200 <= status < 300:
@@ -151,7 +182,7 @@ def send(payload: Path, event: str, url: str | None, secret_env: str | None,
 
 
 def _sending_secret(config: Config, secret_env: str | None, data_dir: Path) -> bytes:
-    name = secret_env or (config.github.webhook_secrets or [None])[0]
+    name = secret_env or next(iter(config.github.webhook_secrets), None)
     if name:
         value = os.environ.get(name, "")
         if not value:
@@ -195,19 +226,32 @@ def _emit(rows: Iterable[BaseModel], as_json: bool, columns: tuple[str, ...]) ->
         if as_json:
             click.echo(json.dumps(data, ensure_ascii=False))
         else:
-            click.echo("  ".join(str(data.get(column) if data.get(column) is not None else "-")
-                                 for column in columns))
+            click.echo(
+                "  ".join(
+                    str(data.get(column) if data.get(column) is not None else "-")
+                    for column in columns
+                )
+            )
 
 
 @cli.group("deliveries", invoke_without_command=True)
 @_state_options
-@click.option("--outcome", default=None,
-              help="Only this outcome (received, dispatched, ignored, refused, failed).")
+@click.option(
+    "--outcome",
+    default=None,
+    help="Only this outcome (received, dispatched, ignored, refused, failed).",
+)
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
-def deliveries(ctx: click.Context, config_path: Path | None, data_dir: Path | None,
-               outcome: str | None, limit: int, as_json: bool) -> None:
+def deliveries(
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: Path | None,
+    outcome: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """List the delivery ledger, newest first (failed ones are the dead letters)."""
     ctx.obj = (config_path, data_dir)
     if ctx.invoked_subcommand is not None:
@@ -215,8 +259,11 @@ def deliveries(ctx: click.Context, config_path: Path | None, data_dir: Path | No
     from looprelay.stores import open_store
 
     store = open_store(_load(config_path), data_dir=_data(data_dir))
-    _emit(store.list_deliveries(outcome=outcome, limit=limit), as_json,
-          ("received_at", "delivery_id", "event", "action", "outcome", "attempts", "detail"))
+    _emit(
+        store.list_deliveries(outcome=outcome, limit=limit),
+        as_json,
+        ("received_at", "delivery_id", "event", "action", "outcome", "attempts", "detail"),
+    )
 
 
 @deliveries.command("replay")
@@ -239,17 +286,25 @@ def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) ->
 @click.option("--limit", type=int, default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--follow", is_flag=True, help="Keep printing new events.")
-def events(config_path: Path | None, data_dir: Path | None, delivery: str | None,
-           work_item: str | None, name: str | None, limit: int, as_json: bool,
-           follow: bool) -> None:
+def events(
+    config_path: Path | None,
+    data_dir: Path | None,
+    delivery: str | None,
+    work_item: str | None,
+    name: str | None,
+    limit: int,
+    as_json: bool,
+    follow: bool,
+) -> None:
     """List the structured event log, oldest first."""
     from looprelay.stores import open_store
 
     store = open_store(_load(config_path), data_dir=_data(data_dir))
     after = None
     while True:
-        batch = store.list_events(delivery_id=delivery, work_item=work_item, name=name,
-                                  after=after, limit=limit)
+        batch = store.list_events(
+            delivery_id=delivery, work_item=work_item, name=name, after=after, limit=limit
+        )
         _emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
         if batch:
             after = batch[-1].at
@@ -267,18 +322,25 @@ def queue_group() -> None:
 @_state_options
 @click.option("--state", default=None, help="pending, leased, done or dead.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def queue_list(config_path: Path | None, data_dir: Path | None, state: str | None,
-               as_json: bool) -> None:
+def queue_list(
+    config_path: Path | None, data_dir: Path | None, state: str | None, as_json: bool
+) -> None:
     """List the embedded queue's tasks."""
     from looprelay.adapters.embedded_queue import EmbeddedQueue
     from looprelay.datadir import QUEUE_FILE
 
     config = _load(config_path)
-    queue = EmbeddedQueue(_data(data_dir) / QUEUE_FILE, retry=config.queue.retry,
-                          settings=config.queue.embedded)
+    queue = EmbeddedQueue(
+        _data(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+    )
     for task in queue.list_tasks(state):
-        row = {"name": task.name, "state": task.state, "attempts": task.attempts,
-               "last_status": task.last_status, "last_error": task.last_error}
+        row = {
+            "name": task.name,
+            "state": task.state,
+            "attempts": task.attempts,
+            "last_status": task.last_status,
+            "last_error": task.last_error,
+        }
         click.echo(json.dumps(row) if as_json else "  ".join(str(v) for v in row.values()))
 
 
@@ -291,8 +353,13 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     from looprelay.datadir import QUEUE_FILE
 
     config = _load(config_path)
-    queue = EmbeddedQueue(_data(data_dir) / QUEUE_FILE, retry=config.queue.retry,
-                          settings=config.queue.embedded)
+    queue = EmbeddedQueue(
+        _data(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+    )
     if not queue.retry_dead(name):
         raise click.ClickException(f"{name} is not a dead task")
     click.echo(f"{name}: queued again")
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,7 @@ def config_docs() -> str:
 
 def documented_keys() -> list[str]:
     """Return every leaf key as a dotted YAML path, e.g. ``github.webhookSecrets``."""
-    keys = []
+    keys: list[str] = []
     for _, rows in _sections(Config, prefix=""):
         keys.extend(row[0] for row in rows[1:])
     return keys
@@ -79,8 +79,15 @@ def _sections(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, lis
         if section is not None:
             nested.append((key, section))
             continue
-        leaves.append((key, _type_text(field.annotation), _default_text(field), "",
-                       (field.description or "").replace("|", "\\|")))
+        leaves.append(
+            (
+                key,
+                _type_text(field.annotation),
+                _default_text(field),
+                "",
+                (field.description or "").replace("|", "\\|"),
+            )
+        )
     if prefix and len(leaves) > 1:
         yield prefix.rstrip("."), leaves
     for key, section in nested:

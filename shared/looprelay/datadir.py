@@ -15,8 +15,8 @@ from typing import IO
 
 from looprelay.errors import ConfigError
 
-WEBHOOK_SECRET_FILE = "webhook-secret"
-WORKER_TOKEN_FILE = "worker-token"
+WEBHOOK_SECRET_FILE = "webhook-secret"  # noqa: S105 - a file name
+WORKER_TOKEN_FILE = "worker-token"  # noqa: S105 - a file name
 STORE_FILE = "looprelay.db"
 QUEUE_FILE = "queue.db"
 LOCK_FILE = "up.lock"

@@ -71,7 +71,8 @@ class EmbeddedStack:
         secrets, self.secret_source = self._webhook_secrets(environ)
         worker_token, _ = read_or_create_secret(self.data_dir / WORKER_TOKEN_FILE)
         self._server = EmbeddedHttpServer(
-            host=config.server.host, port=config.server.port,
+            host=config.server.host,
+            port=config.server.port,
             max_body_bytes=config.webhook.max_body_bytes,
         )
         host, port = self._server.address
@@ -86,7 +87,8 @@ class EmbeddedStack:
             secrets=secrets, queue=self.queue, config=config.webhook, verify=verify
         )
         self.worker = Worker(
-            store=self.store, authenticator=SharedSecretAuthenticator(worker_token),
+            store=self.store,
+            authenticator=SharedSecretAuthenticator(worker_token),
             clock=SystemClock(),
         )
 
@@ -98,8 +100,11 @@ class EmbeddedStack:
     def start(self) -> None:
         """Serve and start dispatching queued tasks (including ones left from a previous run)."""
         routes = Routes(
-            {WEBHOOK_PATH: self.ingress.handle, WORKER_PATH: self.worker.handle,
-             HEALTH_PATH: _health},
+            {
+                WEBHOOK_PATH: self.ingress.handle,
+                WORKER_PATH: self.worker.handle,
+                HEALTH_PATH: _health,
+            },
             {},
         )
         self._server.start(routes)

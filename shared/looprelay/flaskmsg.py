@@ -26,6 +26,8 @@ def response_to_flask(response: Response) -> flask.Response:
     import flask
 
     return flask.Response(
-        response.body, status=response.status, content_type=response.content_type,
+        response.body,
+        status=response.status,
+        content_type=response.content_type,
         headers=dict(response.headers),
     )

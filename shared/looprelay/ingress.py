@@ -68,8 +68,11 @@ class Ingress:
             )
             return json_response(exc.status, {"error": str(exc)})
         except Transient as exc:
-            log.error("enqueue failed, GitHub will record a failed delivery: %s", exc,
-                      extra={"delivery_id": _loggable(delivery)})
+            log.error(
+                "enqueue failed, GitHub will record a failed delivery: %s",
+                exc,
+                extra={"delivery_id": _loggable(delivery)},
+            )
             return json_response(503, {"error": "queue unavailable; redeliver later"})
 
     def _accept(self, request: Request) -> Response:
@@ -91,14 +94,22 @@ class Ingress:
             log.info("ping received", extra={"delivery_id": delivery_id})
             return json_response(200, {"status": "pong"})
         if event not in self._allowed:
-            log.info("event %s is not on the allow-list; ignored", event,
-                     extra={"delivery_id": delivery_id})
+            log.info(
+                "event %s is not on the allow-list; ignored",
+                event,
+                extra={"delivery_id": delivery_id},
+            )
             return json_response(202, {"status": "ignored", "delivery": delivery_id})
         envelope = self._project(event, delivery_id, payload)
         queued = self._enqueue(delivery_id, envelope)
-        log.info("delivery %s", "queued" if queued else "duplicate",
-                 extra={"delivery_id": delivery_id,
-                        "fields": {"event": event, "action": envelope.action}})
+        log.info(
+            "delivery %s",
+            "queued" if queued else "duplicate",
+            extra={
+                "delivery_id": delivery_id,
+                "fields": {"event": event, "action": envelope.action},
+            },
+        )
         return json_response(
             202, {"status": "queued" if queued else "duplicate", "delivery": delivery_id}
         )
@@ -113,15 +124,18 @@ class Ingress:
 
     def _check_signature(self, request: Request) -> None:
         if not self._verify:
-            log.warning("SIGNATURE NOT VERIFIED: started with --insecure-no-verify; "
-                        "never expose this server")
+            log.warning(
+                "SIGNATURE NOT VERIFIED: started with --insecure-no-verify; "
+                "never expose this server"
+            )
             return
         header = request.headers.get(SIGNATURE_HEADER)
         if header is None:
             legacy = "x-hub-signature" in request.headers
             raise BadDelivery(
                 "SHA-1 X-Hub-Signature is not accepted; send X-Hub-Signature-256"
-                if legacy else "missing X-Hub-Signature-256 header",
+                if legacy
+                else "missing X-Hub-Signature-256 header",
                 status=401,
             )
         if not verify_signature(request.body, header, self._secrets):

@@ -51,4 +51,3 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
     handler = logging.StreamHandler(stream or sys.stdout)
     handler.setFormatter(JsonLineFormatter())
     root.addHandler(handler)
-    root.propagate = False

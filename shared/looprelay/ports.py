@@ -52,9 +52,7 @@ class Store(Protocol):
         """
         ...
 
-    def settle_delivery(
-        self, delivery_id: str, *, outcome: str, detail: str, at: datetime
-    ) -> bool:
+    def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
         """Move a ``received`` delivery to its final ``outcome``; return False if it was
         already settled (or unknown). Exactly one caller ever gets True.
 

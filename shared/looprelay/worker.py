@@ -86,37 +86,56 @@ class Worker:
         try:
             return self._process(envelope, request)
         except Transient as exc:
-            log.warning("transient failure, the queue will retry: %s", exc,
-                        extra={"delivery_id": envelope.delivery_id})
+            log.warning(
+                "transient failure, the queue will retry: %s",
+                exc,
+                extra={"delivery_id": envelope.delivery_id},
+            )
             return json_response(503, {"error": "transient failure; retry"})
 
     def _process(self, envelope: Envelope, request: Request) -> Response:
         delivery_id = envelope.delivery_id
         record, created = self._store.begin_delivery(
             DeliveryRecord(
-                delivery_id=delivery_id, event=envelope.event, action=envelope.action,
-                received_at=self._clock.now(), envelope=request.body.decode(),
+                delivery_id=delivery_id,
+                event=envelope.event,
+                action=envelope.action,
+                received_at=self._clock.now(),
+                envelope=request.body.decode(),
             )
         )
         if record.settled:
-            log.info("delivery already settled as %s; nothing to do", record.outcome,
-                     extra={"delivery_id": delivery_id})
+            log.info(
+                "delivery already settled as %s; nothing to do",
+                record.outcome,
+                extra={"delivery_id": delivery_id},
+            )
             return json_response(200, {"status": "already-settled", "outcome": record.outcome})
         if created:
-            self._event("delivery.received", envelope,
-                        {"event": envelope.event, "action": envelope.action})
+            self._event(
+                "delivery.received", envelope, {"event": envelope.event, "action": envelope.action}
+            )
         outcome = self._run_handler(envelope, record)
         if not self._store.settle_delivery(
             delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=self._clock.now()
         ):
             return json_response(200, {"status": "already-settled"})
-        self._event("delivery.settled", envelope,
-                    {"outcome": outcome.outcome, "detail": outcome.detail,
-                     "attempts": record.attempts,
-                     "queue_retries": request.headers.get(RETRY_COUNT_HEADER)},
-                    severity="ERROR" if outcome.outcome == "failed" else "INFO")
-        log.info("delivery settled as %s", outcome.outcome,
-                 extra={"delivery_id": delivery_id, "fields": {"detail": outcome.detail}})
+        self._event(
+            "delivery.settled",
+            envelope,
+            {
+                "outcome": outcome.outcome,
+                "detail": outcome.detail,
+                "attempts": record.attempts,
+                "queue_retries": request.headers.get(RETRY_COUNT_HEADER),
+            },
+            severity="ERROR" if outcome.outcome == "failed" else "INFO",
+        )
+        log.info(
+            "delivery settled as %s",
+            outcome.outcome,
+            extra={"delivery_id": delivery_id, "fields": {"detail": outcome.detail}},
+        )
         return json_response(200, {"status": "settled", "outcome": outcome.outcome})
 
     def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
@@ -134,6 +153,11 @@ class Worker:
         self, name: str, envelope: Envelope, data: dict[str, object], severity: str = "INFO"
     ) -> None:
         self._store.append_event(
-            EventRecord(name=name, at=self._clock.now(), delivery_id=envelope.delivery_id,
-                        severity=severity, data=data)
+            EventRecord(
+                name=name,
+                at=self._clock.now(),
+                delivery_id=envelope.delivery_id,
+                severity=severity,
+                data=data,
+            )
         )

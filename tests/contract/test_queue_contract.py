@@ -10,7 +10,9 @@ from tests.queue_harness import QueueHarness
 
 
 class TestEnqueue:
-    def test_a_new_name_is_queued_with_its_body_unchanged(self, queue_harness: QueueHarness) -> None:
+    def test_a_new_name_is_queued_with_its_body_unchanged(
+        self, queue_harness: QueueHarness
+    ) -> None:
         body = '{"delivery_id": "d-1", "text": "naïve ✓"}'.encode()
         assert queue_harness.queue.enqueue(Task(name="gh-abc123", body=body)) is True
         assert queue_harness.held() == {"gh-abc123": body}

@@ -15,8 +15,11 @@ T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 
 def _record(delivery_id: str, *, at: datetime = T0, event: str = "issue_comment") -> DeliveryRecord:
     return DeliveryRecord(
-        delivery_id=delivery_id, event=event, action="created", received_at=at,
-        envelope='{"delivery_id": "%s"}' % delivery_id,
+        delivery_id=delivery_id,
+        event=event,
+        action="created",
+        received_at=at,
+        envelope=f'{{"delivery_id": "{delivery_id}"}}',
     )
 
 
@@ -140,8 +143,13 @@ class TestEventLog:
     def test_events_come_back_oldest_first_with_their_data(self, store: Store) -> None:
         store.append_event(EventRecord(name="b", at=T0 + timedelta(seconds=1), delivery_id="d1"))
         store.append_event(
-            EventRecord(name="a", at=T0, delivery_id="d1", work_item="github:o/r#1",
-                        data={"reason": "unauthorized", "n": 3, "nested": {"ok": True}})
+            EventRecord(
+                name="a",
+                at=T0,
+                delivery_id="d1",
+                work_item="github:o/r#1",
+                data={"reason": "unauthorized", "n": 3, "nested": {"ok": True}},
+            )
         )
         events = store.list_events()
         assert [e.name for e in events] == ["a", "b"]
@@ -151,13 +159,17 @@ class TestEventLog:
 
     def test_filters_combine(self, store: Store) -> None:
         store.append_event(EventRecord(name="routing.dropped", at=T0, delivery_id="d1"))
-        store.append_event(EventRecord(name="dispatch.queued", at=T0, delivery_id="d1",
-                                       work_item="github:o/r#1"))
-        store.append_event(EventRecord(name="dispatch.queued", at=T0, delivery_id="d2",
-                                       work_item="github:o/r#2"))
+        store.append_event(
+            EventRecord(name="dispatch.queued", at=T0, delivery_id="d1", work_item="github:o/r#1")
+        )
+        store.append_event(
+            EventRecord(name="dispatch.queued", at=T0, delivery_id="d2", work_item="github:o/r#2")
+        )
         assert [e.delivery_id for e in store.list_events(name="dispatch.queued")] == ["d1", "d2"]
         assert [e.name for e in store.list_events(delivery_id="d1")] == [
-            "routing.dropped", "dispatch.queued"]
+            "routing.dropped",
+            "dispatch.queued",
+        ]
         assert [e.delivery_id for e in store.list_events(work_item="github:o/r#2")] == ["d2"]
         assert store.list_events(delivery_id="d2", name="routing.dropped") == []
 

@@ -71,10 +71,10 @@ class EmbeddedQueue:
         queue_name: str = "looprelay",
         now: Callable[[], float] = time.time,
     ) -> None:
-        """Open the queue at ``path``; tasks left leased by a dead process become pending.
+        """Open the queue at ``path`` for enqueueing and listing; :meth:`start` dispatches.
 
-        Opening only enqueues; :meth:`start` dispatches. Raises ``Transient`` when the file
-        cannot be opened.
+        Opening changes no task, so the CLI may open the file while ``looprelay up`` runs.
+        Raises ``Transient`` when the file cannot be opened.
         """
         self._worker_url = ""
         self._auth_token = ""
@@ -92,7 +92,6 @@ class EmbeddedQueue:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.executescript(_SCHEMA)
-            self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
         except sqlite3.Error as exc:
             raise Transient(f"cannot open the embedded queue at {path}: {exc}") from exc
 
@@ -124,9 +123,16 @@ class EmbeddedQueue:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, *, worker_url: str, auth_token: str) -> None:
-        """Start the dispatcher threads, POSTing to ``worker_url`` with ``auth_token``."""
+        """Start the dispatcher threads, POSTing to ``worker_url`` with ``auth_token``.
+
+        Tasks left leased by a dead process become pending first; only the one dispatching
+        process (``looprelay up`` holds the data directory's lock) may do that, since opening
+        the file elsewhere would resend tasks still in flight.
+        """
         self._worker_url = worker_url
         self._auth_token = auth_token
+        with self._lock:
+            self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
         self._stopping.clear()
         for index in range(self._settings.concurrency):
             thread = threading.Thread(
@@ -134,8 +140,11 @@ class EmbeddedQueue:
             )
             thread.start()
             self._threads.append(thread)
-        log.info("embedded queue dispatching to %s", self._worker_url,
-                 extra={"fields": {"concurrency": self._settings.concurrency}})
+        log.info(
+            "embedded queue dispatching to %s",
+            self._worker_url,
+            extra={"fields": {"concurrency": self._settings.concurrency}},
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop dispatching; a task in flight finishes or stays leased for the next start."""
@@ -191,9 +200,11 @@ class EmbeddedQueue:
         while not self._stopping.is_set():
             claimed = self._claim()
             if claimed is None:
-                # Nothing due: sleep until woken by an enqueue or the next due task.
+                # Nothing due: sleep until woken by an enqueue or the next due task. The check
+                # under the lock keeps a stop() that lands just before the wait from being missed.
                 with self._wake:
-                    self._wake.wait(self._seconds_until_due())
+                    if not self._stopping.is_set():
+                        self._wake.wait(self._seconds_until_due())
                 continue
             self._deliver(session, claimed)
         session.close()
@@ -210,12 +221,11 @@ class EmbeddedQueue:
 
     def _seconds_until_due(self) -> float:
         with self._lock:
-            row = self._db.execute(
-                "SELECT MIN(eta) FROM tasks WHERE state = 'pending'"
-            ).fetchone()
+            row = self._db.execute("SELECT MIN(eta) FROM tasks WHERE state = 'pending'").fetchone()
         if row[0] is None:
             return _IDLE_WAIT_SECONDS
-        return max(0.0, min(_IDLE_WAIT_SECONDS, row[0] - self._now()))
+        due: float = row[0]
+        return max(0.0, min(_IDLE_WAIT_SECONDS, due - self._now()))
 
     def _deliver(
         self, session: requests.Session, claimed: tuple[str, bytes, int, int, float]
@@ -235,7 +245,9 @@ class EmbeddedQueue:
         error = ""
         try:
             response = session.post(
-                self._worker_url, data=body, headers=headers,
+                self._worker_url,
+                data=body,
+                headers=headers,
                 timeout=self._settings.dispatch_deadline_seconds,
             )
             status = response.status_code
@@ -246,7 +258,14 @@ class EmbeddedQueue:
         if status is not None and 200 <= status < 300:
             self._finish(name, status)
         else:
-            self._fail(name, attempts + 1, executions, status, error, retry_after)
+            self._fail(
+                name,
+                attempts=attempts + 1,
+                executions=executions,
+                status=status,
+                error=error,
+                retry_after=retry_after,
+            )
 
     def _finish(self, name: str, status: int) -> None:
         with self._lock:
@@ -257,28 +276,50 @@ class EmbeddedQueue:
             )
 
     def _fail(
-        self, name: str, attempts: int, executions: int, status: int | None, error: str,
+        self,
+        name: str,
+        *,
+        attempts: int,
+        executions: int,
+        status: int | None,
+        error: str,
         retry_after: float | None,
     ) -> None:
         # Cloud Tasks counts an execution only when the handler answered, and not for 5xx.
         executions += 1 if status is not None and status < 500 else 0
         dead = attempts >= self._retry.max_attempts
         wait = backoff_seconds(
-            attempts, min_backoff=self._retry.min_backoff_seconds,
-            max_backoff=self._retry.max_backoff_seconds, max_doublings=self._retry.max_doublings,
+            attempts,
+            min_backoff=self._retry.min_backoff_seconds,
+            max_backoff=self._retry.max_backoff_seconds,
+            max_doublings=self._retry.max_doublings,
         )
         wait = max(wait, retry_after or 0.0)
         with self._lock:
             self._db.execute(
                 "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
                 " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
-                ("dead" if dead else "pending", attempts, executions, self._now() + wait,
-                 status, error, self._now() if dead else None, name),
+                (
+                    "dead" if dead else "pending",
+                    attempts,
+                    executions,
+                    self._now() + wait,
+                    status,
+                    error,
+                    self._now() if dead else None,
+                    name,
+                ),
             )
         level = logging.ERROR if dead else logging.WARNING
-        log.log(level, "task %s failed (attempt %d, status %s)%s", name, attempts, status,
-                " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
-                extra={"task": name, "fields": {"error": error}})
+        log.log(
+            level,
+            "task %s failed (attempt %d, status %s)%s",
+            name,
+            attempts,
+            status,
+            " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
+            extra={"task": name, "fields": {"error": error}},
+        )
 
 
 def _validate(task: Task) -> None:

@@ -41,7 +41,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a webhook burst reuses connections
     server: _Server
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: object) -> None:
         """Access lines stay out of the JSON log; handlers log what matters."""
 
     def _serve(self) -> None:
@@ -63,8 +63,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
         else:
             body = self.rfile.read(length) if length else b""
         request = Request(
-            method=self.command, path=split.path, query=split.query,
-            headers=lower_headers(self.headers.items()), body=body,
+            method=self.command,
+            path=split.path,
+            query=split.query,
+            headers=lower_headers(self.headers.items()),
+            body=body,
         )
         try:
             response = handler(request)
@@ -126,8 +129,10 @@ class EmbeddedHttpServer:
         """Serve ``routes`` in a background thread."""
         self._server.routes = routes
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-            name="http-server", daemon=True,
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="http-server",
+            daemon=True,
         )
         self._thread.start()
 

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.errors import Transient
-from looprelay.records import MAX_DETAIL_CHARS, RECEIVED, DeliveryRecord, EventRecord, is_valid_outcome
+from looprelay.records import (
+    MAX_DETAIL_CHARS,
+    RECEIVED,
+    DeliveryRecord,
+    EventRecord,
+    is_valid_outcome,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -108,9 +114,15 @@ class SqliteStore:
                 "INSERT OR IGNORE INTO deliveries (delivery_id, event, action, outcome, detail,"
                 " attempts, received_at, settled_at, envelope) VALUES (?,?,?,?,?,?,?,?,?)",
                 (
-                    record.delivery_id, record.event, record.action, record.outcome,
-                    record.detail, record.attempts, _ts(record.received_at),
-                    _ts(record.settled_at) if record.settled_at else None, record.envelope,
+                    record.delivery_id,
+                    record.event,
+                    record.action,
+                    record.outcome,
+                    record.detail,
+                    record.attempts,
+                    _ts(record.received_at),
+                    _ts(record.settled_at) if record.settled_at else None,
+                    record.envelope,
                 ),
             ).rowcount
             if not inserted:
@@ -123,9 +135,7 @@ class SqliteStore:
         assert stored is not None  # just written inside the transaction above
         return stored, bool(inserted)
 
-    def settle_delivery(
-        self, delivery_id: str, *, outcome: str, detail: str, at: datetime
-    ) -> bool:
+    def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
         """See ``Store.settle_delivery``."""
         if outcome == RECEIVED or not is_valid_outcome(outcome):
             raise ValueError(f"{outcome!r} is not a settled ledger outcome")
@@ -180,8 +190,12 @@ class SqliteStore:
                 "INSERT INTO events (at, name, delivery_id, work_item, severity, data)"
                 " VALUES (?,?,?,?,?,?)",
                 (
-                    _ts(event.at), event.name, event.delivery_id, event.work_item,
-                    event.severity, json.dumps(event.data, default=str),
+                    _ts(event.at),
+                    event.name,
+                    event.delivery_id,
+                    event.work_item,
+                    event.severity,
+                    json.dumps(event.data, default=str),
                 ),
             )
 
@@ -196,8 +210,11 @@ class SqliteStore:
     ) -> list[EventRecord]:
         """See ``Store.list_events``."""
         clauses, params = [], []
-        for column, value in (("delivery_id", delivery_id), ("work_item", work_item),
-                              ("name", name)):
+        for column, value in (
+            ("delivery_id", delivery_id),
+            ("work_item", work_item),
+            ("name", name),
+        ):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
@@ -211,9 +228,12 @@ class SqliteStore:
         )
         return [
             EventRecord(
-                name=row["name"], at=_dt(row["at"]),
-                delivery_id=row["delivery_id"], work_item=row["work_item"],
-                severity=row["severity"], data=json.loads(row["data"]),
+                name=row["name"],
+                at=_dt(row["at"]),
+                delivery_id=row["delivery_id"],
+                work_item=row["work_item"],
+                severity=row["severity"],
+                data=json.loads(row["data"]),
             )
             for row in rows
         ]
@@ -221,8 +241,13 @@ class SqliteStore:
 
 def _delivery(row: sqlite3.Row) -> DeliveryRecord:
     return DeliveryRecord(
-        delivery_id=row["delivery_id"], event=row["event"], action=row["action"],
-        outcome=row["outcome"], detail=row["detail"], attempts=row["attempts"],
+        delivery_id=row["delivery_id"],
+        event=row["event"],
+        action=row["action"],
+        outcome=row["outcome"],
+        detail=row["detail"],
+        attempts=row["attempts"],
         received_at=_dt(row["received_at"]),
-        settled_at=_opt_dt(row["settled_at"]), envelope=row["envelope"],
+        settled_at=_opt_dt(row["settled_at"]),
+        envelope=row["envelope"],
     )

@@ -18,7 +18,7 @@ def backoff_seconds(
     if retry < 1:
         raise ValueError(f"retry numbers start at 1, got {retry}")
     if retry - 1 <= max_doublings:
-        wait = min_backoff * 2 ** (retry - 1)
+        wait = min_backoff * float(2 ** (retry - 1))
     else:
-        wait = min_backoff * 2**max_doublings * (retry - max_doublings)
+        wait = min_backoff * float(2**max_doublings * (retry - max_doublings))
     return min(wait, max_backoff)

@@ -1,0 +1,138 @@
+"""The config file: validation, overrides, and the generated schema and reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looprelay.config import Config, load_config
+from looprelay.configdocs import config_docs, config_schema_text, documented_keys
+from looprelay.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "looprelay.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+class TestLoadConfig:
+    def test_no_file_means_the_defaults(self) -> None:
+        config = load_config(None, environ={})
+        assert config == Config()
+        assert config.server.host == "127.0.0.1"
+        assert config.store.backend == "sqlite"
+
+    def test_keys_are_written_in_camel_case(self, tmp_path: Path) -> None:
+        path = _write(
+            tmp_path,
+            "github:\n  webhookSecrets: [PRIMARY, PREVIOUS]\n"
+            "queue:\n  retry:\n    maxAttempts: 3\n",
+        )
+        config = load_config(path, environ={})
+        assert config.github.webhook_secrets == ["PRIMARY", "PREVIOUS"]
+        assert config.queue.retry.max_attempts == 3
+
+    def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, "store:\n  backnd: firestore\n")
+        with pytest.raises(ConfigError) as caught:
+            load_config(path, environ={})
+        assert str(path) in str(caught.value)
+        assert "store.backnd: unknown key" in str(caught.value)
+
+    def test_a_secret_pasted_where_a_variable_name_belongs_is_refused(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, "github:\n  webhookSecrets: ['s3cr3t-value with spaces']\n")
+        with pytest.raises(ConfigError, match="environment-variable name"):
+            load_config(path, environ={})
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("- a\n- b\n", "top level must be a mapping"),
+            ("store: [\n", "not valid YAML"),
+            ("store:\n  backend: postgres\n", "store.backend"),
+            ("webhook:\n  maxBodyBytes: 99999999999\n", "webhook.maxBodyBytes"),
+            ("store:\n  retentionDays: 1\n", "store.retentionDays"),
+        ],
+    )
+    def test_bad_files_get_a_clear_error(self, tmp_path: Path, text: str, message: str) -> None:
+        with pytest.raises(ConfigError, match=message):
+            load_config(_write(tmp_path, text), environ={})
+
+    def test_a_missing_file_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError, match="cannot read"):
+            load_config(tmp_path / "absent.yaml", environ={})
+
+    def test_environment_overrides_come_after_the_file(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, "store:\n  backend: sqlite\nserver:\n  port: 1\n")
+        config = load_config(
+            path,
+            environ={
+                "LOOPRELAY__store__backend": "firestore",
+                "LOOPRELAY__github__webhookSecrets": "[A, B]",
+                "UNRELATED": "x",
+            },
+        )
+        assert config.store.backend == "firestore"
+        assert config.github.webhook_secrets == ["A", "B"]
+        assert config.server.port == 1
+
+    def test_an_override_of_an_unknown_key_is_an_error_too(self) -> None:
+        with pytest.raises(ConfigError, match=r"store\.nope: unknown key"):
+            load_config(None, environ={"LOOPRELAY__store__nope": "1"})
+
+
+class TestGeneratedReference:
+    def test_the_checked_in_schema_equals_the_models(self) -> None:
+        checked_in = (ROOT / "schema" / "config.schema.json").read_text(encoding="utf-8")
+        assert checked_in == config_schema_text(), (
+            "schema/config.schema.json is stale: run "
+            "`looprelay config schema > schema/config.schema.json`"
+        )
+
+    def test_the_checked_in_reference_equals_the_models(self) -> None:
+        checked_in = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
+        assert checked_in == config_docs(), (
+            "docs/config.md is stale: run `looprelay config docs > docs/config.md`"
+        )
+
+    def test_every_key_is_documented_with_a_meaning(self) -> None:
+        docs = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
+        for key in documented_keys():
+            row = next(
+                (line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None
+            )
+            assert row is not None, f"{key} is not documented"
+            meaning = row.rstrip(" |").rsplit("|", 1)[-1].strip()
+            assert meaning, f"{key} has no meaning in docs/config.md"
+
+    def test_the_schema_rejects_unknown_keys_like_the_loader(self) -> None:
+        schema = json.loads(config_schema_text())
+        assert schema["additionalProperties"] is False
+
+
+class TestConfigCommand:
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "looprelay.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def test_validate_accepts_a_good_file(self, tmp_path: Path) -> None:
+        result = self._run("config", "validate", str(_write(tmp_path, "server:\n  port: 9000\n")))
+        assert result.returncode == 0
+        assert "valid" in result.stdout
+
+    def test_validate_names_the_bad_key_and_fails(self, tmp_path: Path) -> None:
+        result = self._run("config", "validate", str(_write(tmp_path, "sever:\n  port: 1\n")))
+        assert result.returncode == 1
+        assert "sever: unknown key" in result.stderr
