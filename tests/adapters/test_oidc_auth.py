@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
+
 from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
 from looprelay.errors import Transient, Unauthorized
 
@@ -127,8 +128,15 @@ def authenticator(certs: tuple[str, _CertsScript]) -> OidcTaskAuthenticator:
 
 
 def _token(signer: crypt.RSASigner, *, key_id: str | None = None, **overrides: Any) -> str:
-    """An ID token shaped like the one Cloud Tasks attaches, with ``overrides`` applied."""
+    """An ID token shaped like the one Cloud Tasks attaches, with ``overrides`` applied.
+
+    ``iat`` and ``exp`` overrides are seconds from now, taken when the token is made (not when
+    the test is collected, which can be many seconds earlier).
+    """
     now = int(time.time())
+    for claim in ("iat", "exp"):
+        if claim in overrides:
+            overrides[claim] += now
     claims: dict[str, Any] = {
         "iss": "https://accounts.google.com",
         "aud": AUDIENCE,
@@ -159,8 +167,8 @@ class TestAccepted:
             ("bearer", {}),
             ("Bearer", {"iss": "accounts.google.com"}),
             ("Bearer", {"email": ACCOUNT.upper()}),
-            ("Bearer", {"iat": int(time.time()) + 5}),
-            ("Bearer", {"iat": int(time.time()) - 3600, "exp": int(time.time()) - 5}),
+            ("Bearer", {"iat": 5}),
+            ("Bearer", {"iat": -3600, "exp": -5}),
         ],
         ids=[
             "lower-case-scheme",
@@ -190,8 +198,8 @@ class TestRejected:
     @pytest.mark.parametrize(
         "overrides",
         [
-            {"iat": int(time.time()) - 7200, "exp": int(time.time()) - 3600},
-            {"iat": int(time.time()) + 600, "exp": int(time.time()) + 4200},
+            {"iat": -7200, "exp": -3600},
+            {"iat": 600, "exp": 4200},
             {"aud": "https://elsewhere.example.test/worker"},
             {"iss": "https://evil.example.test"},
             {"iss": None},

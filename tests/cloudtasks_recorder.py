@@ -1,0 +1,213 @@
+"""A loopback Cloud Tasks REST endpoint that records what the real client sends.
+
+It speaks the one call ``CloudTasksQueue`` makes, ``POST /v2/{queue path}/tasks``, the way the
+service does (offline-toolchain.md §3c): a task name it already holds gets 409 ALREADY_EXISTS, a
+new one is kept and echoed back. Tests script failures with :meth:`CloudTasksRecorder.fail_next`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from looprelay.adapters.cloudtasks_queue import CloudTasksQueue
+from looprelay.config import CloudTasksConfig
+
+PROJECT = "demo-lab"
+LOCATION = "us-central1"
+QUEUE = "work"
+QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
+WORKER_URL = "https://worker-xyz.a.run.app/worker"
+SERVICE_ACCOUNT = "tasks@demo-lab.iam.gserviceaccount.com"
+
+_CREATE_TASK = re.compile(r"^/v2/(projects/[^/]+/locations/[^/]+/queues/[^/]+)/tasks$")
+# google.rpc.Code names the service puts in error.status, by HTTP status.
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as it arrived: path, raw query string, headers and JSON body."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: Any
+
+
+class CloudTasksRecorder:
+    """The server's state: every request received, the tasks held, scripted failures."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self._failures: list[int] = []
+        self._stalls: list[float] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``, the ``api_endpoint`` to give the client."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def fail_next(self, count: int, *, status: int) -> None:
+        """Answer the next ``count`` calls with an error of HTTP ``status``."""
+        with self._lock:
+            self._failures.extend([status] * count)
+
+    def stall_next(self, count: int, *, seconds: float) -> None:
+        """Hold the next ``count`` calls for ``seconds`` before answering them as usual."""
+        with self._lock:
+            self._stalls.extend([seconds] * count)
+
+    def take_stall(self) -> float:
+        """Seconds the call arriving now must wait (0 when none is scripted)."""
+        with self._lock:
+            return self._stalls.pop(0) if self._stalls else 0.0
+
+    def held(self) -> dict[str, bytes]:
+        """Short task name -> decoded body of every task accepted."""
+        with self._lock:
+            return {
+                name.rsplit("/", 1)[-1]: base64.b64decode(task["httpRequest"].get("body", ""))
+                for name, task in self.tasks.items()
+            }
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def answer(self, request: RecordedRequest) -> tuple[int, dict[str, Any]]:
+        """Record ``request`` and decide the response, as Cloud Tasks' CreateTask would."""
+        with self._lock:
+            self.requests.append(request)
+            if self._failures:
+                status = self._failures.pop(0)
+                return status, _error(status, "scripted failure")
+            match = _CREATE_TASK.match(request.path)
+            if request.method != "POST" or match is None:
+                return 404, _error(404, f"no such method: {request.method} {request.path}")
+            task = dict(request.body.get("task") or {})
+            name = task.setdefault("name", f"{match.group(1)}/tasks/{len(self.tasks) + 1}")
+            if not name.startswith(f"{match.group(1)}/tasks/"):
+                return 400, _error(400, f"task name {name} is not in the queue of the URL")
+            if name in self.tasks:
+                return 409, _error(409, "Requested entity already exists")
+            self.tasks[name] = task
+            return 200, task
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    code = _STATUS_NAMES.get(status, HTTPStatus(status).phrase.upper().replace(" ", "_"))
+    return {"error": {"code": status, "status": code, "message": message}}
+
+
+def _handler_for(recorder: CloudTasksRecorder) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self._respond()
+
+        def do_GET(self) -> None:
+            self._respond()
+
+        def _respond(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            url = urlsplit(self.path)
+            request = RecordedRequest(
+                method=self.command,
+                path=url.path,
+                query=url.query,
+                headers=dict(self.headers.items()),
+                body=json.loads(raw) if raw else {},
+            )
+            time.sleep(recorder.take_stall())
+            status, payload = recorder.answer(request)
+            data = json.dumps(payload).encode()
+            # After a stall the client may have hung up; the task is created all the same.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Keep test output quiet; the recorder's ``requests`` is the log."""
+
+    return _Handler
+
+
+@dataclass
+class CloudTasksQueueHarness:
+    """A ``CloudTasksQueue`` wired to a recorder, for the queue contract suite."""
+
+    queue: CloudTasksQueue
+    recorder: CloudTasksRecorder
+
+    def held(self) -> dict[str, bytes]:
+        """Task name -> body of every task the recorder accepted."""
+        return self.recorder.held()
+
+
+def recorder_config(recorder: CloudTasksRecorder, **overrides: Any) -> CloudTasksConfig:
+    """The test queue's configuration, pointed at ``recorder``."""
+    fields: dict[str, Any] = {
+        "project": PROJECT,
+        "location": LOCATION,
+        "queue": QUEUE,
+        "worker_url": WORKER_URL,
+        "service_account_email": SERVICE_ACCOUNT,
+        "api_endpoint": recorder.url,
+    }
+    return CloudTasksConfig(**(fields | overrides))
+
+
+@pytest.fixture
+def cloudtasks_recorder() -> Iterator[CloudTasksRecorder]:
+    """A running recorder on a free loopback port, stopped after the test."""
+    recorder = CloudTasksRecorder()
+    recorder.start()
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture
+def cloudtasks_queue_harness(cloudtasks_recorder: CloudTasksRecorder) -> CloudTasksQueueHarness:
+    """A ``CloudTasksQueue`` built by ``from_config`` against the recorder."""
+    queue = CloudTasksQueue.from_config(recorder_config(cloudtasks_recorder))
+    return CloudTasksQueueHarness(queue=queue, recorder=cloudtasks_recorder)
