@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import functions_framework
 
-from looprelay.cloud import build_ingress, build_worker, cloud_config
+from looprelay.cloud import build_ingress, build_runner_api, build_worker, cloud_config
 from looprelay.flaskmsg import request_from_flask, response_to_flask
 from looprelay.logs import configure_logging
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import flask
 
     from looprelay.ingress import Ingress
+    from looprelay.runnerapi import RunnerApi
     from looprelay.worker import Worker
 
 
@@ -33,12 +34,20 @@ def _worker() -> Worker:
 
 # Build the deployed target's handler at import, so a misconfigured deployment fails to
 # start (and the rollout stops) instead of answering 500 to every delivery.
+@functools.cache
+def _runner_api() -> RunnerApi:
+    configure_logging()
+    return build_runner_api(cloud_config(os.environ))
+
+
 def _build_deployed_target() -> None:
     target = os.environ.get("FUNCTION_TARGET")
     if target == "webhook":
         _ingress()
     elif target == "worker":
         _worker()
+    elif target == "runners":
+        _runner_api()
 
 
 _build_deployed_target()
@@ -54,3 +63,9 @@ def webhook(request: flask.Request) -> flask.Response:
 def worker(request: flask.Request) -> flask.Response:
     """Cloud Tasks' target: settle the delivery in the ledger."""
     return response_to_flask(_worker().handle(request_from_flask(request)))
+
+
+@functions_framework.http
+def runners(request: flask.Request) -> flask.Response:
+    """Runner agents: register, heartbeat, rotate (``/runner/v1/...``)."""
+    return response_to_flask(_runner_api().handle(request_from_flask(request)))

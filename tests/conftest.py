@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.ports import Store
+from looprelay.ports import RunnerRegistry, Store
 from tests.queue_harness import QueueHarness
 
 pytest_plugins = [
@@ -29,6 +30,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         sqlite.close()
     else:
         yield request.getfixturevalue("firestore_store")
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def runner_registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunnerRegistry]:
+    """A fresh, empty runner registry of each backend."""
+    if request.param == "sqlite":
+        sqlite = SqliteRunnerRegistry(tmp_path / "store.db")
+        yield sqlite
+        sqlite.close()
+    else:
+        yield request.getfixturevalue("firestore_runner_registry")
 
 
 QUEUE_BACKENDS = ["embedded", "cloudtasks"]

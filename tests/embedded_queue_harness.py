@@ -15,9 +15,7 @@ class EmbeddedQueueHarness:
     """An embedded queue whose dispatcher is not started, so what it holds stays put."""
 
     def __init__(self, path: Path) -> None:
-        self.queue = EmbeddedQueue(
-            path, retry=RetryConfig(), settings=EmbeddedQueueConfig()
-        )
+        self.queue = EmbeddedQueue(path, retry=RetryConfig(), settings=EmbeddedQueueConfig())
 
     def held(self) -> dict[str, bytes]:
         return {task.name: task.body for task in self.queue.list_tasks()}

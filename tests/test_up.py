@@ -224,3 +224,64 @@ class TestRestart:
             second.stop()
         assert sorted(row["delivery_id"] for row in ledger) == sorted(ids)
         assert _settled_events(data_dir) == Counter(dict.fromkeys(ids, 1))
+
+
+class TestRunnerRegistration:
+    def test_an_operator_mints_a_token_and_a_runner_registers_with_it(
+        self, up: UpProcess, data_dir: Path, tmp_path: Path
+    ) -> None:
+        minted = _cli("runners", "token", "--data", str(data_dir), "--ttl", "10m")
+        assert minted.returncode == 0, minted.stderr
+        token = minted.stdout.strip()
+        assert token.startswith("lrreg_") and "\n" not in token
+        server = up.webhook_url.removesuffix("/webhook")
+        credentials = tmp_path / "runner.json"
+        registered = _cli(
+            "runner",
+            "register",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--name",
+            "ci-box",
+            "--label",
+            "os=linux",
+            "--credentials",
+            str(credentials),
+        )
+        assert registered.returncode == 0, registered.stderr
+        assert oct(credentials.stat().st_mode & 0o777) == "0o600"
+        saved = json.loads(credentials.read_text())
+        assert saved["server"] == server and saved["name"] == "ci-box"
+
+        listed = _cli("runners", "list", "--data", str(data_dir), "--json")
+        [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert (row["runner_id"], row["labels"], row["revoked_at"]) == (
+            saved["runner_id"],
+            {"os": "linux"},
+            None,
+        )
+        assert saved["secret"] not in listed.stdout
+
+        reused = _cli(
+            "runner",
+            "register",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--name",
+            "other",
+            "--credentials",
+            str(tmp_path / "other.json"),
+        )
+        assert reused.returncode == 1
+        assert "already used" in reused.stderr
+        assert not (tmp_path / "other.json").exists()
+
+        assert (
+            _cli("runners", "revoke", "--data", str(data_dir), saved["runner_id"]).returncode == 0
+        )
+        again = _cli("runners", "list", "--data", str(data_dir))
+        assert "revoked" in again.stdout

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from looprelay.config import Config, load_config
 from looprelay.errors import ConfigError
 from looprelay.ingress import Ingress
+from looprelay.runnerapi import RunnerApi
 from looprelay.secrets_env import webhook_secrets_from_env
 from looprelay.worker import Worker
 
@@ -64,4 +65,17 @@ def build_worker(config: Config) -> Worker:
             service_account_email=config.worker.oidc.service_account_email,
         ),
         clock=SystemClock(),
+    )
+
+
+def build_runner_api(config: Config) -> RunnerApi:
+    """The runner API's handler, on the configured store."""
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.stores import open_runner_registry, open_store
+
+    return RunnerApi(
+        registry=open_runner_registry(config, data_dir=None),
+        store=open_store(config, data_dir=None),
+        clock=SystemClock(),
+        config=config.runners,
     )

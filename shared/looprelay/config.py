@@ -229,6 +229,29 @@ class QueueConfig(_Section):
     )
 
 
+class RunnersConfig(_Section):
+    """Runner agents: registration, liveness and leases."""
+
+    registration_token_ttl_seconds: int = Field(
+        default=3600,
+        ge=60,
+        le=7 * 24 * 3600,
+        description="Default lifetime of a registration token (`looprelay runners token`).",
+    )
+    lost_after_seconds: int = Field(
+        default=120, ge=30, description="A runner silent this long is lost."
+    )
+    heartbeat_seconds: int = Field(
+        default=30, ge=5, description="How often a runner agent sends its heartbeat."
+    )
+    poll_wait_seconds: int = Field(
+        default=25, ge=1, le=55, description="Longest a long poll for work is held open."
+    )
+    lease_seconds: int = Field(
+        default=60, ge=10, description="How long a leased dispatch stays with its runner."
+    )
+
+
 class ServerConfig(_Section):
     """The listener of `looprelay up`."""
 
@@ -244,6 +267,7 @@ class Config(_Section):
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="Worker.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="Store.")
     queue: QueueConfig = Field(default_factory=QueueConfig, description="Queue.")
+    runners: RunnersConfig = Field(default_factory=RunnersConfig, description="Runners.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="Local server.")
 
 

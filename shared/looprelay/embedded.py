@@ -25,8 +25,9 @@ from looprelay.datadir import (
 from looprelay.errors import ConfigError
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.ingress import Ingress
+from looprelay.runnerapi import RunnerApi
 from looprelay.secrets_env import webhook_secrets_from_env
-from looprelay.stores import open_store
+from looprelay.stores import open_runner_registry, open_store
 from looprelay.worker import Worker
 
 log = logging.getLogger("looprelay.up")
@@ -34,6 +35,7 @@ log = logging.getLogger("looprelay.up")
 WEBHOOK_PATH = "/webhook"
 WORKER_PATH = "/worker"
 HEALTH_PATH = "/healthz"
+RUNNER_PREFIX = "/runner/"
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
 
 
@@ -86,6 +88,12 @@ class EmbeddedStack:
         self.ingress = Ingress(
             secrets=secrets, queue=self.queue, config=config.webhook, verify=verify
         )
+        self.runner_api = RunnerApi(
+            registry=open_runner_registry(config, data_dir=self.data_dir),
+            store=self.store,
+            clock=SystemClock(),
+            config=config.runners,
+        )
         self.worker = Worker(
             store=self.store,
             authenticator=SharedSecretAuthenticator(worker_token),
@@ -105,7 +113,7 @@ class EmbeddedStack:
                 WORKER_PATH: self.worker.handle,
                 HEALTH_PATH: _health,
             },
-            {},
+            {RUNNER_PREFIX: self.runner_api.handle},
         )
         self._server.start(routes)
         self.queue.start(worker_url=self._worker_url, auth_token=self._worker_token)

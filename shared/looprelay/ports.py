@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from looprelay.records import DeliveryRecord, EventRecord
+from looprelay.records import DeliveryRecord, EventRecord, RegistrationToken, RunnerRecord
 
 MAX_TASK_BYTES = 1_000_000
 """A Cloud Task holds at most 1 MB; the embedded queue enforces the same bound."""
@@ -92,6 +92,44 @@ class Store(Protocol):
     ) -> list[EventRecord]:
         """Return events oldest first, filtered by every argument given; ``after`` is
         exclusive, for following the log."""
+        ...
+
+
+class RunnerRegistry(Protocol):
+    """Registration tokens and registered runners."""
+
+    def add_registration_token(self, token: RegistrationToken) -> None:
+        """Store a newly minted (hashed) registration token."""
+        ...
+
+    def consume_registration_token(self, token_hash: str, *, at: datetime) -> bool:
+        """Mark the token used; True only for the first use before it expires."""
+        ...
+
+    def add_runner(self, runner: RunnerRecord) -> None:
+        """Store a newly registered runner; raises ``ValueError`` if the id exists."""
+        ...
+
+    def get_runner(self, runner_id: str) -> RunnerRecord | None:
+        """Return the runner, or None."""
+        ...
+
+    def list_runners(self) -> list[RunnerRecord]:
+        """Return every runner, oldest registration first."""
+        ...
+
+    def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:
+        """Revoke the runner; False if unknown or already revoked."""
+        ...
+
+    def rotate_runner_secret(self, runner_id: str, *, secret_hash: str) -> bool:
+        """Replace the runner's secret hash; False if unknown or revoked."""
+        ...
+
+    def record_heartbeat(
+        self, runner_id: str, *, at: datetime, version: str, capacity: int
+    ) -> bool:
+        """Note that the runner is alive; False if unknown or revoked."""
         ...
 
 

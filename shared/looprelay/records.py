@@ -62,3 +62,38 @@ class EventRecord(BaseModel):
     work_item: str | None = None
     severity: str = "INFO"
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RegistrationToken(BaseModel):
+    """A single-use token an operator mints to let one runner register; stored hashed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token_hash: str
+    created_at: datetime
+    expires_at: datetime
+    used_at: datetime | None = None
+
+
+MAX_RUNNER_LABELS = 32
+
+
+class RunnerRecord(BaseModel):
+    """A registered runner agent. Only the hash of its secret is ever stored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    runner_id: str
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_RUNNER_LABELS)
+    secret_hash: str
+    registered_at: datetime
+    last_seen_at: datetime | None = None
+    revoked_at: datetime | None = None
+    version: str = ""
+    capacity: int = 1
+
+    @property
+    def revoked(self) -> bool:
+        """Whether an operator revoked this runner."""
+        return self.revoked_at is not None

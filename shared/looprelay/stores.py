@@ -1,4 +1,4 @@
-"""Open the configured store: one place that knows every Store adapter."""
+"""Open the configured store and runner registry: the one place that knows their adapters."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 from looprelay.config import Config
 from looprelay.datadir import STORE_FILE
-from looprelay.ports import Store
+from looprelay.errors import ConfigError
+from looprelay.ports import RunnerRegistry, Store
 
 
 def open_store(config: Config, *, data_dir: Path | None) -> Store:
@@ -23,10 +24,26 @@ def open_store(config: Config, *, data_dir: Path | None) -> Store:
         )
     from looprelay.adapters.sqlite_store import SqliteStore
 
-    if config.store.sqlite.path:
-        return SqliteStore(config.store.sqlite.path)
-    if data_dir is None:
-        from looprelay.errors import ConfigError
+    return SqliteStore(_sqlite_path(config, data_dir))
 
+
+def _sqlite_path(config: Config, data_dir: Path | None) -> Path:
+    if config.store.sqlite.path:
+        return Path(config.store.sqlite.path)
+    if data_dir is None:
         raise ConfigError("store.sqlite.path is unset and there is no data directory")
-    return SqliteStore(data_dir / STORE_FILE)
+    return data_dir / STORE_FILE
+
+
+def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegistry:
+    """Return the runner registry next to the configured store.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore_runners import FirestoreRunnerRegistry
+
+        return FirestoreRunnerRegistry.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
+
+    return SqliteRunnerRegistry(_sqlite_path(config, data_dir))

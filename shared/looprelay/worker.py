@@ -21,7 +21,7 @@ from looprelay.core.envelope import Envelope
 from looprelay.errors import Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.ports import Clock, Store, TaskAuthenticator
-from looprelay.records import DeliveryRecord, EventRecord
+from looprelay.records import RECEIVED, DeliveryRecord, EventRecord, is_valid_outcome
 
 log = logging.getLogger("looprelay.worker")
 
@@ -140,7 +140,7 @@ class Worker:
 
     def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
         try:
-            return self._handler(envelope, record)
+            outcome = self._handler(envelope, record)
         except Transient:
             raise
         except Exception as exc:
@@ -148,6 +148,14 @@ class Worker:
             # an operator can read and replay, instead of letting the queue spin on it.
             log.exception("handler failed permanently", extra={"delivery_id": record.delivery_id})
             return Outcome("failed", f"{type(exc).__name__}: {exc}"[:500])
+        if outcome.outcome == RECEIVED or not is_valid_outcome(outcome.outcome):
+            log.error(
+                "handler returned the unknown outcome %r",
+                outcome.outcome[:80],
+                extra={"delivery_id": record.delivery_id},
+            )
+            return Outcome("failed", f"handler returned unknown outcome {outcome.outcome[:80]!r}")
+        return outcome
 
     def _event(
         self, name: str, envelope: Envelope, data: dict[str, object], severity: str = "INFO"

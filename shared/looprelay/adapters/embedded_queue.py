@@ -198,15 +198,21 @@ class EmbeddedQueue:
     def _dispatch_loop(self) -> None:
         session = requests.Session()
         while not self._stopping.is_set():
-            claimed = self._claim()
-            if claimed is None:
-                # Nothing due: sleep until woken by an enqueue or the next due task. The check
-                # under the lock keeps a stop() that lands just before the wait from being missed.
-                with self._wake:
-                    if not self._stopping.is_set():
-                        self._wake.wait(self._seconds_until_due())
-                continue
-            self._deliver(session, claimed)
+            try:
+                claimed = self._claim()
+                if claimed is None:
+                    # Nothing due: sleep until woken by an enqueue or the next due task. The
+                    # check under the lock keeps a stop() just before the wait from being missed.
+                    with self._wake:
+                        if not self._stopping.is_set():
+                            self._wake.wait(self._seconds_until_due())
+                    continue
+                self._deliver(session, claimed)
+            except sqlite3.Error:
+                # A busy or failing database must not kill the dispatcher; a claimed task stays
+                # leased and is recovered on the next start.
+                log.exception("embedded queue database error; dispatcher pauses and goes on")
+                self._stopping.wait(_IDLE_WAIT_SECONDS)
         session.close()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:

@@ -39,6 +39,8 @@ class Routes:
 
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a webhook burst reuses connections
+    # Without TCP_NODELAY a small response waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: object) -> None:

@@ -1,0 +1,1 @@
+"""The runner agent, laid out as its lifecycle: register, poll, apply, report."""

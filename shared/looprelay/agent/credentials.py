@@ -1,0 +1,55 @@
+"""The runner's credentials file: server URL, runner id and secret, mode 0600."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from looprelay.errors import ConfigError
+
+
+class Credentials(BaseModel):
+    """What a registered runner needs to call the runner API."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    server: str
+    runner_id: str
+    secret: str
+    name: str
+
+
+def default_credentials_path() -> Path:
+    """Return ``$XDG_CONFIG_HOME/looprelay/runner.json`` (``~/.config/...`` by default)."""
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "looprelay" / "runner.json"
+
+
+def write_credentials(path: Path, credentials: Credentials) -> None:
+    """Write ``credentials`` to ``path`` with mode 0600, replacing any previous file atomically."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(credentials.model_dump_json(indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def read_credentials(path: Path) -> Credentials:
+    """Read the credentials at ``path``.
+
+    Raises ``ConfigError`` when the file is missing, readable by others, or malformed.
+    """
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; register first with `looprelay runner register`")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise ConfigError(f"{path} is readable by other users (mode {mode:o}); chmod 600 it")
+    try:
+        return Credentials.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"{path} is not a looprelay credentials file: {exc}") from exc

@@ -1,0 +1,57 @@
+"""Registering this machine as a runner: a registration token in, credentials out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import requests
+
+from looprelay.agent.credentials import Credentials
+from looprelay.errors import ConfigError, Transient, Unauthorized
+
+REGISTER_TIMEOUT_SECONDS = 15.0
+_REGISTER_PATH = "/runner/v1/register"
+
+
+def register(
+    *, server: str, token: str, name: str, labels: Mapping[str, str], version: str, capacity: int
+) -> Credentials:
+    """Exchange ``token`` for this runner's id and secret at ``server``.
+
+    One attempt, ``REGISTER_TIMEOUT_SECONDS``: a token is single use, so retrying blindly could
+    burn it. Raises ``Unauthorized`` for a bad token, ``ConfigError`` for a refused request
+    (bad name or label) and ``Transient`` when the server cannot be reached or fails.
+    """
+    url = server.rstrip("/") + _REGISTER_PATH
+    body = {
+        "token": token,
+        "name": name,
+        "labels": dict(labels),
+        "version": version,
+        "capacity": capacity,
+    }
+    try:
+        response = requests.post(url, json=body, timeout=REGISTER_TIMEOUT_SECONDS)
+    except requests.RequestException as exc:
+        raise Transient(f"cannot reach {url}: {exc}") from exc
+    message = _error_text(response)
+    if response.status_code == 401:
+        raise Unauthorized(message)
+    if 400 <= response.status_code < 500:
+        raise ConfigError(f"{url} refused the registration: {message}")
+    if response.status_code != 201:
+        raise Transient(f"{url} answered {response.status_code}: {message}")
+    answer = response.json()
+    return Credentials(
+        server=server.rstrip("/"),
+        runner_id=answer["runner_id"],
+        secret=answer["secret"],
+        name=answer["name"],
+    )
+
+
+def _error_text(response: requests.Response) -> str:
+    try:
+        return str(response.json().get("error", ""))[:500]
+    except ValueError:
+        return response.text[:200]

@@ -1,0 +1,208 @@
+"""The runner API (``/runner/v1/...``): how runner agents register and stay known.
+
+Runners call out only (no inbound port on their side). Every call but ``register`` carries
+``Authorization: Bearer <runner_id>:<secret>``; an unknown, wrong or revoked credential gets 401
+with a message telling the operator to register again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from looprelay.config import RunnersConfig
+from looprelay.errors import BadDelivery, Transient, Unauthorized
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.ports import Clock, RunnerRegistry, Store
+from looprelay.records import MAX_RUNNER_LABELS, EventRecord, RegistrationToken, RunnerRecord
+from looprelay.runnerauth import (
+    credential_matches,
+    hash_credential,
+    new_registration_token,
+    new_runner_id,
+    new_runner_secret,
+    parse_runner_bearer,
+)
+
+log = logging.getLogger("looprelay.runnerapi")
+
+API_PREFIX = "/runner/v1/"
+MAX_BODY_BYTES = 64 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_LABEL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_REGISTER_AGAIN = "register it again with `looprelay runner register`"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegisterBody(_Body):
+    """What an agent sends to exchange a registration token for credentials."""
+
+    token: str = Field(min_length=1, max_length=200)
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_RUNNER_LABELS)
+    version: str = Field(default="", max_length=64)
+    capacity: int = Field(default=1, ge=1, le=256)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError("name must be 1-63 of A-Z a-z 0-9 . _ - starting alphanumeric")
+        return name
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not (_LABEL_PART.match(key) and _LABEL_PART.match(value)):
+                raise ValueError(f"label {key[:64]!r} must be k=v of A-Z a-z 0-9 . _ / -")
+        return labels
+
+
+class HeartbeatBody(_Body):
+    """What an agent reports about itself on every heartbeat."""
+
+    version: str = Field(default="", max_length=64)
+    capacity: int = Field(default=1, ge=0, le=256)
+
+
+class RunnerApi:
+    """Serves ``/runner/v1/...``; one instance serves many requests and threads."""
+
+    def __init__(
+        self, *, registry: RunnerRegistry, store: Store, clock: Clock, config: RunnersConfig
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._routes: dict[str, Callable[[Request], Response]] = {
+            "register": self._register,
+            "heartbeat": self._heartbeat,
+            "rotate": self._rotate,
+        }
+
+    def handle(self, request: Request) -> Response:
+        """Answer one runner API request; never raises."""
+        route = self._routes.get(request.path.removeprefix(API_PREFIX))
+        if not request.path.startswith(API_PREFIX) or route is None:
+            return json_response(404, {"error": "no such runner API path"})
+        if request.method != "POST":
+            return json_response(405, {"error": "only POST is accepted here"})
+        try:
+            return route(request)
+        except BadDelivery as exc:
+            return json_response(exc.status, {"error": str(exc)})
+        except Unauthorized as exc:
+            log.warning("runner API refused: %s", exc)
+            return json_response(exc.status, {"error": str(exc)})
+        except Transient as exc:
+            log.error("runner API store failure: %s", exc)
+            return json_response(503, {"error": "temporarily unavailable; retry"})
+
+    def _register(self, request: Request) -> Response:
+        body = _parse(request, RegisterBody)
+        now = self._clock.now()
+        if not self._registry.consume_registration_token(hash_credential(body.token), at=now):
+            raise Unauthorized(
+                "registration token is unknown, expired or already used; mint a new one with "
+                "`looprelay runners token`"
+            )
+        secret = new_runner_secret()
+        runner = RunnerRecord(
+            runner_id=new_runner_id(),
+            name=body.name,
+            labels=body.labels,
+            secret_hash=hash_credential(secret),
+            registered_at=now,
+            last_seen_at=now,
+            version=body.version,
+            capacity=body.capacity,
+        )
+        self._registry.add_runner(runner)
+        self._event("runner.registered", runner, {"name": runner.name, "labels": runner.labels})
+        log.info("runner %s registered", runner.name, extra={"runner_id": runner.runner_id})
+        return json_response(
+            201, {"runner_id": runner.runner_id, "secret": secret, "name": runner.name}
+        )
+
+    def _heartbeat(self, request: Request) -> Response:
+        runner = self._authenticate(request)
+        body = _parse(request, HeartbeatBody)
+        if not self._registry.record_heartbeat(
+            runner.runner_id, at=self._clock.now(), version=body.version, capacity=body.capacity
+        ):
+            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        return json_response(
+            200,
+            {
+                "heartbeat_seconds": self._config.heartbeat_seconds,
+                "lost_after_seconds": self._config.lost_after_seconds,
+            },
+        )
+
+    def _rotate(self, request: Request) -> Response:
+        runner = self._authenticate(request)
+        secret = new_runner_secret()
+        if not self._registry.rotate_runner_secret(
+            runner.runner_id, secret_hash=hash_credential(secret)
+        ):
+            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        self._event("runner.rotated", runner, {"by": "runner"})
+        return json_response(200, {"runner_id": runner.runner_id, "secret": secret})
+
+    def _authenticate(self, request: Request) -> RunnerRecord:
+        parsed = parse_runner_bearer(request.headers.get("authorization", ""))
+        runner = self._registry.get_runner(parsed[0]) if parsed else None
+        if (
+            parsed is None
+            or runner is None
+            or not credential_matches(parsed[1], runner.secret_hash)
+        ):
+            raise Unauthorized(f"unknown runner or wrong secret; {_REGISTER_AGAIN}")
+        if runner.revoked:
+            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        return runner
+
+    def _event(self, name: str, runner: RunnerRecord, data: dict[str, object]) -> None:
+        self._store.append_event(
+            EventRecord(
+                name=name, at=self._clock.now(), data={"runner_id": runner.runner_id, **data}
+            )
+        )
+
+
+def mint_registration_token(registry: RunnerRegistry, *, now: datetime, ttl: timedelta) -> str:
+    """Create a single-use registration token valid for ``ttl``; only its hash is stored.
+
+    Returns the token, to be shown to the operator once.
+    """
+    token = new_registration_token()
+    registry.add_registration_token(
+        RegistrationToken(token_hash=hash_credential(token), created_at=now, expires_at=now + ttl)
+    )
+    return token
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parse(request: Request, model: type[_M]) -> _M:
+    if len(request.body) > MAX_BODY_BYTES:
+        raise BadDelivery(f"body larger than {MAX_BODY_BYTES} bytes", status=413)
+    try:
+        return model.model_validate_json(request.body or b"{}")
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in exc.errors(include_input=False)[:5]
+        )
+        raise BadDelivery(f"invalid request body: {problems}") from exc

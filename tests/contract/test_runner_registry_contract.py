@@ -1,0 +1,126 @@
+"""The RunnerRegistry contract: SQLite and Firestore must agree on every case."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from looprelay.ports import RunnerRegistry
+from looprelay.records import RegistrationToken, RunnerRecord
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=UTC)
+
+
+def _runner(runner_id: str = "r-0000000000000001", *, at: datetime = T0) -> RunnerRecord:
+    return RunnerRecord(
+        runner_id=runner_id,
+        name="laptop",
+        labels={"os": "linux", "gpu": "none"},
+        secret_hash="a" * 64,
+        registered_at=at,
+        version="0.1.0",
+        capacity=2,
+    )
+
+
+class TestRegistrationTokens:
+    def test_a_token_is_consumed_once(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_registration_token(
+            RegistrationToken(token_hash="h1", created_at=T0, expires_at=T0 + timedelta(hours=1))
+        )
+        assert runner_registry.consume_registration_token("h1", at=T0 + timedelta(minutes=1))
+        assert not runner_registry.consume_registration_token("h1", at=T0 + timedelta(minutes=2))
+
+    def test_an_expired_token_is_refused(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_registration_token(
+            RegistrationToken(token_hash="h1", created_at=T0, expires_at=T0 + timedelta(hours=1))
+        )
+        assert not runner_registry.consume_registration_token("h1", at=T0 + timedelta(hours=1))
+
+    def test_an_unknown_token_is_refused(self, runner_registry: RunnerRegistry) -> None:
+        assert not runner_registry.consume_registration_token("nope", at=T0)
+
+    def test_racing_consumers_have_one_winner(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_registration_token(
+            RegistrationToken(token_hash="h1", created_at=T0, expires_at=T0 + timedelta(hours=1))
+        )
+        wins: list[bool] = []
+        barrier = threading.Barrier(4)
+
+        def consume() -> None:
+            barrier.wait()
+            wins.append(runner_registry.consume_registration_token("h1", at=T0))
+
+        threads = [threading.Thread(target=consume) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(wins) == [False, False, False, True]
+
+
+class TestRunners:
+    def test_a_runner_round_trips(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner())
+        assert runner_registry.get_runner("r-0000000000000001") == _runner()
+        assert runner_registry.get_runner("r-ffffffffffffffff") is None
+
+    def test_an_existing_id_is_not_overwritten(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner())
+        with pytest.raises(ValueError, match="already exists"):
+            runner_registry.add_runner(_runner().model_copy(update={"name": "other"}))
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None and stored.name == "laptop"
+
+    def test_list_is_oldest_first(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
+        runner_registry.add_runner(_runner("r-0000000000000001"))
+        assert [r.runner_id for r in runner_registry.list_runners()] == [
+            "r-0000000000000001",
+            "r-0000000000000002",
+        ]
+
+    def test_heartbeat_updates_liveness_version_and_capacity(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner())
+        later = T0 + timedelta(seconds=30)
+        assert runner_registry.record_heartbeat(
+            "r-0000000000000001", at=later, version="0.2.0", capacity=4
+        )
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None
+        assert (stored.last_seen_at, stored.version, stored.capacity) == (later, "0.2.0", 4)
+        assert stored.labels == {"os": "linux", "gpu": "none"}
+
+    def test_rotation_replaces_only_the_secret_hash(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner())
+        assert runner_registry.rotate_runner_secret("r-0000000000000001", secret_hash="b" * 64)
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None
+        assert stored == _runner().model_copy(update={"secret_hash": "b" * 64})
+
+    def test_a_revoked_runner_stays_revoked_and_cannot_change(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner())
+        assert runner_registry.revoke_runner("r-0000000000000001", at=T0)
+        assert not runner_registry.revoke_runner("r-0000000000000001", at=T0)
+        assert not runner_registry.rotate_runner_secret("r-0000000000000001", secret_hash="c")
+        assert not runner_registry.record_heartbeat(
+            "r-0000000000000001", at=T0, version="x", capacity=1
+        )
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None and stored.revoked and stored.revoked_at == T0
+        assert stored.secret_hash == "a" * 64
+
+    def test_changes_to_an_unknown_runner_report_false(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        unknown = "r-ffffffffffffffff"
+        assert not runner_registry.revoke_runner(unknown, at=T0)
+        assert not runner_registry.rotate_runner_secret(unknown, secret_hash="x")
+        assert not runner_registry.record_heartbeat(unknown, at=T0, version="", capacity=1)
+        assert runner_registry.list_runners() == []
