@@ -9,13 +9,15 @@ import pytest
 
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.ports import RunnerRegistry, Store
+from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from tests.queue_harness import QueueHarness
 
 pytest_plugins = [
     "tests.firestore_emulator",
     "tests.cloudtasks_recorder",
     "tests.embedded_queue_harness",
+    "tests.fake_github",
 ]
 
 STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
@@ -41,6 +43,17 @@ def runner_registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         sqlite.close()
     else:
         yield request.getfixturevalue("firestore_runner_registry")
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def work_item_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkItemStore]:
+    """A fresh, empty work-item store of each backend."""
+    if request.param == "sqlite":
+        sqlite = SqliteWorkItemStore(tmp_path / "store.db")
+        yield sqlite
+        sqlite.close()
+    else:
+        yield request.getfixturevalue("firestore_work_item_store")
 
 
 QUEUE_BACKENDS = ["embedded", "cloudtasks"]

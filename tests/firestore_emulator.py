@@ -26,6 +26,7 @@ from google.cloud import firestore
 
 from looprelay.adapters.firestore_runners import FirestoreRunnerRegistry
 from looprelay.adapters.firestore_store import FirestoreStore
+from looprelay.adapters.firestore_work_items import FirestoreWorkItemStore
 
 PROJECT = "demo-looprelay"
 EMULATOR_PACKAGE = "google-cloud-cli-firestore-emulator"
@@ -106,7 +107,7 @@ def firestore_emulator() -> Iterator[str]:
         return
     jar, java = _find_jar(), shutil.which("java")
     if jar is None:
-        _unavailable(f"the {EMULATOR_PACKAGE} jar is not installed (looked in {KNOWN_JAR})")
+        _unavailable(f"the emulator jar is in neither `dpkg -L {EMULATOR_PACKAGE}` nor {KNOWN_JAR}")
     if java is None:
         _unavailable("java is not on PATH (the emulator needs Java 11 or later)")
     port = _free_port()
@@ -158,3 +159,9 @@ def firestore_store(firestore_client: firestore.Client) -> FirestoreStore:
 def firestore_runner_registry(firestore_client: firestore.Client) -> FirestoreRunnerRegistry:
     """A fresh ``FirestoreRunnerRegistry`` on the emulator, with collections unique to the test."""
     return FirestoreRunnerRegistry(firestore_client, collection_prefix=f"t{uuid.uuid4().hex[:12]}_")
+
+
+@pytest.fixture
+def firestore_work_item_store(firestore_client: firestore.Client) -> FirestoreWorkItemStore:
+    """A fresh ``FirestoreWorkItemStore`` on the emulator, with collections unique to the test."""
+    return FirestoreWorkItemStore(firestore_client, collection_prefix=f"t{uuid.uuid4().hex[:12]}_")

@@ -229,6 +229,116 @@ class QueueConfig(_Section):
     )
 
 
+DEFAULT_PHASES: tuple[tuple[str, str, bool], ...] = (
+    ("brainstorming", "Brainstorm the problem and options", False),
+    ("requirements-definition", "Write requirements", False),
+    ("requirements-approval", "Human approval of the requirements", False),
+    ("design", "Write the design", False),
+    ("test-planning", "Plan the tests", False),
+    ("design-approval", "Human approval of the design", False),
+    ("tasks-breakdown", "Break the work into tasks", False),
+    ("implementation", "Implement", False),
+    ("verification", "Verify against the requirements", False),
+    ("self-review", "Self-review the change", False),
+    ("critic-review", "Critic review", False),
+    ("security-review", "Security review", False),
+    ("evidence", "Collect evidence", False),
+    ("capability-docs", "Update capability docs", False),
+    ("reviewer-briefing", "Brief the reviewer", False),
+    ("human-approval", "Human approval of the result", False),
+    ("design-critic-review", "Critic review of the design", True),
+)
+"""The shipped outer loop's selectable phases (the predecessor's C7 rows)."""
+
+
+class PhaseConfig(_Section):
+    """One selectable phase of the phase-selection checklist."""
+
+    token: str = Field(description="Row token, `[a-z0-9][a-z0-9-]*`.")
+    label: str = Field(description="What the phase does, shown next to its row.")
+    opt_in: bool = Field(default=False, description="Runs only when ticked (unticked by default).")
+
+
+class ControlConfig(_Section):
+    """Control keywords in comments (SPEC §2)."""
+
+    require_start_command: bool = Field(
+        default=True,
+        description="An armed work item starts only on an authorized `start` command; when "
+        "false, the arming label alone starts it.",
+    )
+    keywords: dict[str, str] = Field(
+        default_factory=dict,
+        description="Keyword per command (`start`, `stop`, `pause`, `resume`, `execute`, "
+        "`cleanup`); unset ones are `the-loop <command>`; an empty string disables one.",
+    )
+
+
+class InteractionConfig(_Section):
+    """Where sessions take their answers from (seeds 000-002)."""
+
+    mode: Any = Field(
+        default=None,
+        description="`work-item` (default: questions go to GitHub comments) or `cli` (a human "
+        "is attached). Trimmed and lower-cased; any other value means `work-item` and logs a "
+        "warning naming it.",
+    )
+
+
+class RoutingConfig(_Section):
+    """Policy and routing in the worker (SPEC §2)."""
+
+    authorized_users: list[str | int] = Field(
+        default_factory=list,
+        description="Logins (case-insensitive) or numeric GitHub user ids whose events and "
+        "commands count. Empty means nobody (fail closed); CI events have no actor and pass.",
+    )
+    bot_logins: list[str] = Field(
+        default_factory=list,
+        description="Logins of looprelay's own App bot (e.g. `looprelay[bot]`); their events "
+        "are dropped before anything else.",
+    )
+    auto_execute_label: str = Field(
+        default="the-loop: auto-execute", description="The label that arms a work item."
+    )
+    control: ControlConfig = Field(default_factory=ControlConfig, description="Commands.")
+    interaction: InteractionConfig = Field(
+        default_factory=InteractionConfig, description="Interaction mode."
+    )
+    session_per_pr: Any = Field(
+        default="cross-repository",
+        description="Which pull requests get their own session: `never`, `cross-repository` "
+        "or `always`; `true`/`false` mean `cross-repository`/`never`; anything else warns and "
+        "means `cross-repository`. A work item's frozen checklist answer overrides it.",
+    )
+    harness: Literal["claude", "cursor-agent"] = Field(
+        default="claude", description="The coding agent sessions run."
+    )
+    runner_kind: Literal["tmux", "process"] = Field(
+        default="tmux",
+        description="`tmux` (interactive, attachable) or `process` (headless `-p` runs).",
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        description="Path of an operator's event-prompt template (Jinja2, rendered sandboxed); "
+        "default the bundled one.",
+    )
+    spawn_prompt_template: str | None = Field(
+        default=None,
+        description="Path of an operator's spawn-prompt template; default the bundled one.",
+    )
+    phases: list[PhaseConfig] = Field(
+        default_factory=lambda: [
+            PhaseConfig(token=t, label=label, opt_in=o) for t, label, o in DEFAULT_PHASES
+        ],
+        description="Selectable phases of the phase-selection checklist, in order. Default: "
+        + ", ".join(
+            f"`{token}`" + (" (opt-in)" if opt_in else "") for token, _, opt_in in DEFAULT_PHASES
+        )
+        + ".",
+    )
+
+
 class RunnersConfig(_Section):
     """Runner agents: registration, liveness and leases."""
 
@@ -267,6 +377,7 @@ class Config(_Section):
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="Worker.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="Store.")
     queue: QueueConfig = Field(default_factory=QueueConfig, description="Queue.")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing.")
     runners: RunnersConfig = Field(default_factory=RunnersConfig, description="Runners.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="Local server.")
 

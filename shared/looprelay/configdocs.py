@@ -68,6 +68,7 @@ def documented_keys() -> list[str]:
 
 
 _Row = tuple[str, str, str, str, str]
+_DEFAULT_TEXT_CAP = 200
 
 
 def _sections(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, list[_Row]]]:
@@ -76,6 +77,19 @@ def _sections(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, lis
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
         section = _section_model(field.annotation)
+        if section is not None and typing.get_origin(field.annotation) is list:
+            # A list of objects is a key of its own, and its items are documented below it.
+            leaves.append(
+                (
+                    key,
+                    f"list of `{key}[]` objects",
+                    _default_text(field),
+                    "",
+                    (field.description or "").replace("|", "\\|"),
+                )
+            )
+            nested.append((key + "[]", section))
+            continue
         if section is not None:
             nested.append((key, section))
             continue
@@ -111,6 +125,8 @@ def _type_text(annotation: Any) -> str:
         return f"list of {_type_text(typing.get_args(annotation)[0])}"
     if annotation is type(None):
         return "null"
+    if annotation is Any:
+        return "any"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -121,4 +137,5 @@ def _default_text(field: FieldInfo) -> str:
         return "required"
     else:
         value = field.default
-    return f"`{json.dumps(value)}`"
+    text = json.dumps(value, default=lambda model: model.model_dump(by_alias=True))
+    return f"`{text}`" if len(text) <= _DEFAULT_TEXT_CAP else "see meaning"

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from looprelay.records import DeliveryRecord, EventRecord, RegistrationToken, RunnerRecord
+from looprelay.records import (
+    DeliveryRecord,
+    DispatchRecord,
+    EventRecord,
+    RegistrationToken,
+    RunnerRecord,
+    WorkItemRecord,
+)
 
 MAX_TASK_BYTES = 1_000_000
 """A Cloud Task holds at most 1 MB; the embedded queue enforces the same bound."""
@@ -95,6 +102,64 @@ class Store(Protocol):
         ...
 
 
+class WorkItemStore(Protocol):
+    """Work items and their dispatches, written together so order and state never drift."""
+
+    def get_work_item(self, ref: str) -> WorkItemRecord | None:
+        """Return the work item ``ref``, or None."""
+        ...
+
+    def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
+        """Return the work item a pull request was linked to, or None."""
+        ...
+
+    def save_work_item(
+        self,
+        record: WorkItemRecord,
+        *,
+        expected_version: int,
+        dispatches: Sequence[DispatchRecord] = (),
+    ) -> bool:
+        """Write ``record`` (its version becomes ``expected_version + 1``) and create
+        ``dispatches``, all or nothing, if the stored version is still ``expected_version``
+        (0: the work item must not exist yet). A dispatch whose id exists is left as it is.
+
+        Returns False on a version conflict (reload, decide again). Raises ``Transient``.
+        """
+        ...
+
+    def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
+        """Return the dispatch, or None."""
+        ...
+
+    def list_dispatches(
+        self, *, statuses: Sequence[str] = (), work_item: str | None = None, limit: int = 500
+    ) -> list[DispatchRecord]:
+        """Return dispatches oldest first, filtered by status (any of) and work item."""
+        ...
+
+    def lease_dispatch(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> DispatchRecord | None:
+        """Lease the dispatch to ``runner_id`` if it is pending or its lease lapsed before
+        ``now``; return the leased record, or None when another runner holds it.
+        Exactly one of several racing runners wins."""
+        ...
+
+    def renew_lease(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> bool:
+        """Extend the lease ``runner_id`` still holds; False if it holds it no longer."""
+        ...
+
+    def finish_dispatch(
+        self, dispatch_id: str, *, runner_id: str, status: str, result: str, now: datetime
+    ) -> bool:
+        """Record the lease holder's result (``succeeded``, ``failed``, or ``pending`` to offer
+        it again); False when ``runner_id`` does not hold the lease."""
+        ...
+
+
 class RunnerRegistry(Protocol):
     """Registration tokens and registered runners."""
 
@@ -130,6 +195,56 @@ class RunnerRegistry(Protocol):
         self, runner_id: str, *, at: datetime, version: str, capacity: int
     ) -> bool:
         """Note that the runner is alive; False if unknown or revoked."""
+        ...
+
+
+@dataclass(frozen=True)
+class CommentText:
+    """A comment as read back from GitHub: who wrote it and what it says now."""
+
+    comment_id: int
+    author_login: str
+    body: str
+
+
+class GitHub(Protocol):
+    """The few GitHub REST calls the worker makes, on behalf of one App installation.
+
+    ``installation_id`` is None with token auth. Every method raises ``Transient`` on 5xx,
+    rate limits and network errors (after its own short retry budget) and ``Permanent`` on
+    4xx answers that retrying cannot fix.
+    """
+
+    def create_comment(
+        self, *, installation_id: int | None, repository: str, number: int, body: str
+    ) -> int:
+        """Post ``body`` on issue or pull request ``number``; return the new comment's id."""
+        ...
+
+    def find_comment_with(
+        self, *, installation_id: int | None, repository: str, number: int, needle: str
+    ) -> int | None:
+        """Return the id of a comment on ``number`` whose body contains ``needle`` (used to
+        make posting idempotent: the marker carries the delivery or dispatch id)."""
+        ...
+
+    def get_comment(
+        self, *, installation_id: int | None, repository: str, comment_id: int
+    ) -> CommentText | None:
+        """Read an issue comment's current author and body; None when it is gone."""
+        ...
+
+    def add_reaction(
+        self,
+        *,
+        installation_id: int | None,
+        repository: str,
+        comment_id: int,
+        comment_kind: str,
+        content: str,
+    ) -> None:
+        """React to an ``issue`` comment or a ``review`` comment (content: ``eyes``,
+        ``hooray``, ``confused``, ...); reacting twice is harmless."""
         ...
 
 

@@ -97,3 +97,119 @@ class RunnerRecord(BaseModel):
     def revoked(self) -> bool:
         """Whether an operator revoked this runner."""
         return self.revoked_at is not None
+
+
+MAX_LINKED_PULL_REQUESTS = 50
+MAX_SESSIONS = 20
+MAX_COMMANDS = 20
+MAX_PROMPT_CHARS = 60_000
+"""A rendered prompt is bounded so a dispatch document stays far below Firestore's 1 MiB."""
+
+
+class SessionRecord(BaseModel):
+    """An agent session of a work item: its own, or one a pull request was given."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    session_name: str
+    session_id: str
+    harness: str
+    runner_kind: str
+    interaction: str
+    status: str = "pending"
+    """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
+    runner_id: str | None = None
+    spawned_at: datetime | None = None
+    announced: bool = False
+
+
+class GraphRecord(BaseModel):
+    """The frozen phase selection of a work item (seed 003); never changed once written."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phases_selected: list[str]
+    phases_skipped: list[str]
+    surface: str
+    session_per_pr: str
+    actor: str
+    at: datetime
+    source: str
+    notes: list[str] = Field(default_factory=list)
+
+
+class CommandLog(BaseModel):
+    """One recognised control command: who, when, which comment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    command: str
+    actor: str
+    at: datetime
+    delivery_id: str
+    comment_id: int | None = None
+    effect: str = ""
+
+
+class WorkItemRecord(BaseModel):
+    """Everything the worker knows about one work item, in one document.
+
+    ``version`` is the compare-and-set guard: every save names the version it read.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: str
+    repository: str
+    number: int
+    control: str = "idle"
+    pull_requests: list[str] = Field(default_factory=list, max_length=MAX_LINKED_PULL_REQUESTS)
+    checklist_comment_id: int | None = None
+    graph: GraphRecord | None = None
+    sessions: dict[str, SessionRecord] = Field(default_factory=dict, max_length=MAX_SESSIONS)
+    next_seq: int = 1
+    commands: list[CommandLog] = Field(default_factory=list, max_length=MAX_COMMANDS)
+    version: int = 0
+    updated_at: datetime | None = None
+
+
+DISPATCH_KINDS = ("spawn", "deliver", "terminate", "pause", "resume", "cleanup")
+DISPATCH_OPEN = ("pending", "leased")
+"""Statuses of a dispatch that is not settled yet; it blocks later ones of its work item."""
+
+
+class DispatchRecord(BaseModel):
+    """One thing a runner must do for one session, in per-work-item order (``seq``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dispatch_id: str
+    delivery_id: str
+    work_item: str
+    endpoint: str
+    seq: int
+    kind: str
+    repository: str
+    session_name: str
+    session_id: str
+    harness: str = "claude"
+    runner_kind: str = "tmux"
+    interaction: str = "work-item"
+    prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    labels: dict[str, str] = Field(default_factory=dict)
+    resume: bool = False
+    """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
+    runner_id: str | None = None
+    """The runner that must apply it (session affinity), or None for any eligible runner."""
+    status: str = "pending"
+    """``pending``, ``leased``, ``succeeded`` or ``failed``."""
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    attempts: int = 0
+    result: str = ""
+    created_at: datetime
+    updated_at: datetime | None = None
+    comment_id: int | None = None
+    comment_kind: str | None = None
+    """Where progress reactions go: ``issue`` comment or ``review`` comment."""

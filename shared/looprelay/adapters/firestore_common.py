@@ -1,14 +1,19 @@
-"""What every Firestore adapter shares: error translation, timestamps, conditional updates."""
+"""What every Firestore adapter shares: the client, error translation, timestamps, conditional
+updates."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as gexc
+from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
+
+if TYPE_CHECKING:
+    from looprelay.config import FirestoreConfig
 
 MAX_CAS_ROUNDS = 25
 """Read-then-conditional-update rounds on one document before contention is Transient."""
@@ -33,6 +38,22 @@ def translated(action: str) -> Iterator[None]:
     except TRANSIENT_ERRORS as exc:
         raise Transient(
             f"Firestore could not {action} (unavailable or contended); retry later: {exc}"
+        ) from exc
+
+
+def open_client(cfg: FirestoreConfig) -> firestore.Client:
+    """Open the database the ``store.firestore`` section names.
+
+    Raises ``ConfigError`` when no Google credentials or project can be found.
+    """
+    from looprelay.errors import ConfigError
+
+    try:
+        return firestore.Client(project=cfg.project, database=cfg.database)
+    except (DefaultCredentialsError, OSError) as exc:
+        raise ConfigError(
+            f"store.firestore: cannot open Firestore ({exc}); set store.firestore.project and"
+            " credentials (GOOGLE_APPLICATION_CREDENTIALS), or FIRESTORE_EMULATOR_HOST"
         ) from exc
 
 

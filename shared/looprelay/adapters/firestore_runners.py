@@ -11,12 +11,15 @@ from datetime import datetime
 from typing import Any
 
 from google.api_core import exceptions as gexc
-from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
 
-from looprelay.adapters.firestore_common import conditional_update, translated, utc
+from looprelay.adapters.firestore_common import (
+    conditional_update,
+    open_client,
+    translated,
+    utc,
+)
 from looprelay.config import FirestoreConfig
-from looprelay.errors import ConfigError
 from looprelay.records import RegistrationToken, RunnerRecord
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
@@ -34,14 +37,7 @@ class FirestoreRunnerRegistry:
     @classmethod
     def from_config(cls, cfg: FirestoreConfig) -> FirestoreRunnerRegistry:
         """Build from the ``store.firestore`` section; ``ConfigError`` without credentials."""
-        try:
-            client = firestore.Client(project=cfg.project, database=cfg.database)
-        except (DefaultCredentialsError, OSError) as exc:
-            raise ConfigError(
-                f"store.firestore: cannot open Firestore ({exc}); set store.firestore.project and"
-                " credentials (GOOGLE_APPLICATION_CREDENTIALS), or FIRESTORE_EMULATOR_HOST"
-            ) from exc
-        return cls(client, collection_prefix=cfg.collection_prefix)
+        return cls(open_client(cfg), collection_prefix=cfg.collection_prefix)
 
     def add_registration_token(self, token: RegistrationToken) -> None:
         """See ``RunnerRegistry.add_registration_token``."""

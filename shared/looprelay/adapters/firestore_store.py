@@ -2,9 +2,8 @@
 
 Layout: ``{prefix}deliveries/{delivery_id}`` and ``{prefix}events/{auto id}``. Every document
 carries ``expires_at`` (write time + retention) for a Firestore TTL policy on that field.
-Queries need composite indexes on ``deliveries`` (``outcome``/``outcome_kind`` then
-``received_at`` descending) and on ``events`` (each of ``delivery_id``, ``work_item``,
-``name`` then ``sort_key``).
+Composite indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc); events
+(``delivery_id``, ``work_item`` or ``name``, then ``sort_key``).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry, if_exception_type
 from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
@@ -30,15 +30,18 @@ from looprelay.records import DeliveryRecord, EventRecord
 
 MAX_CAS_ROUNDS = 25
 """Read-then-conditional-update rounds on one ledger record before contention is Transient."""
+CALL_BUDGET_SECONDS = 15.0
+"""How long one Firestore call is retried (the client's default is 300 s) before Transient."""
 
-_TRANSIENT = (
+_RETRYABLE = (
     gexc.ServiceUnavailable,
     gexc.DeadlineExceeded,
     gexc.Aborted,
     gexc.ResourceExhausted,
     gexc.InternalServerError,
-    gexc.RetryError,
 )
+_TRANSIENT = (*_RETRYABLE, gexc.RetryError)
+_RETRY = Retry(if_exception_type(*_RETRYABLE), maximum=2.0, timeout=CALL_BUDGET_SECONDS)
 _SEP = "|"
 _ABOVE_SEP = "}"  # the next character after _SEP: "<iso>}" sorts above every "<iso>|..." key
 _Change = Callable[[DeliveryRecord], dict[str, Any] | None]
@@ -70,9 +73,7 @@ def _translated(action: str) -> Iterator[None]:
     try:
         yield
     except _TRANSIENT as exc:
-        raise Transient(
-            f"Firestore could not {action} (unavailable or contended); retry later: {exc}"
-        ) from exc
+        raise Transient(f"Firestore could not {action}; retry later: {exc}") from exc
 
 
 class FirestoreStore:
@@ -115,8 +116,9 @@ class FirestoreStore:
     def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
         """See ``Store.begin_delivery``; ``create()`` makes exactly one caller the creator.
 
-        Raises ``Transient`` when Firestore is unavailable, the record stays contended for
-        ``MAX_CAS_ROUNDS`` rounds, or it expired between the create and the read.
+        Raises ``Transient`` when Firestore stays unavailable for ``CALL_BUDGET_SECONDS`` in a
+        call, the record stays contended for ``MAX_CAS_ROUNDS`` rounds, or it expired between
+        the create and the read.
         """
         document = {
             **record.model_dump(),
@@ -125,7 +127,7 @@ class FirestoreStore:
         }
         with _translated("begin a delivery"):
             try:
-                self._deliveries.document(record.delivery_id).create(document)
+                self._deliveries.document(record.delivery_id).create(document, retry=_RETRY)
                 return record, True
             except gexc.AlreadyExists:
                 pass
@@ -135,9 +137,7 @@ class FirestoreStore:
             )
         if current is None:
             raise Transient(f"delivery {record.delivery_id} expired while being begun; retry")
-        if counted:
-            return current.model_copy(update={"attempts": current.attempts + 1}), False
-        return current, False
+        return current.model_copy(update={"attempts": current.attempts + int(counted)}), False
 
     def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
         """See ``Store.settle_delivery``; contention budget as in ``begin_delivery``."""
@@ -164,7 +164,7 @@ class FirestoreStore:
         # the record it decided on (None if absent) and whether the change was written.
         reference = self._deliveries.document(delivery_id)
         for _ in range(MAX_CAS_ROUNDS):
-            snapshot = reference.get()
+            snapshot = reference.get(retry=_RETRY)
             data = snapshot.to_dict()
             if data is None:
                 return None, False
@@ -173,8 +173,9 @@ class FirestoreStore:
             if fields is None:
                 return current, False
             option = self._client.write_option(last_update_time=snapshot.update_time)
+            written = {**fields, "expires_at": self._expires_at()}
             try:
-                reference.update({**fields, "expires_at": self._expires_at()}, option=option)
+                reference.update(written, option=option, retry=_RETRY)
             except (gexc.FailedPrecondition, gexc.NotFound):
                 continue  # written or deleted since the read: decide again on fresh state
             return current, True
@@ -183,7 +184,7 @@ class FirestoreStore:
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
         """See ``Store.get_delivery``; raises ``Transient`` when Firestore is unavailable."""
         with _translated("read a delivery"):
-            data = self._deliveries.document(delivery_id).get().to_dict()
+            data = self._deliveries.document(delivery_id).get(retry=_RETRY).to_dict()
         return None if data is None else _delivery(data)
 
     def list_deliveries(
@@ -195,7 +196,7 @@ class FirestoreStore:
         if outcome is not None:
             query = query.where(filter=FieldFilter(field, "==", outcome))
         with _translated("list deliveries"):
-            snapshots = list(query.limit(limit).stream())
+            snapshots = list(query.limit(limit).stream(retry=_RETRY))
         return [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
 
     def append_event(self, event: EventRecord) -> None:
@@ -212,7 +213,7 @@ class FirestoreStore:
             "expires_at": self._expires_at(),
         }
         with _translated("append an event"):
-            self._events.add(document)
+            self._events.add(document, retry=_RETRY)
 
     def list_events(
         self,
@@ -232,7 +233,7 @@ class FirestoreStore:
         if after is not None:
             query = query.where(filter=FieldFilter("sort_key", ">", _iso(after) + _ABOVE_SEP))
         with _translated("list events"):
-            snapshots = list(query.limit(limit).stream())
+            snapshots = list(query.limit(limit).stream(retry=_RETRY))
         return [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
 
 

@@ -1,0 +1,249 @@
+"""Work items and their dispatches in the embedded SQLite database, behind ``WorkItemStore``.
+
+Each record is kept whole as its pydantic JSON in ``doc``; the columns beside it are copies of
+the fields the queries filter and order on, written in the same statement so they never drift.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from looprelay.errors import Transient
+from looprelay.records import DispatchRecord, WorkItemRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS work_items (
+    ref TEXT PRIMARY KEY, version INTEGER NOT NULL, doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS work_item_pull_requests (
+    pr_ref TEXT NOT NULL, work_item TEXT NOT NULL, PRIMARY KEY (pr_ref, work_item)
+);
+CREATE INDEX IF NOT EXISTS work_item_pull_requests_by_item
+    ON work_item_pull_requests (work_item);
+CREATE TABLE IF NOT EXISTS dispatches (
+    dispatch_id TEXT PRIMARY KEY,
+    work_item TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    lease_holder TEXT,
+    lease_expires_at TEXT,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dispatches_by_status ON dispatches (status, created_at, seq);
+CREATE INDEX IF NOT EXISTS dispatches_by_work_item ON dispatches (work_item, created_at, seq);
+"""
+
+_FINISHED_STATUSES = ("pending", "succeeded", "failed")
+"""What a lease holder may leave a dispatch as; ``pending`` offers it to the next runner."""
+
+_HELD_BY = "status = 'leased' AND lease_holder = ?"
+"""Only the runner holding the lease now may change it; a lapsed and retaken lease is not its."""
+
+
+def _ts(moment: datetime) -> str:
+    # Fixed-width UTC ISO text sorts in time order.
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _opt_ts(moment: datetime | None) -> str | None:
+    return None if moment is None else _ts(moment)
+
+
+class SqliteWorkItemStore:
+    """Work items and dispatches in one SQLite database; safe across threads and processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        """Open (creating the tables if needed) the database at ``path``.
+
+        Raises ``Transient`` when the file cannot be opened.
+        """
+        self._path = str(path)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise Transient(f"cannot open the work-item store at {self._path}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE takes the write lock up front, so a read-check-write inside is atomic
+        # against other connections too (busy_timeout waits up to 5 s, then Transient).
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                finally:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+            except sqlite3.OperationalError as exc:
+                raise Transient(f"SQLite work-item store busy or unavailable: {exc}") from exc
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return list(self._db.execute(sql, params).fetchall())
+            except sqlite3.OperationalError as exc:
+                raise Transient(f"SQLite work-item store busy or unavailable: {exc}") from exc
+
+    def get_work_item(self, ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.get_work_item``."""
+        rows = self._query("SELECT doc FROM work_items WHERE ref = ?", (ref,))
+        return WorkItemRecord.model_validate_json(rows[0][0]) if rows else None
+
+    def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.find_work_item_for_pull_request``."""
+        rows = self._query(
+            "SELECT w.doc FROM work_item_pull_requests p JOIN work_items w ON w.ref = p.work_item"
+            " WHERE p.pr_ref = ? ORDER BY p.work_item LIMIT 1",
+            (pr_ref,),
+        )
+        return WorkItemRecord.model_validate_json(rows[0][0]) if rows else None
+
+    def save_work_item(
+        self,
+        record: WorkItemRecord,
+        *,
+        expected_version: int,
+        dispatches: Sequence[DispatchRecord] = (),
+    ) -> bool:
+        """See ``WorkItemStore.save_work_item``."""
+        stored = record.model_copy(update={"version": expected_version + 1})
+        with self._tx() as db:
+            current = db.execute(
+                "SELECT version FROM work_items WHERE ref = ?", (stored.ref,)
+            ).fetchone()
+            if (current[0] if current else 0) != expected_version:
+                return False
+            db.execute(
+                "INSERT INTO work_items (ref, version, doc) VALUES (?,?,?) ON CONFLICT (ref)"
+                " DO UPDATE SET version = excluded.version, doc = excluded.doc",
+                (stored.ref, stored.version, stored.model_dump_json()),
+            )
+            db.execute("DELETE FROM work_item_pull_requests WHERE work_item = ?", (stored.ref,))
+            db.executemany(
+                "INSERT OR IGNORE INTO work_item_pull_requests (pr_ref, work_item) VALUES (?,?)",
+                [(pr_ref, stored.ref) for pr_ref in stored.pull_requests],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO dispatches (dispatch_id, work_item, seq, status, created_at,"
+                " lease_holder, lease_expires_at, doc) VALUES (?,?,?,?,?,?,?,?)",
+                [_dispatch_row(dispatch) for dispatch in dispatches],
+            )
+        return True
+
+    def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
+        """See ``WorkItemStore.get_dispatch``."""
+        rows = self._query("SELECT doc FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+        return DispatchRecord.model_validate_json(rows[0][0]) if rows else None
+
+    def list_dispatches(
+        self, *, statuses: Sequence[str] = (), work_item: str | None = None, limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatches``."""
+        clauses: list[str] = []
+        params: list[str] = []
+        if statuses:
+            clauses.append(f"status IN ({','.join('?' * len(statuses))})")
+            params.extend(statuses)
+        if work_item is not None:
+            clauses.append("work_item = ?")
+            params.append(work_item)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._query(
+            f"SELECT doc FROM dispatches {where}"  # noqa: S608 - fixed columns, values bound
+            " ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            (*params, limit),
+        )
+        return [DispatchRecord.model_validate_json(row[0]) for row in rows]
+
+    def lease_dispatch(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> DispatchRecord | None:
+        """See ``WorkItemStore.lease_dispatch``."""
+        changes = {"status": "leased", "lease_holder": runner_id, "lease_expires_at": until}
+        return self._transition(
+            dispatch_id,
+            "status = 'pending' OR (status = 'leased' AND lease_expires_at < ?)",
+            (_ts(now),),
+            {**changes, "updated_at": now},
+            attempt=True,
+        )
+
+    def renew_lease(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> bool:
+        """See ``WorkItemStore.renew_lease``."""
+        changes = {"lease_expires_at": until, "updated_at": now}
+        return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
+
+    def finish_dispatch(
+        self, dispatch_id: str, *, runner_id: str, status: str, result: str, now: datetime
+    ) -> bool:
+        """See ``WorkItemStore.finish_dispatch``.
+
+        Raises ``ValueError`` for a ``status`` other than pending, succeeded or failed.
+        """
+        if status not in _FINISHED_STATUSES:
+            raise ValueError(f"{status!r} is not a status a dispatch can finish with")
+        # The holder stays recorded; only the expiry goes, so nothing reads it as still leased.
+        changes = {"status": status, "result": result, "lease_expires_at": None, "updated_at": now}
+        return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
+
+    def _transition(
+        self,
+        dispatch_id: str,
+        condition: str,
+        params: tuple[Any, ...],
+        changes: dict[str, Any],
+        *,
+        attempt: bool = False,
+    ) -> DispatchRecord | None:
+        # Read, check and write in one write transaction: exactly one racing caller matches.
+        with self._tx() as db:
+            row = db.execute(
+                f"SELECT doc FROM dispatches WHERE dispatch_id = ? AND ({condition})",  # noqa: S608 - fixed conditions
+                (dispatch_id, *params),
+            ).fetchone()
+            if row is None:
+                return None
+            held = DispatchRecord.model_validate_json(row[0])
+            if attempt:
+                changes = {**changes, "attempts": held.attempts + 1}
+            record = held.model_copy(update=changes)
+            db.execute(
+                "UPDATE dispatches SET status = ?, lease_holder = ?, lease_expires_at = ?, doc = ?"
+                " WHERE dispatch_id = ?",
+                (
+                    record.status,
+                    record.lease_holder,
+                    _opt_ts(record.lease_expires_at),
+                    record.model_dump_json(),
+                    dispatch_id,
+                ),
+            )
+        return record
+
+
+def _dispatch_row(dispatch: DispatchRecord) -> tuple[Any, ...]:
+    d = dispatch
+    expires = _opt_ts(d.lease_expires_at)
+    columns = (d.dispatch_id, d.work_item, d.seq, d.status, _ts(d.created_at), d.lease_holder)
+    return (*columns, expires, d.model_dump_json())

@@ -1,0 +1,372 @@
+"""The worker's brain: one envelope and one work item's state in, one ``Decision`` out.
+
+Scenario, for issue #7 with ``requireStartCommand`` on. The label arms it (state ``armed``,
+nothing runs). An authorized ``the-loop start`` comment spawns its session with the comment as
+the first prompt, and asks for the phase-selection checklist to be posted once. Ordinary
+comments from authorized people are delivered into the live session, in order (``seq``); a PR
+linked to #7 talks to #7's session or to a session of its own (``sessionPerPr``, the work
+item's frozen answer winning). ``the-loop execute`` freezes the selection once and is handed to
+the session with the frozen graph as context. ``stop``, ``pause``, ``resume``, ``cleanup`` and
+the issue closing change the recorded state and send control dispatches; they are consumed, not
+forwarded. Anything looprelay wrote itself, or anyone unlisted wrote, goes nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from looprelay.core.checklist import freeze_selection, render_checklist
+from looprelay.core.control import (
+    Action,
+    Command,
+    ControlState,
+    NoOp,
+    Signal,
+    Verdict,
+    apply_command,
+    read_command,
+    read_signal,
+)
+from looprelay.core.envelope import Envelope
+from looprelay.core.plan import LIVE_STATUSES, Plan, RoutingPolicy, Templates
+from looprelay.core.policy import Authorization, authorize, drop_reason, event_actor
+from looprelay.core.prsessions import choose_endpoint, effective_session_per_pr
+from looprelay.core.render import render_comment
+from looprelay.core.workitems import WorkItemRef, WorkItems
+from looprelay.records import (
+    MAX_COMMANDS,
+    MAX_LINKED_PULL_REQUESTS,
+    CommandLog,
+    DispatchRecord,
+    GraphRecord,
+    WorkItemRecord,
+)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the worker loaded for one delivery before deciding."""
+
+    envelope: Envelope
+    names: WorkItems
+    target: WorkItemRef | None
+    work_item: WorkItemRecord | None
+    now: datetime
+    recorded_checklist_body: str | None = None
+    pr_checkout_available: bool = False
+
+
+@dataclass(frozen=True)
+class CommentPost:
+    """A comment looprelay posts on the work item (the caller adds the marker)."""
+
+    kind: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """One structured event for the log."""
+
+    name: str
+    data: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Everything one delivery changes: ledger outcome, state, dispatches, comments, notes."""
+
+    outcome: str
+    detail: str = ""
+    work_item: WorkItemRecord | None = None
+    dispatches: tuple[DispatchRecord, ...] = ()
+    comments: tuple[CommentPost, ...] = ()
+    notes: tuple[Note, ...] = ()
+
+
+def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives them
+    situation: Situation, policy: RoutingPolicy, templates: Templates
+) -> Decision:
+    """Decide what one delivery means for its work item (SPEC §2).
+
+    Expects the loaded situation (the target work item chosen by the caller among
+    ``names.refs``; for ``execute``, the current body of looprelay's own recorded checklist
+    comment). Raises ``TemplateError`` for an operator template that cannot render.
+    """
+    envelope = situation.envelope
+    dropped = drop_reason(envelope, bot_logins=policy.bot_logins)
+    if dropped is not None:
+        return _ignored(f"dropped:{dropped}", Note("routing.dropped", {"reason": str(dropped)}))
+    authorization = authorize(envelope, users=policy.users)
+    if not authorization.routes:
+        actor = event_actor(envelope)
+        note = Note(
+            "routing.dropped",
+            {"reason": "unauthorized-actor", "actor": actor.login if actor else None},
+        )
+        return Decision(
+            "refused:unauthorized-actor", "actor not in routing.authorizedUsers", notes=(note,)
+        )
+    if situation.target is None:
+        return _ignored("no-work-item")
+    plan = Plan(_linked(situation), envelope, policy, templates, situation.now)
+    reading = read_command(envelope, keywords=policy.keywords, authorization=authorization)
+    if reading.verdict is Verdict.AMBIGUOUS:
+        commands = sorted(str(record.command) for record in reading.records)
+        return Decision(
+            "refused:control-ambiguous",
+            " and ".join(commands),
+            notes=(Note("control.ambiguous", {"commands": commands}),),
+        )
+    if reading.verdict is Verdict.NOT_NEW:
+        return _ignored("comment-not-new")
+    if reading.verdict is Verdict.COMMAND and reading.command is not None:
+        return _command(plan, situation, reading.command)
+    signal = read_signal(
+        envelope, auto_execute_label=policy.auto_execute_label, authorization=authorization
+    )
+    if signal is Signal.CLOSE:
+        return _close(plan, situation, authorization)
+    if signal is Signal.ARM:
+        return _transition(plan, situation, Signal.ARM)
+    return _route(plan, situation)
+
+
+def _ignored(detail: str, *notes: Note) -> Decision:
+    return Decision("ignored", detail, notes=notes)
+
+
+def _linked(situation: Situation) -> WorkItemRecord:
+    """The target's record (new if needed) with this event's PRs recorded for good (B5)."""
+    target = situation.target
+    assert target is not None  # checked by decide
+    item = situation.work_item or WorkItemRecord(
+        ref=target.format(), repository=target.repository, number=target.number
+    )
+    prs = [ref.format() for ref in situation.names.own if ref != target]
+    merged = list(dict.fromkeys([*item.pull_requests, *prs]))[:MAX_LINKED_PULL_REQUESTS]
+    return item.model_copy(update={"pull_requests": merged, "updated_at": situation.now})
+
+
+def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
+    actor = event_actor(situation.envelope)
+    comment = situation.envelope.comment
+    log = CommandLog(
+        command=str(command),
+        actor=actor.login if actor else "",
+        at=situation.now,
+        delivery_id=situation.envelope.delivery_id,
+        comment_id=comment.id if comment else None,
+    )
+    commands = [*plan.item.commands, log][-MAX_COMMANDS:]
+    plan.item = plan.item.model_copy(update={"commands": commands})
+    decision = _transition(plan, situation, command)
+    note = Note(
+        "control.command",
+        {
+            "command": str(command),
+            "actor": log.actor,
+            "comment_id": log.comment_id,
+            "result": decision.detail,
+        },
+    )
+    return _with_notes(decision, note)
+
+
+def _transition(plan: Plan, situation: Situation, step: Command | Signal) -> Decision:
+    state = ControlState(plan.item.control)
+    transition = apply_command(state, step, require_start=plan.policy.require_start)
+    plan.item = plan.item.model_copy(update={"control": str(transition.state)})
+    comments: list[CommentPost] = []
+    notes: list[Note] = []
+    for effect in transition.effects:
+        if isinstance(effect, NoOp):
+            notes.append(Note("control.noop", {"step": str(step), "reason": effect.reason}))
+            continue
+        _apply(plan, situation, effect, comments, notes)
+    noop = next((e.reason for e in transition.effects if isinstance(e, NoOp)), "")
+    return _finish(plan, comments, notes, idle_detail=noop or str(transition.state))
+
+
+def _apply(
+    plan: Plan,
+    situation: Situation,
+    action: Action,
+    comments: list[CommentPost],
+    notes: list[Note],
+) -> None:
+    if action is Action.SPAWN:
+        plan.send(endpoint=plan.item.ref, spawn_fresh=True)
+        if plan.item.checklist_comment_id is None:
+            comments.append(CommentPost("checklist", _checklist_body(plan)))
+    elif action is Action.TERMINATE:
+        plan.control("terminate", statuses=LIVE_STATUSES, becomes="terminated")
+    elif action in (Action.PAUSE, Action.RESUME):
+        plan.control(str(action), statuses=LIVE_STATUSES, becomes="live")
+    elif action is Action.CLEANUP:
+        plan.control(
+            "cleanup",
+            statuses=frozenset({"pending", "live", "lost", "terminated"}),
+            becomes="cleaned",
+        )
+    elif action is Action.EXECUTE:
+        if plan.item.graph is None:
+            _freeze(plan, situation, comments, notes)
+        _route_into(plan, situation, notes)
+
+
+def _checklist_body(plan: Plan) -> str:
+    rows = render_checklist(
+        phases=plan.policy.phases,
+        default_session_per_pr=plan.policy.session_per_pr,
+        execute_keyword=_execute_keyword(plan),
+    )
+    return render_comment(
+        plan.templates.checklist_comment,
+        {"work_item": plan.item.ref, "execute_keyword": _execute_keyword(plan), "checklist": rows},
+    )
+
+
+def _execute_keyword(plan: Plan) -> str:
+    return dict(plan.policy.keywords.by_command).get(Command.EXECUTE, "the-loop execute")
+
+
+def _freeze(
+    plan: Plan, situation: Situation, comments: list[CommentPost], notes: list[Note]
+) -> None:
+    comment = situation.envelope.comment
+    actor = event_actor(situation.envelope)
+    selection = freeze_selection(
+        reply_body=comment.body if comment else "",
+        recorded_body=situation.recorded_checklist_body,
+        phases=plan.policy.phases,
+        default_session_per_pr=plan.policy.session_per_pr,
+        actor=actor.login if actor else "unknown",
+        at=situation.now,
+    )
+    graph = GraphRecord(
+        phases_selected=list(selection.phases_selected),
+        phases_skipped=list(selection.phases_skipped),
+        surface=selection.surface,
+        session_per_pr=selection.session_per_pr,
+        actor=selection.actor,
+        at=selection.at,
+        source=str(selection.source),
+        notes=list(selection.notes),
+    )
+    plan.item = plan.item.model_copy(update={"graph": graph})
+    notes.append(Note("graph.frozen", graph.model_dump(mode="json")))
+    source = {"reply": "reply", "recorded-comment": "checklist comment"}.get(
+        graph.source, "defaults"
+    )
+    comments.append(
+        CommentPost(
+            "confirmation",
+            render_comment(
+                plan.templates.confirmation_comment, graph.model_dump() | {"source": source}
+            ),
+        )
+    )
+
+
+def _close(plan: Plan, situation: Situation, authorization: Authorization) -> Decision:
+    envelope = situation.envelope
+    own = [ref.format() for ref in situation.names.own]
+    if plan.item.ref not in own:
+        # A linked PR closing ends only a session of its own, never its work item's (C13).
+        for pr in own:
+            plan.end_session(pr)
+        return _finish(
+            plan,
+            [],
+            [Note("session.kept_open", {"closed": own})],
+            idle_detail="pull-request-closed",
+        )
+    decision = _transition(plan, situation, Signal.CLOSE)
+    if authorization is Authorization.ALLOWED:
+        plan.control(
+            "cleanup",
+            statuses=frozenset({"pending", "live", "lost", "terminated"}),
+            becomes="cleaned",
+        )
+        return _finish(
+            plan, list(decision.comments), list(decision.notes), idle_detail=decision.detail
+        )
+    actor = envelope.sender.login if envelope.sender else None
+    return _with_notes(decision, Note("cleanup.deferred", {"closed_by": actor}))
+
+
+def _route(plan: Plan, situation: Situation) -> Decision:
+    state = ControlState(plan.item.control)
+    if state is ControlState.PAUSED:
+        return _finish(plan, [], [], idle_detail="session-paused")
+    if state is not ControlState.STARTED:
+        return _finish(plan, [], [], idle_detail="not-started")
+    notes: list[Note] = []
+    _route_into(plan, situation, notes)
+    return _finish(plan, [], notes, idle_detail="")
+
+
+def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
+    envelope = situation.envelope
+    pr = envelope.pull_request
+    pr_ref = next(
+        (ref.format() for ref in situation.names.own if ref.format() != plan.item.ref), None
+    )
+    frozen = plan.item.graph.session_per_pr if plan.item.graph else None
+    choice = choose_endpoint(
+        mode=effective_session_per_pr(frozen, operator_default=plan.policy.session_per_pr),
+        work_item_ref=plan.item.ref,
+        work_item_repository=plan.item.repository,
+        pr_ref=pr_ref,
+        pr_head_repository=pr.head_repo if pr else None,
+        pr_base_repository=pr.base_repo if pr else None,
+        pr_is_work_item=pr_ref is None and situation.names.own != (),
+        pr_checkout_available=situation.pr_checkout_available,
+    )
+    if choice.declined:
+        notes.append(
+            Note("session.pr_session_declined", {"pull_request": pr_ref, "reason": choice.reason})
+        )
+    plan.send(endpoint=choice.ref)
+
+
+def _finish(
+    plan: Plan, comments: list[CommentPost], notes: list[Note], *, idle_detail: str
+) -> Decision:
+    dispatches = tuple(plan.dispatches)
+    for dispatch in dispatches:
+        notes.append(
+            Note(
+                "dispatch.queued",
+                {
+                    "dispatch_id": dispatch.dispatch_id,
+                    "kind": dispatch.kind,
+                    "endpoint": dispatch.endpoint,
+                    "seq": dispatch.seq,
+                    "interaction": dispatch.interaction,
+                },
+            )
+        )
+    detail = ", ".join(f"{d.kind} {d.endpoint}" for d in dispatches) or idle_detail
+    return Decision(
+        "dispatched" if dispatches else "ignored",
+        detail,
+        plan.item,
+        dispatches,
+        tuple(comments),
+        tuple(notes),
+    )
+
+
+def _with_notes(decision: Decision, *notes: Note) -> Decision:
+    return Decision(
+        decision.outcome,
+        decision.detail,
+        decision.work_item,
+        decision.dispatches,
+        decision.comments,
+        (*decision.notes, *notes),
+    )

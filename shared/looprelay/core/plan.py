@@ -1,0 +1,182 @@
+"""Building what a decision writes: sessions, dispatches and prompts for one work item.
+
+Pure: ids are derived from the delivery and the endpoint (a redelivered event derives the same
+dispatch, which the store then leaves alone), session ids are UUIDv5 of the endpoint and the
+sequence number, and time comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from looprelay.core.checklist import Phase
+from looprelay.core.control import Keywords
+from looprelay.core.envelope import Envelope
+from looprelay.core.excerpt import render_excerpt, wrap_untrusted
+from looprelay.core.interaction import ModeResolution
+from looprelay.core.policy import AuthorizedUsers
+from looprelay.core.prsessions import SessionPerPr, tmux_session_name
+from looprelay.core.render import PromptContext, render_prompt
+from looprelay.records import DispatchRecord, GraphRecord, SessionRecord, WorkItemRecord
+
+_SESSION_NAMESPACE = uuid.UUID("6f1e7d0a-3c55-4c4e-9a8e-6c1f2b0d9a11")
+LIVE_STATUSES = frozenset({"pending", "live"})
+"""A session in one of these receives deliveries; any other status needs a (re)spawn."""
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    """The operator's routing configuration, resolved into core values."""
+
+    users: AuthorizedUsers
+    bot_logins: frozenset[str]
+    keywords: Keywords
+    auto_execute_label: str
+    require_start: bool
+    session_per_pr: SessionPerPr
+    interaction: ModeResolution
+    harness: str
+    runner_kind: str
+    phases: tuple[Phase, ...]
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Template texts for one decision, and the random boundary of its UNTRUSTED block."""
+
+    event_prompt: str
+    spawn_prompt: str
+    checklist_comment: str
+    confirmation_comment: str
+    boundary: str
+    sandboxed_event: bool = False
+    sandboxed_spawn: bool = False
+
+
+def dispatch_id(delivery_id: str, endpoint: str, kind: str) -> str:
+    """Return the deterministic id of the ``kind`` dispatch a delivery makes for an endpoint."""
+    digest = hashlib.sha256(f"{delivery_id}|{endpoint}|{kind}".encode()).hexdigest()
+    return "dp-" + digest[:32]
+
+
+def session_uuid(endpoint: str, seq: int) -> str:
+    """Return the harness session id of a session spawned for ``endpoint`` at ``seq``."""
+    return str(uuid.uuid5(_SESSION_NAMESPACE, f"{endpoint}|{seq}"))
+
+
+def graph_context(graph: GraphRecord | None) -> str:
+    """Describe a frozen selection for the prompt; built from the operator's tokens only."""
+    if graph is None:
+        return ""
+    selected = ", ".join(graph.phases_selected) or "none"
+    skipped = ", ".join(graph.phases_skipped) or "none"
+    return (
+        "## Frozen process selection\n\n"
+        f"Phases to run, in order: {selected}.\nSkipped by the operator: {skipped}.\n"
+        f"Work surface: {graph.surface}. Pull requests get their own session: "
+        f"{graph.session_per_pr}.\n"
+    )
+
+
+@dataclass
+class Plan:
+    """The mutable draft of one decision's writes for one work item."""
+
+    item: WorkItemRecord
+    envelope: Envelope
+    policy: RoutingPolicy
+    templates: Templates
+    now: datetime
+    dispatches: list[DispatchRecord] = field(default_factory=list)
+
+    def send(self, *, endpoint: str, spawn_fresh: bool = False) -> DispatchRecord:
+        """Queue the event for ``endpoint``: a delivery into its live session, or a spawn (a
+        resume when a session existed and ended) carrying the event as its first prompt."""
+        session = self.item.sessions.get(endpoint)
+        if session is not None and session.status in LIVE_STATUSES and not spawn_fresh:
+            return self._add("deliver", session, self._prompt(spawn=False))
+        seq = self.item.next_seq
+        resume = session is not None and session.status in {"lost", "terminated"}
+        fresh = SessionRecord(
+            endpoint=endpoint,
+            session_name=tmux_session_name(endpoint),
+            session_id=session.session_id if resume and session else session_uuid(endpoint, seq),
+            harness=self.policy.harness,
+            runner_kind=self.policy.runner_kind,
+            interaction=self.policy.interaction.mode,
+            runner_id=session.runner_id if session and session.status == "terminated" else None,
+        )
+        self._set_session(fresh)
+        return self._add("spawn", fresh, self._prompt(spawn=True), resume=resume)
+
+    def control(self, kind: str, *, statuses: frozenset[str], becomes: str) -> None:
+        """Send a ``kind`` control dispatch to every session in ``statuses``, which then
+        take the status ``becomes``."""
+        for session in list(self.item.sessions.values()):
+            if session.status in statuses:
+                self._add(kind, session, "")
+                self._set_session(session.model_copy(update={"status": becomes}))
+
+    def end_session(self, endpoint: str) -> None:
+        """Terminate the live session of one endpoint, if there is one."""
+        session = self.item.sessions.get(endpoint)
+        if session is not None and session.status in LIVE_STATUSES:
+            self._add("terminate", session, "")
+            self._set_session(session.model_copy(update={"status": "terminated"}))
+
+    def _set_session(self, session: SessionRecord) -> None:
+        sessions = dict(self.item.sessions) | {session.endpoint: session}
+        self.item = self.item.model_copy(update={"sessions": sessions})
+
+    def _add(
+        self, kind: str, session: SessionRecord, prompt: str, *, resume: bool = False
+    ) -> DispatchRecord:
+        comment = self.envelope.comment
+        record = DispatchRecord(
+            dispatch_id=dispatch_id(self.envelope.delivery_id, session.endpoint, kind),
+            delivery_id=self.envelope.delivery_id,
+            work_item=self.item.ref,
+            endpoint=session.endpoint,
+            seq=self.item.next_seq,
+            kind=kind,
+            repository=self.item.repository,
+            session_name=session.session_name,
+            session_id=session.session_id,
+            harness=session.harness,
+            runner_kind=session.runner_kind,
+            interaction=session.interaction,
+            prompt=prompt,
+            resume=resume,
+            runner_id=session.runner_id,
+            created_at=self.now,
+            comment_id=comment.id
+            if comment and self.envelope.event != "pull_request_review"
+            else None,
+            comment_kind="review"
+            if self.envelope.event == "pull_request_review_comment"
+            else "issue",
+        )
+        self.item = self.item.model_copy(update={"next_seq": self.item.next_seq + 1})
+        self.dispatches.append(record)
+        return record
+
+    def _prompt(self, *, spawn: bool) -> str:
+        envelope = self.envelope
+        context = PromptContext(
+            work_item=self.item.ref,
+            event=envelope.event,
+            action=envelope.action or "",
+            repository=self.item.repository,
+            delivery_id=envelope.delivery_id,
+            interaction_directive=self.policy.interaction.directive,
+            graph_context=graph_context(self.item.graph),
+            payload_excerpt=wrap_untrusted(
+                render_excerpt(envelope), boundary=self.templates.boundary
+            ),
+        )
+        source = self.templates.spawn_prompt if spawn else self.templates.event_prompt
+        sandboxed = self.templates.sandboxed_spawn if spawn else self.templates.sandboxed_event
+        return render_prompt(source, context, sandboxed=sandboxed)

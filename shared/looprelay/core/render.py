@@ -1,0 +1,106 @@
+"""Rendering prompts and comments from Jinja2 templates (SPEC §2, "Prompts").
+
+Bundled templates render in a plain environment; an operator's template renders sandboxed, so
+it can format data but not reach Python objects. Either way only the variables below exist,
+and a prompt template that does not use ``interaction_directive`` (found with ``jinja2.meta``,
+not a substring search) gets the directive appended, so a template edit cannot drop the rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from jinja2 import Environment, StrictUndefined, TemplateSyntaxError, meta
+from jinja2.exceptions import SecurityError, UndefinedError
+from jinja2.sandbox import SandboxedEnvironment
+
+from looprelay.core.interaction import append_directive, needs_directive_appended
+
+PROMPT_VARIABLES = frozenset(
+    {
+        "work_item",
+        "event",
+        "action",
+        "repository",
+        "delivery_id",
+        "interaction_directive",
+        "graph_context",
+        "payload_excerpt",
+    }
+)
+_NAME = re.compile(r"^[a-z_]{1,64}$")
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
+_DELIVERY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class TemplateError(ValueError):
+    """A template cannot be rendered: bad syntax, an unknown variable, or a sandbox breach."""
+
+
+@dataclass(frozen=True)
+class PromptContext:
+    """The only values a prompt template sees. ``payload_excerpt`` is the wrapped UNTRUSTED
+    block; every other value is checked here so no payload text lands outside it."""
+
+    work_item: str
+    event: str
+    action: str
+    repository: str
+    delivery_id: str
+    interaction_directive: str
+    graph_context: str
+    payload_excerpt: str
+
+    def __post_init__(self) -> None:
+        # event/action/repository/delivery come from the payload: only their safe shapes may
+        # stand outside the UNTRUSTED block.
+        if not _NAME.match(self.event) or (self.action and not _NAME.match(self.action)):
+            raise TemplateError("event and action must be lower-case names")
+        if not _REPOSITORY.match(self.repository) or not _DELIVERY.match(self.delivery_id):
+            raise TemplateError("repository or delivery id has an unexpected shape")
+
+
+def _environment(sandboxed: bool) -> Environment:
+    kind = SandboxedEnvironment if sandboxed else Environment
+    return kind(autoescape=False, undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+def template_variables(source: str, *, sandboxed: bool = True) -> frozenset[str]:
+    """Return the variables ``source`` reads; raises ``TemplateError`` on bad syntax."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_environment(sandboxed).parse(source)))
+    except TemplateSyntaxError as exc:
+        raise TemplateError(f"template syntax error on line {exc.lineno}: {exc.message}") from exc
+
+
+def render_prompt(source: str, context: PromptContext, *, sandboxed: bool) -> str:
+    """Render a prompt template, appending the directive when the template leaves it out.
+
+    Expects template text and a checked context. Raises ``TemplateError`` when the template
+    does not parse, reads a variable that does not exist, or breaks out of the sandbox.
+    """
+    used = template_variables(source, sandboxed=sandboxed)
+    unknown = sorted(used - PROMPT_VARIABLES)
+    if unknown:
+        known = ", ".join(sorted(PROMPT_VARIABLES))
+        raise TemplateError(f"template uses unknown variables {unknown}; known: {known}")
+    text = _render(source, asdict(context), sandboxed=sandboxed)
+    if needs_directive_appended(used):
+        text = append_directive(text, context.interaction_directive)
+    return text
+
+
+def render_comment(source: str, values: dict[str, Any]) -> str:
+    """Render a bundled comment template with ``values``; raises ``TemplateError``."""
+    return _render(source, values, sandboxed=True).strip() + "\n"
+
+
+def _render(source: str, values: dict[str, Any], *, sandboxed: bool) -> str:
+    try:
+        return _environment(sandboxed).from_string(source).render(**values)
+    except TemplateSyntaxError as exc:
+        raise TemplateError(f"template syntax error on line {exc.lineno}: {exc.message}") from exc
+    except (UndefinedError, SecurityError) as exc:
+        raise TemplateError(f"template cannot render: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Bundled Jinja2 templates for prompts and comments, shipped as package data."""

@@ -1,0 +1,296 @@
+"""The WorkItemStore contract: work items and dispatches, SQLite and Firestore alike."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from looprelay.ports import WorkItemStore
+from looprelay.records import (
+    CommandLog,
+    DispatchRecord,
+    GraphRecord,
+    SessionRecord,
+    WorkItemRecord,
+)
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, 500000, tzinfo=UTC)
+REF = "github:octo/demo#7"
+PR = "github:octo/demo#9"
+
+
+def _item(**changes: object) -> WorkItemRecord:
+    base = WorkItemRecord(ref=REF, repository="octo/demo", number=7, updated_at=T0)
+    return base.model_copy(update=changes)
+
+
+def _dispatch(
+    dispatch_id: str, seq: int, *, work_item: str = REF, **changes: object
+) -> DispatchRecord:
+    base = DispatchRecord(
+        dispatch_id=dispatch_id,
+        delivery_id=f"d-{dispatch_id}",
+        work_item=work_item,
+        endpoint=work_item,
+        seq=seq,
+        kind="deliver" if seq > 1 else "spawn",
+        repository="octo/demo",
+        session_name="loop-github_octo_demo_7",
+        session_id="5f0c6a52-36a4-4d55-9a83-2d9f0b5a4e11",
+        prompt=f"prompt {seq} ✓",
+        labels={"os": "linux"},
+        created_at=T0 + timedelta(seconds=seq),
+        comment_id=1000 + seq,
+        comment_kind="issue",
+    )
+    return base.model_copy(update=changes)
+
+
+class TestWorkItems:
+    def test_a_new_work_item_is_saved_with_version_one(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        assert work_item_store.get_work_item(REF) is None
+        assert work_item_store.save_work_item(_item(), expected_version=0)
+        stored = work_item_store.get_work_item(REF)
+        assert stored == _item(version=1)
+
+    def test_a_rich_record_round_trips(self, work_item_store: WorkItemStore) -> None:
+        record = _item(
+            control="started",
+            pull_requests=[PR],
+            checklist_comment_id=555,
+            graph=GraphRecord(
+                phases_selected=["plan"],
+                phases_skipped=["review"],
+                surface="work-item",
+                session_per_pr="always",
+                actor="octocat",
+                at=T0,
+                source="reply",
+                notes=["n"],
+            ),
+            sessions={
+                REF: SessionRecord(
+                    endpoint=REF,
+                    session_name="loop-x",
+                    session_id="5f0c6a52-36a4-4d55-9a83-2d9f0b5a4e11",
+                    harness="claude",
+                    runner_kind="tmux",
+                    interaction="work-item",
+                    status="live",
+                    runner_id="r-0000000000000001",
+                    spawned_at=T0,
+                )
+            },
+            next_seq=3,
+            commands=[
+                CommandLog(
+                    command="start",
+                    actor="octocat",
+                    at=T0,
+                    delivery_id="d1",
+                    comment_id=12,
+                    effect="spawn",
+                )
+            ],
+        )
+        assert work_item_store.save_work_item(record, expected_version=0)
+        assert work_item_store.get_work_item(REF) == record.model_copy(update={"version": 1})
+
+    def test_a_stale_version_is_refused_and_changes_nothing(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        work_item_store.save_work_item(_item(), expected_version=0)
+        assert work_item_store.save_work_item(_item(control="armed"), expected_version=1)
+        assert not work_item_store.save_work_item(_item(control="stopped"), expected_version=1)
+        assert not work_item_store.save_work_item(_item(control="stopped"), expected_version=0)
+        stored = work_item_store.get_work_item(REF)
+        assert stored is not None and (stored.control, stored.version) == ("armed", 2)
+
+    def test_concurrent_savers_of_one_version_have_one_winner(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        work_item_store.save_work_item(_item(), expected_version=0)
+        wins: list[bool] = []
+        barrier = threading.Barrier(3)
+
+        def save(index: int) -> None:
+            barrier.wait()
+            wins.append(
+                work_item_store.save_work_item(
+                    _item(next_seq=index + 2),
+                    expected_version=1,
+                    dispatches=[_dispatch(f"race-{index}", 1)],
+                )
+            )
+
+        threads = [threading.Thread(target=save, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(wins) == [False, False, True]
+        assert len(work_item_store.list_dispatches()) == 1
+
+    def test_a_pull_request_finds_the_work_item_it_is_linked_to(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        work_item_store.save_work_item(_item(pull_requests=[PR]), expected_version=0)
+        found = work_item_store.find_work_item_for_pull_request(PR)
+        assert found is not None and found.ref == REF
+        assert work_item_store.find_work_item_for_pull_request("github:octo/demo#10") is None
+
+
+class TestDispatches:
+    def test_dispatches_are_created_with_the_work_item_and_listed_in_order(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        assert work_item_store.save_work_item(
+            _item(next_seq=3), expected_version=0, dispatches=[_dispatch("b", 2), _dispatch("a", 1)]
+        )
+        listed = work_item_store.list_dispatches()
+        assert [d.dispatch_id for d in listed] == ["a", "b"]
+        assert listed[0] == _dispatch("a", 1)
+        assert work_item_store.get_dispatch("b") == _dispatch("b", 2)
+        assert work_item_store.get_dispatch("zzz") is None
+
+    def test_a_refused_save_creates_no_dispatch(self, work_item_store: WorkItemStore) -> None:
+        work_item_store.save_work_item(_item(), expected_version=0)
+        assert not work_item_store.save_work_item(
+            _item(), expected_version=7, dispatches=[_dispatch("lost", 1)]
+        )
+        assert work_item_store.get_dispatch("lost") is None
+
+    def test_an_existing_dispatch_id_is_left_as_it_was(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        work_item_store.save_work_item(_item(), expected_version=0, dispatches=[_dispatch("a", 1)])
+        assert work_item_store.save_work_item(
+            _item(), expected_version=1, dispatches=[_dispatch("a", 1, prompt="other")]
+        )
+        stored = work_item_store.get_dispatch("a")
+        assert stored is not None and stored.prompt == "prompt 1 ✓"
+
+    def test_filters(self, work_item_store: WorkItemStore) -> None:
+        other = "github:octo/demo#8"
+        work_item_store.save_work_item(_item(), expected_version=0, dispatches=[_dispatch("a", 1)])
+        work_item_store.save_work_item(
+            _item(ref=other, number=8),
+            expected_version=0,
+            dispatches=[_dispatch("b", 1, work_item=other)],
+        )
+        work_item_store.lease_dispatch("a", runner_id="r1", now=T0, until=T0 + timedelta(minutes=1))
+        assert [d.dispatch_id for d in work_item_store.list_dispatches(statuses=["pending"])] == [
+            "b"
+        ]
+        assert [
+            d.dispatch_id for d in work_item_store.list_dispatches(statuses=["pending", "leased"])
+        ] == ["a", "b"]
+        assert [d.dispatch_id for d in work_item_store.list_dispatches(work_item=other)] == ["b"]
+        assert work_item_store.list_dispatches(statuses=["succeeded"]) == []
+
+
+class TestLeases:
+    def _seed(self, store: WorkItemStore) -> None:
+        store.save_work_item(_item(), expected_version=0, dispatches=[_dispatch("a", 1)])
+
+    def test_a_lease_goes_to_one_runner_until_it_lapses(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        self._seed(work_item_store)
+        until = T0 + timedelta(seconds=60)
+        leased = work_item_store.lease_dispatch("a", runner_id="r1", now=T0, until=until)
+        assert leased is not None
+        assert (leased.status, leased.lease_holder, leased.lease_expires_at, leased.attempts) == (
+            "leased",
+            "r1",
+            until,
+            1,
+        )
+        assert work_item_store.lease_dispatch("a", runner_id="r2", now=T0, until=until) is None
+        later = T0 + timedelta(seconds=61)
+        taken = work_item_store.lease_dispatch(
+            "a", runner_id="r2", now=later, until=later + timedelta(seconds=60)
+        )
+        assert taken is not None and (taken.lease_holder, taken.attempts) == ("r2", 2)
+
+    def test_racing_runners_have_exactly_one_winner(self, work_item_store: WorkItemStore) -> None:
+        self._seed(work_item_store)
+        winners: list[str] = []
+        barrier = threading.Barrier(4)
+
+        def race(runner: str) -> None:
+            barrier.wait()
+            if work_item_store.lease_dispatch(
+                "a", runner_id=runner, now=T0, until=T0 + timedelta(seconds=60)
+            ):
+                winners.append(runner)
+
+        threads = [threading.Thread(target=race, args=(f"r{i}",)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(winners) == 1
+        stored = work_item_store.get_dispatch("a")
+        assert stored is not None and stored.lease_holder == winners[0]
+
+    def test_only_the_holder_renews_and_finishes(self, work_item_store: WorkItemStore) -> None:
+        self._seed(work_item_store)
+        until = T0 + timedelta(seconds=60)
+        work_item_store.lease_dispatch("a", runner_id="r1", now=T0, until=until)
+        longer = T0 + timedelta(seconds=120)
+        assert work_item_store.renew_lease("a", runner_id="r1", now=T0, until=longer)
+        assert not work_item_store.renew_lease("a", runner_id="r2", now=T0, until=longer)
+        assert not work_item_store.finish_dispatch(
+            "a", runner_id="r2", status="succeeded", result="", now=T0
+        )
+        assert work_item_store.finish_dispatch(
+            "a", runner_id="r1", status="succeeded", result="spawned", now=T0
+        )
+        stored = work_item_store.get_dispatch("a")
+        assert stored is not None
+        assert (stored.status, stored.result, stored.lease_expires_at) == (
+            "succeeded",
+            "spawned",
+            None,
+        )
+        assert not work_item_store.renew_lease("a", runner_id="r1", now=T0, until=longer)
+        assert work_item_store.lease_dispatch("a", runner_id="r1", now=longer, until=longer) is None
+
+    def test_a_result_from_a_runner_whose_lease_passed_on_is_refused(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        self._seed(work_item_store)
+        work_item_store.lease_dispatch("a", runner_id="r1", now=T0, until=T0 + timedelta(seconds=1))
+        later = T0 + timedelta(seconds=5)
+        work_item_store.lease_dispatch(
+            "a", runner_id="r2", now=later, until=later + timedelta(seconds=60)
+        )
+        assert not work_item_store.finish_dispatch(
+            "a", runner_id="r1", status="succeeded", result="", now=later
+        )
+        assert work_item_store.finish_dispatch(
+            "a", runner_id="r2", status="failed", result="harness-missing", now=later
+        )
+
+    def test_pending_again_offers_it_to_the_next_runner(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        self._seed(work_item_store)
+        work_item_store.lease_dispatch("a", runner_id="r1", now=T0, until=T0 + timedelta(hours=1))
+        assert work_item_store.finish_dispatch(
+            "a", runner_id="r1", status="pending", result="draining", now=T0
+        )
+        again = work_item_store.lease_dispatch(
+            "a", runner_id="r2", now=T0, until=T0 + timedelta(seconds=60)
+        )
+        assert again is not None and again.attempts == 2 and again.result == "draining"
+
+    def test_unknown_dispatches_cannot_be_leased(self, work_item_store: WorkItemStore) -> None:
+        assert work_item_store.lease_dispatch("nope", runner_id="r1", now=T0, until=T0) is None
+        assert not work_item_store.renew_lease("nope", runner_id="r1", now=T0, until=T0)
+        assert not work_item_store.finish_dispatch(
+            "nope", runner_id="r1", status="failed", result="", now=T0
+        )

@@ -1,0 +1,321 @@
+"""Loop prevention, the App's own bot, authorized actors, and which words are the author's."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from looprelay.core.envelope import Actor, Envelope, project_envelope
+from looprelay.core.policy import (
+    HIDDEN,
+    LEGACY_MARKER,
+    Authorization,
+    AuthorizedUsers,
+    DropReason,
+    Marker,
+    authorize,
+    drop_reason,
+    event_actor,
+    is_marked,
+    mark,
+    read_marker,
+    strip_quotes_and_code,
+)
+from tests.samples import payload
+
+CODERTOCAT_ID = 21031067
+OURS = "<!-- looprelay:v1 kind=checklist id=d-1 -->"
+
+
+def _envelope(name: str, edit: dict[str, Any] | None = None) -> Envelope:
+    """Project fixture ``name``; ``edit`` maps dotted paths to replacement values."""
+    body = payload(name)
+    for path, value in (edit or {}).items():
+        *parents, last = path.split(".")
+        node = body
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return project_envelope(
+        event=name.partition(".")[0], delivery_id="d-1", payload=body, max_text_chars=65536
+    )
+
+
+def _user(login: str, user_id: int = 1) -> dict[str, Any]:
+    return {"login": login, "id": user_id, "type": "User"}
+
+
+class TestMarker:
+    def test_mark_appends_the_hidden_marker(self) -> None:
+        assert mark("Done.\n", kind="checklist", id="d-1") == f"Done.\n\n{OURS}"
+
+    def test_mark_is_idempotent(self) -> None:
+        once = mark("Done.", kind="checklist", id="d-1")
+        assert mark(once, kind="checklist", id="d-1") == once
+
+    def test_an_empty_body_is_just_the_marker(self) -> None:
+        assert mark("  ", kind="checklist", id="d-1") == OURS
+
+    @pytest.mark.parametrize(
+        ("kind", "ident"),
+        [
+            ("", "d-1"),
+            ("checklist", ""),
+            ("check list", "d-1"),
+            ("checklist", "a-->b"),
+            ("-lead", "d-1"),
+            ("checklist", "x" * 129),
+            ("ch\u00e9cklist", "d-1"),
+            ("checklist", "d-1\n"),
+        ],
+    )
+    def test_a_kind_or_id_that_would_break_the_comment_raises(self, kind: str, ident: str) -> None:
+        with pytest.raises(ValueError, match="must be 1-128 letters"):
+            mark("x", kind=kind, id=ident)
+
+    def test_read_marker_reads_back_kind_and_id(self) -> None:
+        body = mark("hi", kind="attach", id="dispatch:0f3a.9")
+        assert read_marker(body) == Marker(kind="attach", id="dispatch:0f3a.9")
+
+    def test_read_marker_takes_the_last_marker(self) -> None:
+        body = f"{OURS}\nquoted\n" + mark("reply", kind="confirmation", id="d-2")
+        assert read_marker(body) == Marker(kind="confirmation", id="d-2")
+
+    @pytest.mark.parametrize("body", ["", "plain", "<!-- looprelay:v1 kind=x -->", LEGACY_MARKER])
+    def test_read_marker_finds_nothing_without_a_well_formed_marker(self, body: str) -> None:
+        assert read_marker(body) is None
+
+    @pytest.mark.parametrize(
+        ("body", "expected"),
+        [
+            (OURS, True),
+            (f"text\n{OURS}", True),
+            ("<!--looprelay:v2 kind=y-->", True),
+            ("<!-- LOOPRELAY:v1 whatever -->", True),
+            (LEGACY_MARKER, True),
+            ("looprelay:v1 kind=checklist id=d-1", False),
+            ("<!-- an ordinary comment -->", False),
+            ("", False),
+        ],
+    )
+    def test_is_marked_detects_any_version_and_the_predecessors(
+        self, body: str, expected: bool
+    ) -> None:
+        assert is_marked(body) is expected
+
+    def test_detection_on_a_200000_character_body_is_fast(self) -> None:
+        body = "<!-- " * 40_000
+        started = time.perf_counter()
+        assert not is_marked(body)
+        assert read_marker(body) is None
+        assert time.perf_counter() - started < 1.0
+
+
+class TestDropReason:
+    def test_a_marked_comment_is_dropped(self) -> None:
+        envelope = _envelope("issue_comment.created", {"comment.body": f"Checklist\n{OURS}"})
+        assert drop_reason(envelope, bot_logins={"looprelay[bot]"}) is DropReason.SELF_MARKED
+
+    def test_a_third_partys_comment_carrying_the_marker_is_still_dropped(self) -> None:
+        envelope = _envelope(
+            "issue_comment.created",
+            {"comment.body": f"the-loop execute\n{OURS}", "comment.user": _user("mallory")},
+        )
+        assert drop_reason(envelope, bot_logins=()) is DropReason.SELF_MARKED
+
+    def test_a_marked_review_body_is_dropped(self) -> None:
+        envelope = _envelope("pull_request_review.submitted", {"review.body": OURS})
+        assert drop_reason(envelope, bot_logins=()) is DropReason.SELF_MARKED
+
+    def test_a_marked_pr_description_is_not_a_reason(self) -> None:
+        envelope = _envelope("pull_request.opened", {"pull_request.body": OURS})
+        assert drop_reason(envelope, bot_logins=()) is None
+
+    @pytest.mark.parametrize("configured", ["looprelay[bot]", "LoopRelay[BOT]", "looprelay"])
+    def test_the_apps_bot_as_sender_is_dropped(self, configured: str) -> None:
+        envelope = _envelope("issues.labeled", {"sender": _user("looprelay[bot]")})
+        assert drop_reason(envelope, bot_logins={configured}) is DropReason.OWN_BOT
+
+    def test_a_single_configured_login_is_one_login_not_its_letters(self) -> None:
+        envelope = _envelope("issues.labeled", {"sender": _user("looprelay[bot]")})
+        assert drop_reason(envelope, bot_logins="looprelay") is DropReason.OWN_BOT
+        assert drop_reason(_envelope("issues.labeled"), bot_logins="looprelay") is None
+
+    def test_a_human_editing_the_bots_comment_is_dropped(self) -> None:
+        envelope = _envelope("issue_comment.edited", {"comment.user": _user("LoopRelay[bot]")})
+        assert drop_reason(envelope, bot_logins={"looprelay[bot]"}) is DropReason.OWN_BOT
+
+    @pytest.mark.parametrize(
+        ("sender", "configured"),
+        [
+            ("dependabot[bot]", {"looprelay[bot]"}),
+            ("looprelay", {"looprelay[bot]"}),
+            ("Codertocat", set()),
+            ("Codertocat", {" "}),
+        ],
+    )
+    def test_anyone_else_goes_on(self, sender: str, configured: set[str]) -> None:
+        envelope = _envelope("issue_comment.created", {"sender": _user(sender)})
+        assert drop_reason(envelope, bot_logins=configured) is None
+
+
+class TestStripQuotesAndCode:
+    @pytest.mark.parametrize(
+        ("body", "expected"),
+        [
+            ("plain text", "plain text"),
+            ("a `code` b", f"a {HIDDEN} b"),
+            ("a ``x ` y`` b", f"a {HIDDEN} b"),
+            ("a `unclosed b", "a `unclosed b"),
+            ("```\ncode\n```\nafter", f"{HIDDEN}\n{HIDDEN}\n{HIDDEN}\nafter"),
+            (
+                "~~~~\n~~~\n````\nin\n~~~~\nout",
+                f"{HIDDEN}\n{HIDDEN}\n{HIDDEN}\n{HIDDEN}\n{HIDDEN}\nout",
+            ),
+            ("```\nunclosed\nrest", f"{HIDDEN}\n{HIDDEN}\n{HIDDEN}"),
+            ("  - step\n    ```\n    x\n    ```", f"  - step\n{HIDDEN}\n{HIDDEN}\n{HIDDEN}"),
+            ("```py`x\ny", "```py`x\ny"),
+            ("> quoted\nmine", f"{HIDDEN}\nmine"),
+            ("  > quoted\n- > listed quote\n1. > numbered", f"{HIDDEN}\n{HIDDEN}\n{HIDDEN}"),
+            ("a\r\nb\rc", "a\nb\nc"),
+            ("x `a\n\nb` y", "x `a\n\nb` y"),
+        ],
+    )
+    def test_hides_code_and_quotes(self, body: str, expected: str) -> None:
+        assert strip_quotes_and_code(body) == expected
+
+    @pytest.mark.parametrize(
+        "body",
+        ["`" * 200_000, "```\n" * 50_000, "> " * 100_000, "`a" * 100_000, "x" * 200_000],
+    )
+    def test_a_200000_character_body_stays_fast(self, body: str) -> None:
+        started = time.perf_counter()
+        strip_quotes_and_code(body)
+        assert time.perf_counter() - started < 1.0
+
+
+class TestAuthorizedUsers:
+    @pytest.mark.parametrize(
+        ("entries", "logins", "ids"),
+        [
+            ([], set(), set()),
+            (["Octocat", " hubot "], {"octocat", "hubot"}, set()),
+            ([CODERTOCAT_ID, "583231"], set(), {CODERTOCAT_ID, 583231}),
+            (["renovate[bot]"], {"renovate[bot]"}, set()),
+        ],
+    )
+    def test_reads_logins_and_ids(
+        self, entries: list[Any], logins: set[str], ids: set[int]
+    ) -> None:
+        users = AuthorizedUsers.from_config(entries)
+        assert (set(users.logins), set(users.ids)) == (logins, ids)
+
+    @pytest.mark.parametrize(
+        "entry",
+        [True, False, 0, -3, "0", "@octocat", "octo cat", "", "\u0661\u0662\u0663", "-lead", 1.5],
+    )
+    def test_an_entry_that_is_neither_login_nor_id_raises(self, entry: Any) -> None:
+        with pytest.raises(ValueError, match=r"routing\.authorizedUsers entry"):
+            AuthorizedUsers.from_config([entry])
+
+    def test_a_bare_string_is_refused_rather_than_read_letter_by_letter(self) -> None:
+        with pytest.raises(ValueError, match="must be a list"):
+            AuthorizedUsers.from_config("octocat")
+
+    @pytest.mark.parametrize(
+        ("actor", "expected"),
+        [
+            (Actor(login="OCTOCAT", id=9), True),
+            (Actor(login="renamed", id=583231), True),
+            (Actor(login="mallory", id=7), False),
+            (Actor(login="\u043ectocat", id=7), False),  # Cyrillic o
+            (Actor(login="\u212aate", id=7), False),  # Kelvin sign lower()s to "k"
+            (Actor(login="kate"), True),
+            (None, False),
+        ],
+    )
+    def test_allows_by_login_or_id(self, actor: Actor | None, expected: bool) -> None:
+        users = AuthorizedUsers.from_config(["octocat", "kate", 583231])
+        assert users.allows(actor) is expected
+
+
+class TestEventActor:
+    @pytest.mark.parametrize(
+        ("name", "expected"),
+        [
+            ("issue_comment.created", "comment-author"),
+            ("pull_request_review_comment.created", "comment-author"),
+            ("pull_request_review.submitted", "review-author"),
+            ("issues.opened", "sender"),
+            ("pull_request.opened", "sender"),
+            ("installation.created", "sender"),
+            ("check_run.completed", None),
+        ],
+    )
+    def test_picks_the_author_or_the_sender(self, name: str, expected: str | None) -> None:
+        edit = {
+            "sender": _user("sender"),
+            "comment.user": _user("comment-author"),
+            "review.user": _user("review-author"),
+        }
+        body_keys = payload(name).keys()
+        envelope = _envelope(name, {k: v for k, v in edit.items() if k.split(".")[0] in body_keys})
+        actor = event_actor(envelope)
+        assert (actor.login if actor else None) == expected
+
+    def test_a_comment_without_an_author_has_no_actor(self) -> None:
+        assert event_actor(_envelope("issue_comment.created", {"comment.user": None})) is None
+
+
+class TestAuthorize:
+    @pytest.mark.parametrize(
+        ("name", "edit", "users", "expected"),
+        [
+            ("issue_comment.created", {}, ["codertocat"], Authorization.ALLOWED),
+            ("issue_comment.created", {}, [CODERTOCAT_ID], Authorization.ALLOWED),
+            ("issue_comment.created", {}, [str(CODERTOCAT_ID)], Authorization.ALLOWED),
+            ("issue_comment.created", {}, ["octocat"], Authorization.DENIED),
+            ("issue_comment.created", {}, [], Authorization.DENIED),
+            (
+                "issue_comment.created",
+                {"sender": _user("octocat"), "comment.user": _user("mallory")},
+                ["octocat"],
+                Authorization.DENIED,
+            ),
+            (
+                "issue_comment.created",
+                {"sender": _user("mallory"), "comment.user": _user("octocat")},
+                ["octocat"],
+                Authorization.ALLOWED,
+            ),
+            ("issue_comment.created", {"comment.user": None}, ["codertocat"], Authorization.DENIED),
+            ("pull_request_review.submitted", {}, ["codertocat"], Authorization.ALLOWED),
+            ("check_run.completed", {}, [], Authorization.NO_ACTOR_CI),
+            ("pull_request.closed", {}, [], Authorization.CLOSE_ONLY),
+            ("pull_request.closed", {}, ["codertocat"], Authorization.ALLOWED),
+            ("issues.opened", {"action": "closed"}, ["octocat"], Authorization.CLOSE_ONLY),
+            ("issues.opened", {"action": "closed", "sender": None}, [], Authorization.CLOSE_ONLY),
+            ("issues.opened", {}, ["octocat"], Authorization.DENIED),
+            ("issue_comment.created", {"action": "closed"}, [], Authorization.DENIED),
+            ("installation.created", {}, ["codertocat"], Authorization.ALLOWED),
+        ],
+    )
+    def test_decides_what_the_actor_may_do(
+        self, name: str, edit: dict[str, Any], users: list[Any], expected: Authorization
+    ) -> None:
+        decision = authorize(_envelope(name, edit), users=AuthorizedUsers.from_config(users))
+        assert decision is expected
+
+    @pytest.mark.parametrize(
+        ("decision", "routes"),
+        [
+            (Authorization.ALLOWED, True),
+            (Authorization.CLOSE_ONLY, True),
+            (Authorization.NO_ACTOR_CI, True),
+            (Authorization.DENIED, False),
+        ],
+    )
+    def test_only_a_denied_event_stops_here(self, decision: Authorization, routes: bool) -> None:
+        assert decision.routes is routes
