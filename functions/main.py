@@ -29,7 +29,7 @@ def _ingress() -> Ingress:
 @functools.cache
 def _worker() -> Worker:
     configure_logging()
-    return build_worker(cloud_config(os.environ))
+    return build_worker(cloud_config(os.environ), os.environ)
 
 
 # Build the deployed target's handler at import, so a misconfigured deployment fails to
@@ -37,7 +37,7 @@ def _worker() -> Worker:
 @functools.cache
 def _runner_api() -> RunnerApi:
     configure_logging()
-    return build_runner_api(cloud_config(os.environ))
+    return build_runner_api(cloud_config(os.environ), os.environ)
 
 
 def _build_deployed_target() -> None:

@@ -43,8 +43,8 @@ def build_ingress(config: Config, environ: Mapping[str, str]) -> Ingress:
     )
 
 
-def build_worker(config: Config) -> Worker:
-    """The worker's handler: OIDC-authenticated, on the configured store.
+def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
+    """The worker's handler: OIDC-authenticated, routing on the configured store.
 
     Raises ``ConfigError`` when ``worker.oidc`` is unset: in the cloud only the queue's
     identity may call the worker.
@@ -57,25 +57,42 @@ def build_worker(config: Config) -> Worker:
     from looprelay.adapters.clock import SystemClock
     from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
     from looprelay.stores import open_store
+    from looprelay.wiring import build_router, github_client
 
+    store = open_store(config, data_dir=None)
+    clock = SystemClock()
+    router = build_router(
+        config,
+        store=store,
+        clock=clock,
+        data_dir=None,
+        github=github_client(config, environ),
+        waker=None,
+    )
     return Worker(
-        store=open_store(config, data_dir=None),
+        store=store,
         authenticator=OidcTaskAuthenticator(
             audience=config.worker.oidc.audience,
             service_account_email=config.worker.oidc.service_account_email,
         ),
-        clock=SystemClock(),
+        clock=clock,
+        handler=router,
     )
 
 
-def build_runner_api(config: Config) -> RunnerApi:
-    """The runner API's handler, on the configured store."""
+def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
+    """The runner API's handler, on the configured store; long polls look again every
+    second, as no in-process signal reaches them from the worker function."""
     from looprelay.adapters.clock import SystemClock
-    from looprelay.stores import open_runner_registry, open_store
+    from looprelay.stores import open_store
+    from looprelay.wiring import build_runner_api as wire
+    from looprelay.wiring import github_client
 
-    return RunnerApi(
-        registry=open_runner_registry(config, data_dir=None),
+    return wire(
+        config,
         store=open_store(config, data_dir=None),
         clock=SystemClock(),
-        config=config.runners,
+        data_dir=None,
+        github=github_client(config, environ),
+        waker=None,
     )

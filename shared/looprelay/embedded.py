@@ -25,9 +25,10 @@ from looprelay.datadir import (
 from looprelay.errors import ConfigError
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.ingress import Ingress
-from looprelay.runnerapi import RunnerApi
+from looprelay.leases import DispatchWaker
 from looprelay.secrets_env import webhook_secrets_from_env
-from looprelay.stores import open_runner_registry, open_store
+from looprelay.stores import open_store
+from looprelay.wiring import build_router, build_runner_api, github_client
 from looprelay.worker import Worker
 
 log = logging.getLogger("looprelay.up")
@@ -88,16 +89,29 @@ class EmbeddedStack:
         self.ingress = Ingress(
             secrets=secrets, queue=self.queue, config=config.webhook, verify=verify
         )
-        self.runner_api = RunnerApi(
-            registry=open_runner_registry(config, data_dir=self.data_dir),
+        clock = SystemClock()
+        waker = DispatchWaker()
+        github = github_client(config, environ)
+        self.runner_api = build_runner_api(
+            config,
             store=self.store,
-            clock=SystemClock(),
-            config=config.runners,
+            clock=clock,
+            data_dir=self.data_dir,
+            github=github,
+            waker=waker,
         )
         self.worker = Worker(
             store=self.store,
             authenticator=SharedSecretAuthenticator(worker_token),
-            clock=SystemClock(),
+            clock=clock,
+            handler=build_router(
+                config,
+                store=self.store,
+                clock=clock,
+                data_dir=self.data_dir,
+                github=github,
+                waker=waker,
+            ),
         )
 
     @property

@@ -160,6 +160,17 @@ class WorkItemStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RunnerStatus:
+    """What a runner reports about itself on a heartbeat."""
+
+    version: str = ""
+    capacity: int = 1
+    repositories: tuple[str, ...] = ()
+    workspace: bool = False
+    sessions: int = 0
+
+
 class RunnerRegistry(Protocol):
     """Registration tokens and registered runners."""
 
@@ -191,10 +202,8 @@ class RunnerRegistry(Protocol):
         """Replace the runner's secret hash; False if unknown or revoked."""
         ...
 
-    def record_heartbeat(
-        self, runner_id: str, *, at: datetime, version: str, capacity: int
-    ) -> bool:
-        """Note that the runner is alive; False if unknown or revoked."""
+    def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
+        """Note that the runner is alive and what it reports; False if unknown or revoked."""
         ...
 
 

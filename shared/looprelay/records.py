@@ -92,6 +92,12 @@ class RunnerRecord(BaseModel):
     revoked_at: datetime | None = None
     version: str = ""
     capacity: int = 1
+    repositories: list[str] = Field(default_factory=list, max_length=200)
+    """Repositories it has a checkout for (``owner/repo``)."""
+    workspace: bool = False
+    """Whether it can create a checkout per session (so any repository, and PR sessions)."""
+    sessions: int = 0
+    """Sessions it holds now, from its last heartbeat."""
 
     @property
     def revoked(self) -> bool:
@@ -213,3 +219,5 @@ class DispatchRecord(BaseModel):
     comment_id: int | None = None
     comment_kind: str | None = None
     """Where progress reactions go: ``issue`` comment or ``review`` comment."""
+    installation_id: int | None = None
+    """The GitHub App installation to act as when reporting progress."""

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprelay.config import RunnersConfig
 from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
-from looprelay.ports import Clock, RunnerRegistry, Store
+from looprelay.leases import LeaseDesk, PollBody, RenewBody, ResultBody
+from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.records import MAX_RUNNER_LABELS, EventRecord, RegistrationToken, RunnerRecord
 from looprelay.runnerauth import (
     credential_matches,
@@ -35,6 +36,7 @@ API_PREFIX = "/runner/v1/"
 MAX_BODY_BYTES = 64 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 _REGISTER_AGAIN = "register it again with `looprelay runner register`"
 
 
@@ -72,15 +74,34 @@ class HeartbeatBody(_Body):
 
     version: str = Field(default="", max_length=64)
     capacity: int = Field(default=1, ge=0, le=256)
+    repositories: list[str] = Field(default_factory=list, max_length=200)
+    workspace: bool = False
+    sessions: int = Field(default=0, ge=0, le=10_000)
+
+    @field_validator("repositories")
+    @classmethod
+    def _repositories(cls, repositories: list[str]) -> list[str]:
+        for repository in repositories:
+            if not _REPOSITORY.match(repository):
+                raise ValueError(f"{repository[:100]!r} is not owner/repo")
+        return repositories
 
 
 class RunnerApi:
     """Serves ``/runner/v1/...``; one instance serves many requests and threads."""
 
     def __init__(
-        self, *, registry: RunnerRegistry, store: Store, clock: Clock, config: RunnersConfig
+        self,
+        *,
+        registry: RunnerRegistry,
+        store: Store,
+        clock: Clock,
+        config: RunnersConfig,
+        desk: LeaseDesk | None = None,
     ) -> None:
+        """``desk`` serves poll/renew/results; without it only registration is served."""
         self._registry = registry
+        self._desk = desk
         self._store = store
         self._clock = clock
         self._config = config
@@ -88,6 +109,9 @@ class RunnerApi:
             "register": self._register,
             "heartbeat": self._heartbeat,
             "rotate": self._rotate,
+            "poll": self._poll,
+            "renew": self._renew,
+            "results": self._results,
         }
 
     def handle(self, request: Request) -> Response:
@@ -137,8 +161,15 @@ class RunnerApi:
     def _heartbeat(self, request: Request) -> Response:
         runner = self._authenticate(request)
         body = _parse(request, HeartbeatBody)
+        status = RunnerStatus(
+            version=body.version,
+            capacity=body.capacity,
+            repositories=tuple(body.repositories),
+            workspace=body.workspace,
+            sessions=body.sessions,
+        )
         if not self._registry.record_heartbeat(
-            runner.runner_id, at=self._clock.now(), version=body.version, capacity=body.capacity
+            runner.runner_id, at=self._clock.now(), status=status
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         return json_response(
@@ -158,6 +189,23 @@ class RunnerApi:
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         self._event("runner.rotated", runner, {"by": "runner"})
         return json_response(200, {"runner_id": runner.runner_id, "secret": secret})
+
+    def _work_desk(self) -> LeaseDesk:
+        if self._desk is None:
+            raise BadDelivery("this server hands out no work", status=404)
+        return self._desk
+
+    def _poll(self, request: Request) -> Response:
+        runner = self._authenticate(request)
+        return self._work_desk().poll(runner, _parse(request, PollBody))
+
+    def _renew(self, request: Request) -> Response:
+        runner = self._authenticate(request)
+        return self._work_desk().renew(runner, _parse(request, RenewBody))
+
+    def _results(self, request: Request) -> Response:
+        runner = self._authenticate(request)
+        return self._work_desk().report(runner, _parse(request, ResultBody))
 
     def _authenticate(self, request: Request) -> RunnerRecord:
         parsed = parse_runner_bearer(request.headers.get("authorization", ""))

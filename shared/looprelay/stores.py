@@ -7,7 +7,7 @@ from pathlib import Path
 from looprelay.config import Config
 from looprelay.datadir import STORE_FILE
 from looprelay.errors import ConfigError
-from looprelay.ports import RunnerRegistry, Store
+from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 
 
 def open_store(config: Config, *, data_dir: Path | None) -> Store:
@@ -47,3 +47,17 @@ def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegi
     from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 
     return SqliteRunnerRegistry(_sqlite_path(config, data_dir))
+
+
+def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemStore:
+    """Return the work-item store next to the configured store.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore_work_items import FirestoreWorkItemStore
+
+        return FirestoreWorkItemStore.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+
+    return SqliteWorkItemStore(_sqlite_path(config, data_dir))

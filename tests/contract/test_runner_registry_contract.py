@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from looprelay.ports import RunnerRegistry
+from looprelay.ports import RunnerRegistry, RunnerStatus
 from looprelay.records import RegistrationToken, RunnerRecord
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=UTC)
@@ -88,11 +88,20 @@ class TestRunners:
         runner_registry.add_runner(_runner())
         later = T0 + timedelta(seconds=30)
         assert runner_registry.record_heartbeat(
-            "r-0000000000000001", at=later, version="0.2.0", capacity=4
+            "r-0000000000000001",
+            at=later,
+            status=RunnerStatus(
+                version="0.2.0",
+                capacity=4,
+                repositories=("octo/demo",),
+                workspace=True,
+                sessions=3,
+            ),
         )
         stored = runner_registry.get_runner("r-0000000000000001")
         assert stored is not None
         assert (stored.last_seen_at, stored.version, stored.capacity) == (later, "0.2.0", 4)
+        assert (stored.repositories, stored.workspace, stored.sessions) == (["octo/demo"], True, 3)
         assert stored.labels == {"os": "linux", "gpu": "none"}
 
     def test_rotation_replaces_only_the_secret_hash(self, runner_registry: RunnerRegistry) -> None:
@@ -110,7 +119,7 @@ class TestRunners:
         assert not runner_registry.revoke_runner("r-0000000000000001", at=T0)
         assert not runner_registry.rotate_runner_secret("r-0000000000000001", secret_hash="c")
         assert not runner_registry.record_heartbeat(
-            "r-0000000000000001", at=T0, version="x", capacity=1
+            "r-0000000000000001", at=T0, status=RunnerStatus()
         )
         stored = runner_registry.get_runner("r-0000000000000001")
         assert stored is not None and stored.revoked and stored.revoked_at == T0
@@ -122,5 +131,5 @@ class TestRunners:
         unknown = "r-ffffffffffffffff"
         assert not runner_registry.revoke_runner(unknown, at=T0)
         assert not runner_registry.rotate_runner_secret(unknown, secret_hash="x")
-        assert not runner_registry.record_heartbeat(unknown, at=T0, version="", capacity=1)
+        assert not runner_registry.record_heartbeat(unknown, at=T0, status=RunnerStatus())
         assert runner_registry.list_runners() == []

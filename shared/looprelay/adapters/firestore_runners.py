@@ -20,6 +20,7 @@ from looprelay.adapters.firestore_common import (
     utc,
 )
 from looprelay.config import FirestoreConfig
+from looprelay.ports import RunnerStatus
 from looprelay.records import RegistrationToken, RunnerRecord
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
@@ -92,11 +93,16 @@ class FirestoreRunnerRegistry:
         """See ``RunnerRegistry.rotate_runner_secret``."""
         return self._change(runner_id, {"secret_hash": secret_hash}, "rotate a runner secret")
 
-    def record_heartbeat(
-        self, runner_id: str, *, at: datetime, version: str, capacity: int
-    ) -> bool:
+    def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """See ``RunnerRegistry.record_heartbeat``."""
-        fields = {"last_seen_at": at, "version": version, "capacity": capacity}
+        fields = {
+            "last_seen_at": at,
+            "version": status.version,
+            "capacity": status.capacity,
+            "repositories": list(status.repositories),
+            "workspace": status.workspace,
+            "sessions": status.sessions,
+        }
         return self._change(runner_id, fields, "record a heartbeat")
 
 

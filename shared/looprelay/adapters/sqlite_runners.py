@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.errors import Transient
+from looprelay.ports import RunnerStatus
 from looprelay.records import RegistrationToken, RunnerRecord
 
 _SCHEMA = """
@@ -110,13 +111,20 @@ class SqliteRunnerRegistry:
         """See ``RunnerRegistry.rotate_runner_secret``."""
         return self._change(runner_id, secret_hash=secret_hash)
 
-    def record_heartbeat(
-        self, runner_id: str, *, at: datetime, version: str, capacity: int
-    ) -> bool:
+    def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """See ``RunnerRegistry.record_heartbeat``."""
         return self._change(
             runner_id,
             last_seen_at=at.astimezone(UTC).isoformat(),
-            version=version,
-            capacity=capacity,
+            **_status_fields(status),
         )
+
+
+def _status_fields(status: RunnerStatus) -> dict[str, Any]:
+    return {
+        "version": status.version,
+        "capacity": status.capacity,
+        "repositories": list(status.repositories),
+        "workspace": status.workspace,
+        "sessions": status.sessions,
+    }

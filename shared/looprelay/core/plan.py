@@ -152,6 +152,7 @@ class Plan:
             resume=resume,
             runner_id=session.runner_id,
             created_at=self.now,
+            installation_id=self.envelope.installation_id,
             comment_id=comment.id
             if comment and self.envelope.event != "pull_request_review"
             else None,

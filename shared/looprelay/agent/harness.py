@@ -1,0 +1,124 @@
+"""The argv of each coding-agent harness, as pure functions (SPEC §3, the-loop E4).
+
+Claude (``claude``) is hosted in tmux or run headless; ``cursor-agent`` only runs headless, because
+it cannot be hosted in a terminal the agent pastes into. The prompt is always the last argv
+element. A prompt that starts with ``-`` gets one leading space so no option parser (commander in
+both CLIs) reads it as a flag; an LLM does not care about the space. A session id that is not a
+canonical UUID never reaches argv: the builders refuse it, and the applier swaps in a fresh one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+
+from looprelay.errors import RunnerError
+
+CLAUDE = "claude"
+CURSOR_AGENT = "cursor-agent"
+HARNESSES = (CLAUDE, CURSOR_AGENT)
+INTERACTIVE_HARNESSES = (CLAUDE,)
+"""Harnesses that can live in a tmux pane (the-loop E4: cursor cannot be hosted)."""
+
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_session_id(value: str) -> bool:
+    """Tell whether ``value`` is a canonical lower-case UUID, the only id argv may carry."""
+    return _SESSION_ID.fullmatch(value) is not None
+
+
+def resolve_binary(harness: str) -> str:
+    """Return the absolute path of ``harness``'s binary, found on ``PATH``.
+
+    The absolute path goes into argv so the tmux server's own ``PATH`` cannot pick another one.
+    Raises ``RunnerError`` ``harness-unsupported`` for an unknown harness and ``harness-missing``
+    when the binary is not on ``PATH`` (install it, or fix the agent's ``PATH``).
+    """
+    if harness not in HARNESSES:
+        raise RunnerError(
+            f"harness {harness[:40]!r} is not one of {', '.join(HARNESSES)}",
+            reason="harness-unsupported",
+        )
+    found = shutil.which(harness)
+    if found is None:
+        raise RunnerError(
+            f"{harness} is not on this runner's PATH; install it or fix PATH for the agent",
+            reason="harness-missing",
+        )
+    return found
+
+
+def interactive_argv(
+    *,
+    binary: str,
+    harness: str,
+    session_id: str,
+    resume: bool,
+    prompt: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Return the argv of a harness hosted in tmux (the-loop E4).
+
+    Spawn: ``claude --session-id <uuid> [extra] <prompt>``; resume: ``claude --resume <uuid>
+    [extra] <prompt>``. An empty prompt is left out. Raises ``RunnerError``
+    ``harness-unsupported`` for a harness that cannot be hosted (cursor-agent) and
+    ``invalid-session-id`` for an id that is not a canonical UUID.
+    """
+    if harness not in INTERACTIVE_HARNESSES:
+        raise RunnerError(
+            f"{harness[:40]} cannot be hosted in tmux; use runner kind 'process' for it",
+            reason="harness-unsupported",
+        )
+    _check_session_id(session_id)
+    flag = "--resume" if resume else "--session-id"
+    return [binary, flag, session_id, *extra, *_prompt_tail(prompt)]
+
+
+def headless_argv(
+    *,
+    binary: str,
+    harness: str,
+    session_id: str | None,
+    resume: bool,
+    prompt: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Return the argv of one headless turn (SPEC §3 process runner).
+
+    ``claude -p --output-format json (--session-id|--resume) <uuid> [extra] <prompt>``;
+    ``cursor-agent -p --output-format json [--resume <id>] [extra] <prompt>`` (cursor-agent picks
+    its own id on a first turn, so ``session_id`` may be None there; ``-p`` is a boolean flag in
+    both CLIs, so the prompt may come last). Raises ``RunnerError`` ``harness-unsupported`` for
+    an unknown harness and ``invalid-session-id`` for an id that is not a canonical UUID or a
+    missing id Claude needs.
+    """
+    if harness not in HARNESSES:
+        raise RunnerError(f"unknown harness {harness[:40]!r}", reason="harness-unsupported")
+    argv = [binary, "-p", "--output-format", "json"]
+    if session_id is None:
+        if harness == CLAUDE or resume:
+            raise RunnerError("a headless turn needs a session id", reason="invalid-session-id")
+    else:
+        _check_session_id(session_id)
+        if resume:
+            argv += ["--resume", session_id]
+        elif harness == CLAUDE:
+            argv += ["--session-id", session_id]
+    return [*argv, *extra, *_prompt_tail(prompt)]
+
+
+def _check_session_id(session_id: str) -> None:
+    if not is_session_id(session_id):
+        raise RunnerError(
+            "the session id is not a canonical UUID and never goes into argv",
+            reason="invalid-session-id",
+        )
+
+
+def _prompt_tail(prompt: str) -> list[str]:
+    if not prompt:
+        return []
+    # A leading '-' would parse as an option; a leading space cannot (SPEC §3: never a flag).
+    return [" " + prompt if prompt.startswith("-") else prompt]

@@ -1,0 +1,249 @@
+"""tmux on the agent's own socket, through libtmux: the one module that imports it (STYLE).
+
+Every target is exact: a session as ``=name`` (tmux would otherwise match a prefix of another
+session's name) and a pane by its ``%id``. Every argument that ends in ``;`` is escaped, since
+tmux splits its own argv there even after ``--``, and ``-c`` is format-escaped (tmux expands
+``#{...}`` in it). Timeouts: libtmux 0.62 runs each tmux command without one; a local tmux server
+answers in milliseconds, and a wedged one blocks the caller until its lease lapses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import libtmux
+from libtmux import exc as libtmux_exc
+
+from looprelay.errors import ConfigError, RunnerError
+
+SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
+"""The only session names the agent touches (the-loop E6: never signal anything else)."""
+POLL_SECONDS = 0.05
+KILL_WAIT_SECONDS = 2.0
+"""How long a SIGKILLed harness may take to be reaped before terminate reports failure."""
+MAX_INLINE_COMMAND_BYTES = 12_000
+"""tmux refuses a command over ~16 KiB ("command too long"); past this budget the prompt goes
+through a file that a tiny launcher reads, unlinks and hands to the harness as its last arg."""
+
+_SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_ABSENT = re.compile(
+    r"no server running|can't find (session|pane|window)"
+    r"|error connecting to .*\((No such file or directory|Connection refused)\)"
+)
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_LAUNCHER = (
+    "import os,sys\n"
+    "p=sys.argv[1]\n"
+    "with open(p,encoding='utf-8') as f: t=f.read()\n"
+    "os.unlink(p)\n"
+    "os.execv(sys.argv[2],sys.argv[2:]+[t])\n"
+)
+
+
+@dataclass(frozen=True)
+class _Pane:
+    pane_id: str
+    dead: bool
+    pid: int
+
+
+class TmuxTerminal:
+    """The agent's tmux server, on the private socket ``socket_name`` (never the default one).
+
+    The server is started with ``config_file`` (``/dev/null`` by default, so an operator's
+    ``~/.tmux.conf`` cannot change window numbering or exit behaviour).
+    """
+
+    def __init__(self, socket_name: str, *, config_file: str = os.devnull) -> None:
+        if not _SOCKET_NAME.fullmatch(socket_name):
+            raise ConfigError(
+                f"tmux socket name {socket_name[:80]!r} must be 1-64 letters, digits, '_.-'"
+            )
+        self.socket_name = socket_name
+        self._server = libtmux.Server(socket_name=socket_name, config_file=config_file)
+
+    def has_session(self, name: str) -> bool:
+        """Tell whether session ``name`` exists. Raises ``RunnerError`` ``tmux-failed``."""
+        return self._first_pane(name) is not None
+
+    def pane_dead(self, name: str) -> bool | None:
+        """Tell whether the harness pane of ``name`` is dead; None when there is no such session.
+
+        Panes stay after their process exits because remain-on-exit is on (see :meth:`spawn`).
+        Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer.
+        """
+        pane = self._first_pane(name)
+        return None if pane is None else pane.dead
+
+    def spawn(self, name: str, *, cwd: Path, argv: list[str]) -> None:
+        """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
+
+        remain-on-exit is set globally in the same tmux invocation that may start the server, so
+        even a harness that exits at once leaves a dead pane to read (offline-toolchain §5).
+        Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a directory,
+        ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
+        """
+        _check_name(name)
+        if not cwd.is_dir():
+            raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
+        command, prompt_file = _boot_command(argv)
+        try:
+            self._run(
+                "set-option", "-gw", "remain-on-exit", "on", ";",
+                "new-session", "-d", "-s", name, "-c", str(cwd).replace("#", "##"),
+                "--", *(_literal(arg) for arg in command),
+            )  # fmt: skip
+        except RunnerError:
+            if prompt_file is not None:
+                os.unlink(prompt_file)
+            raise
+
+    def paste(self, name: str, text: str) -> None:
+        """Paste ``text`` into the harness pane of ``name`` as one bracketed paste, then submit.
+
+        ``load-buffer`` from a private temp file (always unlinked), ``paste-buffer -p -d``, then
+        ``send-keys Enter``. CR and CRLF become LF and control characters other than tab and LF are
+        dropped, so a hostile text cannot close the bracket (``ESC [201~``) and type keys. Empty
+        text does nothing. Raises ``RunnerError``: ``session-missing``, ``tmux-failed`` (nothing
+        was pasted) or ``submit-failed`` (pasted, Enter not sent).
+        """
+        clean = _UNPRINTABLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+        if not clean:
+            return
+        pane = self._first_pane(name)
+        if pane is None:
+            raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
+        buffer = f"looprelay-{name}"
+        fd, path = tempfile.mkstemp(prefix="looprelay-paste-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(clean.encode("utf-8", "replace"))
+            self._run("load-buffer", "-b", buffer, path)
+        finally:
+            os.unlink(path)
+        self._run("paste-buffer", "-p", "-d", "-b", buffer, "-t", pane.pane_id)
+        try:
+            self._run("send-keys", "-t", pane.pane_id, "Enter")
+        except RunnerError as exc:
+            raise RunnerError(
+                f"pasted into {name} but not submitted: {exc}", reason="submit-failed"
+            ) from exc
+
+    def kill(self, name: str) -> None:
+        """Kill session ``name``; a missing one is fine. Raises ``RunnerError`` ``tmux-failed``."""
+        _check_name(name)
+        self._query("kill-session", "-t", f"={name}")
+
+    def terminate_harness(self, name: str, grace_seconds: float) -> str:
+        """End the harness in ``name`` and keep the session (the-loop E6).
+
+        SIGTERM the pane's process (only a positive pid), poll every ``POLL_SECONDS`` for
+        ``grace_seconds``, then SIGKILL and wait up to ``KILL_WAIT_SECONDS``. Returns ``absent``,
+        ``already-dead``, ``terminated`` or ``killed``. Raises ``RunnerError`` ``tmux-failed``
+        or ``terminate-failed`` (the process outlived SIGKILL's wait).
+        """
+        pane = self._first_pane(name)
+        if pane is None:
+            return "absent"
+        if pane.dead:
+            return "already-dead"
+        if pane.pid <= 0:
+            raise RunnerError(f"tmux gave no pid for {name}", reason="tmux-failed")
+        self._run("set-option", "-w", "-t", f"={name}:", "remain-on-exit", "on")
+        _signal(pane.pid, signal.SIGTERM)
+        if self._wait_dead(name, grace_seconds):
+            return "terminated"
+        _signal(pane.pid, signal.SIGKILL)
+        if self._wait_dead(name, KILL_WAIT_SECONDS):
+            return "killed"
+        raise RunnerError(f"the harness in {name} survived SIGKILL", reason="terminate-failed")
+
+    def attach_command(self, name: str, *, read_only: bool = False) -> str:
+        """Return the shell command an operator runs to watch ``name`` (the-loop E7)."""
+        _check_name(name)
+        flag = " -r" if read_only else ""
+        return f"tmux -L {shlex.quote(self.socket_name)} attach{flag} -t {name}"
+
+    def kill_server(self) -> None:
+        """Stop this socket's tmux server and every session on it; none running is fine."""
+        self._query("kill-server")
+
+    def _first_pane(self, name: str) -> _Pane | None:
+        _check_name(name)
+        lines = self._query(
+            "list-panes", "-s", "-t", f"={name}", "-F", "#{pane_id} #{pane_dead} #{pane_pid}"
+        )
+        if not lines:
+            return None
+        pane_id, dead, pid = lines[0].split(" ")
+        return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0))
+
+    def _wait_dead(self, name: str, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while True:
+            pane = self._first_pane(name)
+            if pane is None or pane.dead:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
+
+    def _query(self, *args: str) -> list[str] | None:
+        """Run a tmux command; None when its session (or the whole server) does not exist."""
+        try:
+            proc = self._server.cmd(*args)
+        except (libtmux_exc.LibTmuxException, OSError) as exc:
+            raise RunnerError(f"tmux {args[0]} failed: {exc}", reason="tmux-failed") from exc
+        if proc.returncode == 0:
+            return list(proc.stdout)
+        error = " ".join(proc.stderr)[:300]
+        if _ABSENT.search(error):
+            return None
+        raise RunnerError(f"tmux {args[0]} failed: {error}", reason="tmux-failed")
+
+    def _run(self, *args: str) -> list[str]:
+        lines = self._query(*args)
+        if lines is None:
+            raise RunnerError(f"tmux {args[0]}: no such session or server", reason="tmux-failed")
+        return lines
+
+
+def _check_name(name: str) -> None:
+    if not SESSION_NAME.fullmatch(name):
+        raise RunnerError(
+            f"{name[:80]!r} is not a loop session name (loop-[A-Za-z0-9_-]+)",
+            reason="invalid-session-name",
+        )
+
+
+def _literal(arg: str) -> str:
+    # tmux reads a trailing ';' as a command separator and a trailing '\;' as a literal ';'.
+    return arg[:-1] + "\\;" if arg.endswith(";") else arg
+
+
+def _boot_command(argv: list[str]) -> tuple[list[str], str | None]:
+    if sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in argv) <= (
+        MAX_INLINE_COMMAND_BYTES
+    ):
+        return argv, None
+    fd, path = tempfile.mkstemp(prefix="looprelay-prompt-")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(argv[-1])
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, path, *argv[:-1]], path
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return
+    except PermissionError as exc:
+        raise RunnerError(f"cannot signal pid {pid}: {exc}", reason="terminate-failed") from exc

@@ -1,0 +1,211 @@
+"""Runner work: long poll, leases and results (``/runner/v1/poll|renew|results``).
+
+Scenario: a runner polls; the oldest dispatch it may take (``core.scheduling``) is leased to it
+by compare-and-set, so of two racing runners exactly one gets it. While it applies the dispatch
+it renews the lease; when it reports, only the lease holder's result counts, the session is
+recorded on the work item, and the next dispatch of that work item becomes offerable. A lease
+that lapses (a runner killed mid-apply) makes the dispatch offerable again; the agent's local
+ledger keeps a paste from happening twice on the runner that died and comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from looprelay.config import RunnersConfig
+from looprelay.core.scheduling import choose_dispatch, heads_of_line, is_live
+from looprelay.httpmsg import Response, json_response
+from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.progress import Progress
+from looprelay.records import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
+
+log = logging.getLogger("looprelay.leases")
+
+MAX_DISPATCH_ATTEMPTS = 5
+"""Leases of one dispatch before a retryable failure becomes final."""
+CLOUD_POLL_INTERVAL_SECONDS = 1.0
+"""Without an in-process signal (separate functions), a long poll looks again this often."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PollBody(_Body):
+    """A long poll for work."""
+
+    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+
+
+class RenewBody(_Body):
+    """Keep a lease while the dispatch is being applied."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+
+
+class ResultBody(_Body):
+    """What the runner did with a dispatch it leased."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+    status: Literal["spawned", "delivered", "done", "failed"]
+    reason: str = Field(default="", max_length=100)
+    retryable: bool = False
+    detail: str = Field(default="", max_length=2000)
+    session_id: str | None = Field(default=None, max_length=100)
+    tmux_target: str | None = Field(default=None, pattern=r"^loop-[A-Za-z0-9_-]{1,80}$")
+    tmux_socket: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    resumed: bool = False
+
+
+class DispatchWaker:
+    """Wakes long polls when a dispatch may have become available (in-process only)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+
+    def notify(self) -> None:
+        """Something changed: wake every waiting poll."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for :meth:`notify`."""
+        with self._changed:
+            self._changed.wait(seconds)
+
+
+class LeaseDesk:
+    """Hands out dispatches and takes results back."""
+
+    def __init__(
+        self,
+        *,
+        registry: RunnerRegistry,
+        work_items: WorkItemStore,
+        store: Store,
+        clock: Clock,
+        config: RunnersConfig,
+        progress: Progress,
+        waker: DispatchWaker | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._items = work_items
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._progress = progress
+        self._waker = waker
+        self._monotonic = monotonic
+
+    def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
+        """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
+        (capped by ``runners.pollWaitSeconds``); 204 when nothing came."""
+        wait = min(body.wait_seconds, float(self._config.poll_wait_seconds))
+        deadline = self._monotonic() + wait
+        while True:
+            leased = self._lease_next(runner)
+            if leased is not None:
+                return json_response(200, {"dispatch": leased.model_dump(mode="json")})
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                return Response(status=204, body=b"")
+            if self._waker is not None:
+                self._waker.wait(remaining)
+            else:
+                time.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))
+
+    def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
+        now = self._clock.now()
+        lost_after = timedelta(seconds=self._config.lost_after_seconds)
+        live = [
+            r.runner_id
+            for r in self._registry.list_runners()
+            if is_live(r, now=now, lost_after=lost_after)
+        ]
+        candidates = heads_of_line(self._items.list_dispatches(statuses=DISPATCH_OPEN), now=now)
+        for _ in range(len(candidates)):
+            pick = choose_dispatch(candidates, runner, live=live)
+            if pick is None:
+                return None
+            until = now + timedelta(seconds=self._config.lease_seconds)
+            leased = self._items.lease_dispatch(
+                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until
+            )
+            if leased is not None:
+                self._note_lease(pick, leased, runner, now)
+                return leased
+            candidates = [d for d in candidates if d.dispatch_id != pick.dispatch_id]
+        return None
+
+    def _note_lease(
+        self, before: DispatchRecord, leased: DispatchRecord, runner: RunnerRecord, now: datetime
+    ) -> None:
+        if before.status == "leased":
+            self._event(
+                "lease.expired", leased, now, {"from": before.lease_holder, "to": runner.runner_id}
+            )
+        if before.runner_id not in (None, runner.runner_id):
+            self._event(
+                "runner.lost",
+                leased,
+                now,
+                {"runner_id": before.runner_id, "taken_by": runner.runner_id},
+            )
+
+    def renew(self, runner: RunnerRecord, body: RenewBody) -> Response:
+        """Extend a lease the runner still holds; 409 when it passed to another."""
+        now = self._clock.now()
+        until = now + timedelta(seconds=self._config.lease_seconds)
+        if not self._items.renew_lease(
+            body.dispatch_id, runner_id=runner.runner_id, now=now, until=until
+        ):
+            return json_response(409, {"error": "this runner no longer holds that lease"})
+        return json_response(200, {"lease_expires_at": until.isoformat()})
+
+    def report(self, runner: RunnerRecord, body: ResultBody) -> Response:
+        """Record the lease holder's result; 409 when the lease passed to another runner."""
+        now = self._clock.now()
+        dispatch = self._items.get_dispatch(body.dispatch_id)
+        if dispatch is None:
+            return json_response(404, {"error": "no such dispatch"})
+        status = self._final_status(dispatch, body)
+        if not self._items.finish_dispatch(
+            body.dispatch_id,
+            runner_id=runner.runner_id,
+            status=status,
+            result=body.reason or body.status,
+            now=now,
+        ):
+            return json_response(409, {"error": "this runner no longer holds that lease"})
+        self._progress.record(dispatch, runner, body, final_status=status)
+        if self._waker is not None:
+            self._waker.notify()
+        return json_response(200, {"status": status})
+
+    @staticmethod
+    def _final_status(dispatch: DispatchRecord, body: ResultBody) -> str:
+        if body.status != "failed":
+            return "succeeded"
+        again = body.retryable and dispatch.attempts < MAX_DISPATCH_ATTEMPTS
+        return "pending" if again else "failed"
+
+    def _event(
+        self, name: str, dispatch: DispatchRecord, now: datetime, data: dict[str, object]
+    ) -> None:
+        self._store.append_event(
+            EventRecord(
+                name=name,
+                at=now,
+                delivery_id=dispatch.delivery_id,
+                work_item=dispatch.work_item,
+                data={"dispatch_id": dispatch.dispatch_id, **data},
+            )
+        )

@@ -1,0 +1,246 @@
+"""The worker's delivery handler: load a work item, decide, save, then tell GitHub.
+
+The decision is made by the pure core (``core.decide``) on what this module loads; the save is
+a compare-and-set, so two deliveries for one work item racing through two workers decide again
+on the fresh state instead of losing an update. GitHub side effects (comments, reactions) come
+after the save and are best effort: they never undo or fail a decision (SPEC §2, D14).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+
+from looprelay.core.control import Command, find_commands
+from looprelay.core.decide import CommentPost, Decision, Situation, decide
+from looprelay.core.envelope import Envelope
+from looprelay.core.plan import RoutingPolicy
+from looprelay.core.policy import mark
+from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
+from looprelay.errors import Permanent, Transient
+from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
+from looprelay.records import DeliveryRecord, EventRecord, WorkItemRecord
+from looprelay.routingpolicy import TemplateSource
+from looprelay.worker import Outcome
+
+log = logging.getLogger("looprelay.router")
+
+MAX_SAVE_ROUNDS = 8
+"""Decide-and-save rounds on one contended work item before the queue is asked to retry."""
+WORKSPACE_LABEL = "workspace"
+"""Runner label (``workspace=true``) saying it can give a pull request its own checkout."""
+
+
+class Router:
+    """Routes deliveries to sessions; one instance serves many threads."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        work_items: WorkItemStore,
+        runners: RunnerRegistry,
+        github: GitHub | None,
+        policy: RoutingPolicy,
+        templates: TemplateSource,
+        clock: Clock,
+        on_dispatch: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._store = store
+        self._items = work_items
+        self._runners = runners
+        self._github = github
+        self._policy = policy
+        self._templates = templates
+        self._clock = clock
+        self._on_dispatch = on_dispatch
+
+    def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        """Handle one delivery; raises ``Transient`` when the store or GitHub must be retried."""
+        for _ in range(MAX_SAVE_ROUNDS):
+            situation = self._load(envelope)
+            decision = decide(situation, self._policy, self._templates.for_decision())
+            if decision.work_item is None or self._save(situation, decision):
+                break
+        else:
+            raise Transient("work item stayed contended; the queue will retry")
+        self._record_notes(envelope, decision)
+        if decision.dispatches:
+            self._on_dispatch()
+        if decision.work_item is not None:
+            self._tell_github(envelope, decision.work_item, decision)
+        return Outcome(decision.outcome, decision.detail)
+
+    def _load(self, envelope: Envelope) -> Situation:
+        names = work_items(envelope)
+        bound = next(
+            (
+                found
+                for ref in names.own
+                if (found := self._items.find_work_item_for_pull_request(ref.format()))
+            ),
+            None,
+        )
+        if bound is not None:
+            names = work_items(envelope, recorded={parse_ref(bound.ref)})
+        target, item = self._target(
+            names.refs, [link.ref for link in names.linked if link.weak], bound
+        )
+        return Situation(
+            envelope=envelope,
+            names=names,
+            target=target,
+            work_item=item,
+            now=self._clock.now(),
+            recorded_checklist_body=self._checklist_body(envelope, item),
+            pr_checkout_available=self._pr_checkouts(item),
+        )
+
+    def _target(
+        self,
+        refs: tuple[WorkItemRef, ...],
+        weak: list[WorkItemRef],
+        bound: WorkItemRecord | None,
+    ) -> tuple[WorkItemRef | None, WorkItemRecord | None]:
+        """The first candidate with a record wins; else the first not named by a branch
+        name alone (B4: a branch can invent an issue number)."""
+        if bound is not None:
+            return parse_ref(bound.ref), bound
+        for ref in refs:
+            existing = self._items.get_work_item(ref.format())
+            if existing is not None:
+                return ref, existing
+        strong = [ref for ref in refs if ref not in weak]
+        candidates = strong or list(refs)
+        return (candidates[0] if candidates else None), None
+
+    def _checklist_body(self, envelope: Envelope, item: WorkItemRecord | None) -> str | None:
+        comment = envelope.comment
+        if item is None or item.graph is not None or item.checklist_comment_id is None:
+            return None
+        if comment is None or Command.EXECUTE not in find_commands(
+            comment.body, self._policy.keywords
+        ):
+            return None
+        if self._github is None:
+            return None
+        try:
+            text = self._github.get_comment(
+                installation_id=envelope.installation_id,
+                repository=item.repository,
+                comment_id=item.checklist_comment_id,
+            )
+        except Permanent as exc:
+            log.warning("checklist comment unreadable, defaults apply: %s", exc)
+            return None
+        return text.body if text else None
+
+    def _pr_checkouts(self, item: WorkItemRecord | None) -> bool:
+        session = item.sessions.get(item.ref) if item else None
+        runner = (
+            self._runners.get_runner(session.runner_id) if session and session.runner_id else None
+        )
+        return runner is not None and runner.labels.get(WORKSPACE_LABEL) == "true"
+
+    def _save(self, situation: Situation, decision: Decision) -> bool:
+        assert decision.work_item is not None
+        expected = situation.work_item.version if situation.work_item else 0
+        return self._items.save_work_item(
+            decision.work_item, expected_version=expected, dispatches=decision.dispatches
+        )
+
+    def _record_notes(self, envelope: Envelope, decision: Decision) -> None:
+        work_item = decision.work_item.ref if decision.work_item else None
+        now = self._clock.now()
+        for note in decision.notes:
+            self._store.append_event(
+                EventRecord(
+                    name=note.name,
+                    at=now,
+                    delivery_id=envelope.delivery_id,
+                    work_item=work_item,
+                    data=dict(note.data),
+                )
+            )
+
+    def _tell_github(self, envelope: Envelope, item: WorkItemRecord, decision: Decision) -> None:
+        if self._github is None:
+            return
+        try:
+            for post in decision.comments:
+                self._post(envelope, item, post)
+            comment = envelope.comment
+            if decision.dispatches and comment is not None and decision.dispatches[0].comment_id:
+                self._github.add_reaction(
+                    installation_id=envelope.installation_id,
+                    repository=item.repository,
+                    comment_id=comment.id,
+                    comment_kind=decision.dispatches[0].comment_kind or "issue",
+                    content="eyes",
+                )
+        except (Transient, Permanent) as exc:
+            # Decoration only: the decision stands (D14); the failure is on record.
+            log.warning(
+                "GitHub side effect failed: %s", exc, extra={"delivery_id": envelope.delivery_id}
+            )
+            self._store.append_event(
+                EventRecord(
+                    name="github.failed",
+                    at=self._clock.now(),
+                    delivery_id=envelope.delivery_id,
+                    work_item=item.ref,
+                    severity="WARNING",
+                    data={"error": str(exc)[:500]},
+                )
+            )
+
+    def _post(self, envelope: Envelope, item: WorkItemRecord, post: CommentPost) -> None:
+        assert self._github is not None
+        # One checklist per work item; one confirmation per delivery: the marker carries the id
+        # so a retried delivery finds its comment instead of posting it twice.
+        marker_id = (
+            "wi-" + hashlib.sha256(item.ref.encode()).hexdigest()[:16]
+            if post.kind == "checklist"
+            else envelope.delivery_id
+        )
+        body = mark(post.body, kind=post.kind, id=marker_id)
+        needle = body[len(post.body) :].strip()
+        existing = self._github.find_comment_with(
+            installation_id=envelope.installation_id,
+            repository=item.repository,
+            number=item.number,
+            needle=needle,
+        )
+        comment_id = existing if existing and self._ours(envelope, item, existing) else None
+        if comment_id is None:
+            comment_id = self._github.create_comment(
+                installation_id=envelope.installation_id,
+                repository=item.repository,
+                number=item.number,
+                body=body,
+            )
+        if post.kind == "checklist":
+            self._remember_checklist(item.ref, comment_id)
+
+    def _ours(self, envelope: Envelope, item: WorkItemRecord, comment_id: int) -> bool:
+        """Only a comment our own bot wrote may stand for ours (predecessor discrepancy 3)."""
+        assert self._github is not None
+        if not self._policy.bot_logins:
+            return False
+        text = self._github.get_comment(
+            installation_id=envelope.installation_id,
+            repository=item.repository,
+            comment_id=comment_id,
+        )
+        bots = {login.lower() for login in self._policy.bot_logins}
+        return text is not None and text.author_login.lower() in bots
+
+    def _remember_checklist(self, ref: str, comment_id: int) -> None:
+        for _ in range(MAX_SAVE_ROUNDS):
+            item = self._items.get_work_item(ref)
+            if item is None or item.checklist_comment_id is not None:
+                return
+            updated = item.model_copy(update={"checklist_comment_id": comment_id})
+            if self._items.save_work_item(updated, expected_version=item.version):
+                return

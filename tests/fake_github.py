@@ -1,0 +1,388 @@
+"""A loopback fake of the few GitHub REST endpoints ``GitHubRest`` calls, over real HTTP.
+
+It answers as GitHub's docs describe ("REST API endpoints for issue comments", "... for
+reactions", "Generating an installation access token for a GitHub App"):
+
+- ``POST /app/installations/{id}/access_tokens`` verifies the App's RS256 JWT against the public
+  key the test configured (signature, ``iss``, ``iat`` not ahead, ``exp`` at most 10 min ahead)
+  and issues an installation token acting as ``app_login``;
+- ``POST|GET /repos/{o}/{r}/issues/{n}/comments`` creates (201) or lists comments, paginated
+  with ``per_page``/``page`` and a ``Link`` header;
+- ``GET /repos/{o}/{r}/issues/comments/{id}`` reads one;
+- ``POST /repos/{o}/{r}/{issues|pulls}/comments/{id}/reactions``: 201 new, 200 existing.
+
+Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
+chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+REPOSITORY = "octo/widgets"
+APP_ID = 4242
+APP_LOGIN = "looprelay-test[bot]"
+INSTALLATION_ID = 77
+MAX_BODY_CHARS = 65_536
+REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
+
+_REPO = r"/repos/(?P<repo>[^/]+/[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"/app/installations/(?P<id>\d+)/access_tokens"), "_issue_token"),
+    ("POST", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_create_comment"),
+    ("GET", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_list_comments"),
+    ("GET", re.compile(_REPO + r"/issues/comments/(?P<id>\d+)"), "_get_comment"),
+    (
+        "POST",
+        re.compile(_REPO + r"/(?P<kind>issues|pulls)/comments/(?P<id>\d+)/reactions"),
+        "_react",
+    ),
+]
+_KINDS = {"issues": "issue", "pulls": "review"}
+Answer = tuple[int, dict[str, str], Any]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as it arrived."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    json: Any
+
+
+@dataclass
+class FakeComment:
+    """A stored comment; ``author`` None is GitHub's ``"user": null``."""
+
+    id: int
+    repository: str
+    number: int
+    author: str | None
+    body: str
+    kind: str = "issue"
+    reactions: list[tuple[str, str]] = field(default_factory=list)  # (login, content)
+
+
+@dataclass
+class _Scripted:
+    pattern: re.Pattern[str]
+    remaining: int
+    status: int | None
+    headers: dict[str, str]
+    body: Any
+    delay: float
+
+
+@dataclass(frozen=True)
+class AppKey:
+    """An App's RSA key pair: the PEM the client signs with, the public key the fake checks."""
+
+    private_pem: str
+    public_key: rsa.RSAPublicKey
+
+
+class FakeGitHub:
+    """The fake's state and routes; start it, point ``GitHubRest(api_url=fake.url)`` at it."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self.comments: dict[int, FakeComment] = {}
+        self.repositories = {REPOSITORY}
+        self.tokens: dict[str, str] = {}  # accepted token -> the login it acts as
+        self.issued: list[tuple[int, str, float]] = []  # (installation, token, expires at)
+        self.jwt_claims: list[dict[str, Any]] = []  # claims of every App JWT accepted
+        self.app_id = APP_ID
+        self.app_login = APP_LOGIN
+        self.app_public_key: rsa.RSAPublicKey | None = None
+        self.installations = {INSTALLATION_ID}
+        self.token_ttl_seconds = 3600.0
+        self.clock: Callable[[], float] = time.time
+        self._script: list[_Scripted] = []
+        self._next_id = 1000
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``, the ``api_url`` to give the client."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def add_comment(
+        self,
+        body: str,
+        *,
+        number: int = 1,
+        author: str | None = "octocat",
+        kind: str = "issue",
+        repository: str = REPOSITORY,
+    ) -> int:
+        """Store a comment on ``repository#number`` as if someone posted it; return its id."""
+        with self._lock:
+            return self._store(repository, number, author, body, kind).id
+
+    def on(self, number: int, repository: str = REPOSITORY) -> list[FakeComment]:
+        """The comments on ``repository#number``, oldest first."""
+        with self._lock:
+            return [
+                c
+                for c in self.comments.values()
+                if (c.repository, c.number, c.kind) == (repository, number, "issue")
+            ]
+
+    def script(
+        self,
+        count: int = 1,
+        *,
+        match: str = "",
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+        delay: float = 0.0,
+    ) -> None:
+        """Answer the next ``count`` calls whose ``"METHOD /path"`` matches ``match`` (a regex,
+        searched) with ``status``, ``headers`` and ``body`` after ``delay`` seconds; status None
+        answers as usual after the delay (a hang)."""
+        entry = _Scripted(re.compile(match), count, status, headers or {}, body, delay)
+        with self._lock:
+            self._script.append(entry)
+
+    def calls(self, method: str, path_pattern: str = "") -> list[RecordedRequest]:
+        """Recorded requests with ``method`` whose path matches ``path_pattern`` (searched)."""
+        with self._lock:
+            return [
+                r for r in self.requests if r.method == method and re.search(path_pattern, r.path)
+            ]
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and release the port (hanging handlers are daemon threads)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def answer(self, request: RecordedRequest) -> Answer:
+        """Record ``request`` and answer it: as scripted, or as GitHub would."""
+        with self._lock:
+            self.requests.append(request)
+            scripted = self._take_script(f"{request.method} {request.path}")
+        if scripted is not None:
+            time.sleep(scripted.delay)
+            if scripted.status is not None:
+                return scripted.status, scripted.headers, scripted.body
+        with self._lock:
+            return self._route(request)
+
+    def _take_script(self, line: str) -> _Scripted | None:
+        for entry in self._script:
+            if entry.remaining > 0 and entry.pattern.search(line):
+                entry.remaining -= 1
+                return entry
+        return None
+
+    def _route(self, request: RecordedRequest) -> Answer:
+        for method, pattern, name in _ROUTES:
+            match = pattern.fullmatch(request.path)
+            if match and method == request.method:
+                if name == "_issue_token":
+                    return self._issue_token(request, int(match["id"]))
+                login = self._login(request.headers)
+                if login is None:
+                    return _error(401, "Bad credentials")
+                if match["repo"] not in self.repositories:
+                    return _error(404, "Not Found")
+                handler: Callable[..., Answer] = getattr(self, name)
+                return handler(request, login, **match.groupdict())
+        return _error(404, "Not Found")
+
+    def _login(self, headers: dict[str, str]) -> str | None:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() not in ("bearer", "token"):
+            return None
+        for _installation, issued, expires_at in self.issued:
+            if issued == token and self.clock() < expires_at:
+                return self.app_login
+        return self.tokens.get(token)
+
+    def _issue_token(self, request: RecordedRequest, installation_id: int) -> Answer:
+        _, _, token = request.headers.get("authorization", "").partition(" ")
+        claims = self._verify_jwt(token)
+        if claims is None:
+            return _error(401, "A JSON web token could not be decoded")
+        if installation_id not in self.installations:
+            return _error(404, "Not Found")
+        self.jwt_claims.append(claims)
+        issued = f"ghs_fake{len(self.issued) + 1:04d}"
+        expires_at = int(self.clock() + self.token_ttl_seconds)
+        self.issued.append((installation_id, issued, expires_at))
+        stamp = datetime.fromtimestamp(expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return 201, {}, {"token": issued, "expires_at": stamp, "repository_selection": "all"}
+
+    def _verify_jwt(self, token: str) -> dict[str, Any] | None:
+        if self.app_public_key is None:
+            return None
+        options = {"verify_exp": False, "verify_iat": False, "require": ["iat", "exp", "iss"]}
+        try:
+            claims = jwt.decode(token, self.app_public_key, algorithms=["RS256"], options=options)
+        except jwt.PyJWTError:
+            return None
+        now = self.clock()
+        fresh = claims["iat"] <= now + 1 and now < claims["exp"] <= now + 600
+        return claims if fresh and claims["iss"] == str(self.app_id) else None
+
+    def _create_comment(
+        self, request: RecordedRequest, login: str, repo: str, number: str
+    ) -> Answer:
+        body = (request.json or {}).get("body")
+        if not isinstance(body, str) or not body or len(body) > MAX_BODY_CHARS:
+            return _error(422, "Validation Failed")
+        return 201, {}, self._render(self._store(repo, int(number), login, body, "issue"))
+
+    def _list_comments(
+        self, request: RecordedRequest, login: str, repo: str, number: str
+    ) -> Answer:
+        per_page = min(int(request.query.get("per_page", ["30"])[0]), 100)
+        page = int(request.query.get("page", ["1"])[0])
+        listed = [
+            c
+            for c in self.comments.values()
+            if (c.repository, c.number, c.kind) == (repo, int(number), "issue")
+        ]
+        last = max(1, -(-len(listed) // per_page))
+        links = {"next": page + 1, "last": last} if page < last else {}
+        base = f"{self.url}{request.path}"
+        link = ", ".join(
+            f'<{base}?{urlencode({"per_page": per_page, "page": to})}>; rel="{rel}"'
+            for rel, to in links.items()
+        )
+        chunk = listed[(page - 1) * per_page : page * per_page]
+        return 200, {"Link": link} if link else {}, [self._render(c) for c in chunk]
+
+    def _get_comment(self, request: RecordedRequest, login: str, repo: str, id: str) -> Answer:
+        comment = self.comments.get(int(id))
+        if comment is None or (comment.repository, comment.kind) != (repo, "issue"):
+            return _error(404, "Not Found")
+        return 200, {}, self._render(comment)
+
+    def _react(self, request: RecordedRequest, login: str, repo: str, kind: str, id: str) -> Answer:
+        comment = self.comments.get(int(id))
+        if comment is None or (comment.repository, comment.kind) != (repo, _KINDS[kind]):
+            return _error(404, "Not Found")
+        content = (request.json or {}).get("content")
+        if content not in REACTIONS:
+            return _error(422, "Validation Failed")
+        reaction = {"id": int(id) * 10 + len(comment.reactions), "content": content}
+        if (login, content) in comment.reactions:
+            return 200, {}, reaction
+        comment.reactions.append((login, content))
+        return 201, {}, reaction
+
+    def _store(
+        self, repo: str, number: int, author: str | None, body: str, kind: str
+    ) -> FakeComment:
+        self._next_id += 1
+        comment = FakeComment(self._next_id, repo, number, author, body, kind)
+        self.comments[comment.id] = comment
+        return comment
+
+    def _render(self, comment: FakeComment) -> dict[str, Any]:
+        user = None if comment.author is None else {"login": comment.author, "type": "User"}
+        return {
+            "id": comment.id,
+            "url": f"{self.url}/repos/{comment.repository}/issues/comments/{comment.id}",
+            "html_url": f"https://github.com/{comment.repository}/issues/{comment.number}",
+            "body": comment.body,
+            "user": user,
+            "author_association": "NONE",
+        }
+
+
+def _error(status: int, message: str) -> Answer:
+    return status, {}, {"message": message, "documentation_url": "https://docs.github.com/rest"}
+
+
+def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self._respond()
+
+        def do_GET(self) -> None:
+            self._respond()
+
+        def _respond(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            url = urlsplit(self.path)
+            request = RecordedRequest(
+                method=self.command,
+                path=url.path,
+                query=parse_qs(url.query),
+                headers={name.lower(): value for name, value in self.headers.items()},
+                json=json.loads(raw) if raw else None,
+            )
+            status, headers, body = fake.answer(request)
+            data = b"" if body is None else json.dumps(body).encode()
+            # After a scripted hang the client may have hung up; nothing to tell it then.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Keep test output quiet; ``FakeGitHub.requests`` is the log."""
+
+    return _Handler
+
+
+def make_app_key() -> AppKey:
+    """A fresh 2048-bit RSA key pair, as a GitHub App's."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,  # GitHub hands out PKCS#1 PEM files
+        serialization.NoEncryption(),
+    )
+    return AppKey(private_pem=pem.decode(), public_key=key.public_key())
+
+
+@pytest.fixture(scope="session")
+def github_app_key() -> AppKey:
+    """One App key pair for the session (generating RSA keys is slow)."""
+    return make_app_key()
+
+
+@pytest.fixture
+def fake_github() -> Iterator[FakeGitHub]:
+    """A running fake GitHub on a free loopback port, stopped after the test."""
+    fake = FakeGitHub()
+    fake.start()
+    yield fake
+    fake.stop()
