@@ -65,20 +65,33 @@ class ResultBody(_Body):
 
 
 class DispatchWaker:
-    """Wakes long polls when a dispatch may have become available (in-process only)."""
+    """Wakes long polls when a dispatch may have become available (in-process only).
+
+    Each :meth:`notify` counts a generation, so a ring between a poll's look and its wait
+    (read :meth:`generation` before looking, pass it to :meth:`wait`) is not lost.
+    """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
+        self._generation = 0
 
     def notify(self) -> None:
         """Something changed: wake every waiting poll."""
         with self._changed:
+            self._generation += 1
             self._changed.notify_all()
 
-    def wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for :meth:`notify`."""
+    def generation(self) -> int:
+        """How many times :meth:`notify` has been called so far."""
         with self._changed:
-            self._changed.wait(seconds)
+            return self._generation
+
+    def wait(self, seconds: float, *, since: int | None = None) -> None:
+        """Wait up to ``seconds`` for a :meth:`notify` after generation ``since`` (default:
+        after this call starts); returns at once if one already came."""
+        with self._changed:
+            seen = self._generation if since is None else since
+            self._changed.wait_for(lambda: self._generation != seen, seconds)
 
 
 class LeaseDesk:
@@ -111,6 +124,8 @@ class LeaseDesk:
         wait = min(body.wait_seconds, float(self._config.poll_wait_seconds))
         deadline = self._monotonic() + wait
         while True:
+            # Read before looking: a dispatch saved after the look rings a later generation.
+            seen = self._waker.generation() if self._waker is not None else 0
             leased = self._lease_next(runner)
             if leased is not None:
                 return json_response(200, {"dispatch": leased.model_dump(mode="json")})
@@ -118,7 +133,7 @@ class LeaseDesk:
             if remaining <= 0:
                 return Response(status=204, body=b"")
             if self._waker is not None:
-                self._waker.wait(remaining)
+                self._waker.wait(remaining, since=seen)
             else:
                 time.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))
 

@@ -59,9 +59,18 @@ class Store(Protocol):
         """
         ...
 
-    def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
+    def settle_delivery(
+        self,
+        delivery_id: str,
+        *,
+        outcome: str,
+        detail: str,
+        at: datetime,
+        event: EventRecord | None = None,
+    ) -> bool:
         """Move a ``received`` delivery to its final ``outcome``; return False if it was
-        already settled (or unknown). Exactly one caller ever gets True.
+        already settled (or unknown). Exactly one caller ever gets True. ``event`` is appended
+        in the same write: it exists exactly when this call settled the delivery.
 
         Raises ``ValueError`` for an outcome the ledger does not know, ``Transient`` when the
         store is unavailable.

@@ -4,6 +4,7 @@ and progress on GitHub (🎉 delivered, 😕 failed, one attach comment after a 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from looprelay.core.policy import mark
@@ -123,17 +124,25 @@ class Progress:
         item = self._items.get_work_item(dispatch.work_item)
         if item is None:
             return
-        try:
-            if dispatch.comment_id is not None and dispatch.kind in {"spawn", "deliver"}:
-                self._github.add_reaction(
+        if dispatch.comment_id is not None and dispatch.kind in {"spawn", "deliver"}:
+            github = self._github
+            self._best_effort(
+                dispatch,
+                lambda: github.add_reaction(
                     installation_id=dispatch.installation_id,
                     repository=item.repository,
-                    comment_id=dispatch.comment_id,
+                    comment_id=dispatch.comment_id or 0,
                     comment_kind=dispatch.comment_kind or "issue",
                     content="hooray" if final == "succeeded" else "confused",
-                )
-            if announce and dispatch.runner_kind == "tmux":
-                self._announce(dispatch, runner, result, item)
+                ),
+            )
+        if announce and dispatch.runner_kind == "tmux":
+            self._best_effort(dispatch, lambda: self._announce(dispatch, runner, result, item))
+
+    def _best_effort(self, dispatch: DispatchRecord, call: Callable[[], object]) -> None:
+        """Run one GitHub call; a failure is logged and recorded, never raised (D14)."""
+        try:
+            call()
         except (Transient, Permanent) as exc:
             log.warning("GitHub progress failed: %s", exc)
             self._event("github.failed", dispatch, {"error": str(exc)[:500]})

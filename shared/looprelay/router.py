@@ -29,7 +29,8 @@ log = logging.getLogger("looprelay.router")
 MAX_SAVE_ROUNDS = 8
 """Decide-and-save rounds on one contended work item before the queue is asked to retry."""
 WORKSPACE_LABEL = "workspace"
-"""Runner label (``workspace=true``) saying it can give a pull request its own checkout."""
+"""Runner label (``workspace=true``) an operator sets to say a runner can give a pull request
+its own checkout, besides the workspace root the runner itself reports (``RunnerRecord``)."""
 
 
 class Router:
@@ -141,7 +142,9 @@ class Router:
         runner = (
             self._runners.get_runner(session.runner_id) if session and session.runner_id else None
         )
-        return runner is not None and runner.labels.get(WORKSPACE_LABEL) == "true"
+        if runner is None:
+            return False
+        return runner.workspace or runner.labels.get(WORKSPACE_LABEL) == "true"
 
     def _save(self, situation: Situation, decision: Decision) -> bool:
         assert decision.work_item is not None

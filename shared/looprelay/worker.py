@@ -116,21 +116,24 @@ class Worker:
                 "delivery.received", envelope, {"event": envelope.event, "action": envelope.action}
             )
         outcome = self._run_handler(envelope, record)
-        if not self._store.settle_delivery(
-            delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=self._clock.now()
-        ):
-            return json_response(200, {"status": "already-settled"})
-        self._event(
-            "delivery.settled",
-            envelope,
-            {
+        now = self._clock.now()
+        settled = EventRecord(
+            name="delivery.settled",
+            at=now,
+            delivery_id=delivery_id,
+            severity="ERROR" if outcome.outcome == "failed" else "INFO",
+            data={
                 "outcome": outcome.outcome,
                 "detail": outcome.detail,
                 "attempts": record.attempts,
                 "queue_retries": request.headers.get(RETRY_COUNT_HEADER),
             },
-            severity="ERROR" if outcome.outcome == "failed" else "INFO",
         )
+        # The event rides in the settle's own write: a crash cannot keep one without the other.
+        if not self._store.settle_delivery(
+            delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=now, event=settled
+        ):
+            return json_response(200, {"status": "already-settled"})
         log.info(
             "delivery settled as %s",
             outcome.outcome,
@@ -157,15 +160,9 @@ class Worker:
             return Outcome("failed", f"handler returned unknown outcome {outcome.outcome[:80]!r}")
         return outcome
 
-    def _event(
-        self, name: str, envelope: Envelope, data: dict[str, object], severity: str = "INFO"
-    ) -> None:
+    def _event(self, name: str, envelope: Envelope, data: dict[str, object]) -> None:
         self._store.append_event(
             EventRecord(
-                name=name,
-                at=self._clock.now(),
-                delivery_id=envelope.delivery_id,
-                severity=severity,
-                data=data,
+                name=name, at=self._clock.now(), delivery_id=envelope.delivery_id, data=data
             )
         )

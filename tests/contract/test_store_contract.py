@@ -49,6 +49,14 @@ class TestDeliveryLedger:
         assert stored is not None
         assert (stored.outcome, stored.detail, stored.settled_at) == ("ignored", "no router", T0)
 
+    def test_the_settle_event_is_written_exactly_when_the_settle_wins(self, store: Store) -> None:
+        store.begin_delivery(_record("d-1"))
+        first = EventRecord(name="delivery.settled", at=T0, delivery_id="d-1", data={"n": 1})
+        second = EventRecord(name="delivery.settled", at=T0, delivery_id="d-1", data={"n": 2})
+        assert store.settle_delivery("d-1", outcome="ignored", detail="", at=T0, event=first)
+        assert not store.settle_delivery("d-1", outcome="failed", detail="", at=T0, event=second)
+        assert [e.data for e in store.list_events(delivery_id="d-1")] == [{"n": 1}]
+
     def test_begin_after_settle_changes_nothing(self, store: Store) -> None:
         store.begin_delivery(_record("d-1"))
         store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import requests
 
+from looprelay.adapters.sqlite_common import SqliteDatabase
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
 from looprelay.core.backoff import backoff_seconds
 from looprelay.errors import Permanent, Transient
@@ -82,18 +83,10 @@ class EmbeddedQueue:
         self._settings = settings
         self._queue_name = queue_name
         self._now = now
-        self._lock = threading.Lock()
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        try:
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise Transient(f"cannot open the embedded queue at {path}: {exc}") from exc
+        self._db = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
 
     # -- the Queue port -------------------------------------------------------------------
 
@@ -102,19 +95,15 @@ class EmbeddedQueue:
         _validate(task)
         now = self._now()
         window_start = now - self._settings.dedup_window_seconds
-        with self._lock:
-            try:
-                inserted = self._db.execute(
-                    "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
-                    " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
-                    " attempts = 0, executions = 0, eta = excluded.eta,"
-                    " created_at = excluded.created_at, finished_at = NULL,"
-                    " last_status = NULL, last_error = NULL"
-                    " WHERE tasks.state = 'done' AND tasks.finished_at < ?",
-                    (task.name, task.body, "pending", now, now, window_start),
-                ).rowcount
-            except sqlite3.OperationalError as exc:
-                raise Transient(f"embedded queue busy or unavailable: {exc}") from exc
+        inserted = self._db.execute(
+            "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
+            " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
+            " attempts = 0, executions = 0, eta = excluded.eta,"
+            " created_at = excluded.created_at, finished_at = NULL,"
+            " last_status = NULL, last_error = NULL"
+            " WHERE tasks.state = 'done' AND tasks.finished_at < ?",
+            (task.name, task.body, "pending", now, now, window_start),
+        ).rowcount
         if inserted:
             with self._wake:
                 self._wake.notify()
@@ -131,8 +120,7 @@ class EmbeddedQueue:
         """
         self._worker_url = worker_url
         self._auth_token = auth_token
-        with self._lock:
-            self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
         self._stopping.clear()
         for index in range(self._settings.concurrency):
             thread = threading.Thread(
@@ -158,8 +146,7 @@ class EmbeddedQueue:
     def close(self) -> None:
         """Stop and close the database."""
         self.stop()
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
     # -- operator views ---------------------------------------------------------------------
 
@@ -169,18 +156,15 @@ class EmbeddedQueue:
         sql += " FROM tasks" + (" WHERE state = ?" if state else "")
         sql += " ORDER BY created_at, name LIMIT ?"
         params = (state, limit) if state else (limit,)
-        with self._lock:
-            rows = self._db.execute(sql, params).fetchall()
-        return [QueuedTask(*row) for row in rows]
+        return [QueuedTask(*row) for row in self._db.rows(sql, params)]
 
     def retry_dead(self, name: str) -> bool:
         """Put a dead task back in line for another full set of attempts."""
-        with self._lock:
-            changed = self._db.execute(
-                "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
-                " WHERE name = ? AND state = 'dead'",
-                (self._now(), name),
-            ).rowcount
+        changed = self._db.execute(
+            "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
+            " WHERE name = ? AND state = 'dead'",
+            (self._now(), name),
+        ).rowcount
         with self._wake:
             self._wake.notify()
         return bool(changed)
@@ -188,10 +172,9 @@ class EmbeddedQueue:
     def purge_finished(self) -> int:
         """Forget done tasks whose dedup window has passed; return how many."""
         cutoff = self._now() - self._settings.dedup_window_seconds
-        with self._lock:
-            return self._db.execute(
-                "DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,)
-            ).rowcount
+        return self._db.execute(
+            "DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,)
+        ).rowcount
 
     # -- dispatching ------------------------------------------------------------------------
 
@@ -208,7 +191,7 @@ class EmbeddedQueue:
                             self._wake.wait(self._seconds_until_due())
                     continue
                 self._deliver(session, claimed)
-            except sqlite3.Error:
+            except (sqlite3.Error, Transient):
                 # A busy or failing database must not kill the dispatcher; a claimed task stays
                 # leased and is recovered on the next start.
                 log.exception("embedded queue database error; dispatcher pauses and goes on")
@@ -216,21 +199,19 @@ class EmbeddedQueue:
         session.close()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
-        with self._lock:
-            row = self._db.execute(
-                "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
-                " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
-                " RETURNING name, body, attempts, executions, eta",
-                (self._now(),),
-            ).fetchone()
-        return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+        rows = self._db.rows(
+            "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
+            " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
+            " RETURNING name, body, attempts, executions, eta",
+            (self._now(),),
+        )
+        return (rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
 
     def _seconds_until_due(self) -> float:
-        with self._lock:
-            row = self._db.execute("SELECT MIN(eta) FROM tasks WHERE state = 'pending'").fetchone()
-        if row[0] is None:
+        [row] = self._db.rows("SELECT MIN(eta) FROM tasks WHERE state = 'pending'")
+        due: float | None = row[0]
+        if due is None:
             return _IDLE_WAIT_SECONDS
-        due: float = row[0]
         return max(0.0, min(_IDLE_WAIT_SECONDS, due - self._now()))
 
     def _deliver(
@@ -274,12 +255,11 @@ class EmbeddedQueue:
             )
 
     def _finish(self, name: str, status: int) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
-                " attempts = attempts + 1 WHERE name = ?",
-                (self._now(), status, name),
-            )
+        self._db.execute(
+            "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
+            " attempts = attempts + 1 WHERE name = ?",
+            (self._now(), status, name),
+        )
 
     def _fail(
         self,
@@ -301,21 +281,20 @@ class EmbeddedQueue:
             max_doublings=self._retry.max_doublings,
         )
         wait = max(wait, retry_after or 0.0)
-        with self._lock:
-            self._db.execute(
-                "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
-                " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
-                (
-                    "dead" if dead else "pending",
-                    attempts,
-                    executions,
-                    self._now() + wait,
-                    status,
-                    error,
-                    self._now() if dead else None,
-                    name,
-                ),
-            )
+        self._db.execute(
+            "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
+            " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
+            (
+                "dead" if dead else "pending",
+                attempts,
+                executions,
+                self._now() + wait,
+                status,
+                error,
+                self._now() if dead else None,
+                name,
+            ),
+        )
         level = logging.ERROR if dead else logging.WARNING
         log.log(
             level,

@@ -139,13 +139,23 @@ class FirestoreStore:
             raise Transient(f"delivery {record.delivery_id} expired while being begun; retry")
         return current.model_copy(update={"attempts": current.attempts + int(counted)}), False
 
-    def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
+    def settle_delivery(
+        self,
+        delivery_id: str,
+        *,
+        outcome: str,
+        detail: str,
+        at: datetime,
+        event: EventRecord | None = None,
+    ) -> bool:
         """See ``Store.settle_delivery``; contention budget as in ``begin_delivery``."""
         if outcome == records.RECEIVED or not records.is_valid_outcome(outcome):
             raise ValueError(f"{outcome!r} is not a settled ledger outcome")
         fields = _outcome_fields(outcome, detail, at)
         with _translated("settle a delivery"):
-            return self._transition(delivery_id, lambda r: None if r.settled else fields)[1]
+            return self._transition(
+                delivery_id, lambda r: None if r.settled else fields, event=event
+            )[1]
 
     def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
         """See ``Store.reopen_delivery``; contention budget as in ``begin_delivery``."""
@@ -159,7 +169,9 @@ class FirestoreStore:
     # U. The first update with precondition "last updated at U" commits; the second gets
     # FailedPrecondition, reads again, sees a settled record and declines. No transaction
     # holds a lock, so nothing waits on the emulator's 2 s lock timeout.
-    def _transition(self, delivery_id: str, change: _Change) -> tuple[DeliveryRecord | None, bool]:
+    def _transition(
+        self, delivery_id: str, change: _Change, *, event: EventRecord | None = None
+    ) -> tuple[DeliveryRecord | None, bool]:
         # Apply ``change`` (fields, or None to decline) to the record as last read; return
         # the record it decided on (None if absent) and whether the change was written.
         reference = self._deliveries.document(delivery_id)
@@ -174,8 +186,13 @@ class FirestoreStore:
                 return current, False
             option = self._client.write_option(last_update_time=snapshot.update_time)
             written = {**fields, "expires_at": self._expires_at()}
+            # One batch: the change and its event commit together or not at all.
+            batch = self._client.batch()
+            batch.update(reference, written, option=option)
+            if event is not None:
+                batch.create(self._events.document(), self._event_document(event))
             try:
-                reference.update(written, option=option, retry=_RETRY)
+                batch.commit(retry=_RETRY)
             except (gexc.FailedPrecondition, gexc.NotFound):
                 continue  # written or deleted since the read: decide again on fresh state
             return current, True
@@ -201,19 +218,21 @@ class FirestoreStore:
 
     def append_event(self, event: EventRecord) -> None:
         """See ``Store.append_event``; raises ``Transient`` when Firestore is unavailable."""
+        with _translated("append an event"):
+            self._events.add(self._event_document(event), retry=_RETRY)
+
+    def _event_document(self, event: EventRecord) -> dict[str, Any]:
         # The tiebreak between events with the same ``at`` (auto ids do not sort by time):
         # strictly increasing in this process, roughly wall-clock order across processes.
         with self._seq_lock:
             self._seq = seq = max(self._seq + 1, time.time_ns())
-        document = {
+        return {
             **event.model_dump(),
             # JSON text, as in SQLite: same round trip, and Firestore rejects nested arrays.
             "data": json.dumps(event.data, default=str),
             "sort_key": f"{_iso(event.at)}{_SEP}{seq:020d}{secrets.token_hex(4)}",
             "expires_at": self._expires_at(),
         }
-        with _translated("append an event"):
-            self._events.add(document, retry=_RETRY)
 
     def list_events(
         self,

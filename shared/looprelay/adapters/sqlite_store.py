@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from looprelay.errors import Transient
+from looprelay.adapters.sqlite_common import SqliteDatabase, parse_utc_text, utc_text
 from looprelay.records import (
     MAX_DETAIL_CHARS,
     RECEIVED,
@@ -47,19 +43,6 @@ CREATE INDEX IF NOT EXISTS events_by_delivery ON events (delivery_id);
 """
 
 
-def _ts(moment: datetime) -> str:
-    # Fixed-width UTC ISO text sorts in time order.
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _dt(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def _opt_dt(text: str | None) -> datetime | None:
-    return None if text is None else _dt(text)
-
-
 class SqliteStore:
     """Ledger and event log in one SQLite database; safe across threads and processes."""
 
@@ -68,48 +51,15 @@ class SqliteStore:
 
         Raises ``Transient`` when the file cannot be opened.
         """
-        self._path = str(path)
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise Transient(f"cannot open the SQLite store at {self._path}: {exc}") from exc
+        self._db = SqliteDatabase(path, schema=_SCHEMA, what="SQLite store")
 
     def close(self) -> None:
         """Close the database connection."""
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                raise Transient(f"SQLite store busy or unavailable: {exc}") from exc
-
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
-        with self._lock:
-            try:
-                cursor = self._db.execute(sql, params)
-                cursor.row_factory = sqlite3.Row
-                return list(cursor.fetchall())
-            except sqlite3.OperationalError as exc:
-                raise Transient(f"SQLite store busy or unavailable: {exc}") from exc
+        self._db.close()
 
     def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
         """See ``Store.begin_delivery``."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             inserted = db.execute(
                 "INSERT OR IGNORE INTO deliveries (delivery_id, event, action, outcome, detail,"
                 " attempts, received_at, settled_at, envelope) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -120,8 +70,8 @@ class SqliteStore:
                     record.outcome,
                     record.detail,
                     record.attempts,
-                    _ts(record.received_at),
-                    _ts(record.settled_at) if record.settled_at else None,
+                    utc_text(record.received_at),
+                    utc_text(record.settled_at) if record.settled_at else None,
                     record.envelope,
                 ),
             ).rowcount
@@ -135,31 +85,41 @@ class SqliteStore:
         assert stored is not None  # just written inside the transaction above
         return stored, bool(inserted)
 
-    def settle_delivery(self, delivery_id: str, *, outcome: str, detail: str, at: datetime) -> bool:
+    def settle_delivery(
+        self,
+        delivery_id: str,
+        *,
+        outcome: str,
+        detail: str,
+        at: datetime,
+        event: EventRecord | None = None,
+    ) -> bool:
         """See ``Store.settle_delivery``."""
         if outcome == RECEIVED or not is_valid_outcome(outcome):
             raise ValueError(f"{outcome!r} is not a settled ledger outcome")
-        with self._tx() as db:
+        with self._db.transaction() as db:
             changed = db.execute(
                 "UPDATE deliveries SET outcome = ?, detail = ?, settled_at = ?"
                 " WHERE delivery_id = ? AND outcome = ?",
-                (outcome, detail[:MAX_DETAIL_CHARS], _ts(at), delivery_id, RECEIVED),
+                (outcome, detail[:MAX_DETAIL_CHARS], utc_text(at), delivery_id, RECEIVED),
             ).rowcount
+            if changed and event is not None:
+                _insert_event(db, event)
         return bool(changed)
 
     def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
         """See ``Store.reopen_delivery``."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             changed = db.execute(
                 "UPDATE deliveries SET outcome = ?, detail = '', settled_at = NULL,"
                 " received_at = ? WHERE delivery_id = ? AND outcome = 'failed'",
-                (RECEIVED, _ts(at), delivery_id),
+                (RECEIVED, utc_text(at), delivery_id),
             ).rowcount
         return bool(changed)
 
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
         """See ``Store.get_delivery``."""
-        rows = self._query("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,))
+        rows = self._db.rows("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,))
         return _delivery(rows[0]) if rows else None
 
     def list_deliveries(
@@ -167,17 +127,17 @@ class SqliteStore:
     ) -> list[DeliveryRecord]:
         """See ``Store.list_deliveries``."""
         if outcome is None:
-            rows = self._query(
+            rows = self._db.rows(
                 "SELECT * FROM deliveries ORDER BY received_at DESC LIMIT ?", (limit,)
             )
         elif outcome == "refused":
-            rows = self._query(
+            rows = self._db.rows(
                 "SELECT * FROM deliveries WHERE outcome LIKE 'refused:%'"
                 " ORDER BY received_at DESC LIMIT ?",
                 (limit,),
             )
         else:
-            rows = self._query(
+            rows = self._db.rows(
                 "SELECT * FROM deliveries WHERE outcome = ? ORDER BY received_at DESC LIMIT ?",
                 (outcome, limit),
             )
@@ -185,19 +145,8 @@ class SqliteStore:
 
     def append_event(self, event: EventRecord) -> None:
         """See ``Store.append_event``."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO events (at, name, delivery_id, work_item, severity, data)"
-                " VALUES (?,?,?,?,?,?)",
-                (
-                    _ts(event.at),
-                    event.name,
-                    event.delivery_id,
-                    event.work_item,
-                    event.severity,
-                    json.dumps(event.data, default=str),
-                ),
-            )
+        with self._db.transaction() as db:
+            _insert_event(db, event)
 
     def list_events(
         self,
@@ -220,16 +169,16 @@ class SqliteStore:
                 params.append(value)
         if after is not None:
             clauses.append("at > ?")
-            params.append(_ts(after))
+            params.append(utc_text(after))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._query(
+        rows = self._db.rows(
             f"SELECT * FROM events {where} ORDER BY at, seq LIMIT ?",  # noqa: S608 - fixed columns
             (*params, limit),
         )
         return [
             EventRecord(
                 name=row["name"],
-                at=_dt(row["at"]),
+                at=parse_utc_text(row["at"]),
                 delivery_id=row["delivery_id"],
                 work_item=row["work_item"],
                 severity=row["severity"],
@@ -247,7 +196,22 @@ def _delivery(row: sqlite3.Row) -> DeliveryRecord:
         outcome=row["outcome"],
         detail=row["detail"],
         attempts=row["attempts"],
-        received_at=_dt(row["received_at"]),
-        settled_at=_opt_dt(row["settled_at"]),
+        received_at=parse_utc_text(row["received_at"]),
+        settled_at=None if row["settled_at"] is None else parse_utc_text(row["settled_at"]),
         envelope=row["envelope"],
+    )
+
+
+def _insert_event(db: sqlite3.Connection, event: EventRecord) -> None:
+    db.execute(
+        "INSERT INTO events (at, name, delivery_id, work_item, severity, data)"
+        " VALUES (?,?,?,?,?,?)",
+        (
+            utc_text(event.at),
+            event.name,
+            event.delivery_id,
+            event.work_item,
+            event.severity,
+            json.dumps(event.data, default=str),
+        ),
     )

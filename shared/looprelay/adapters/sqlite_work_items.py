@@ -6,15 +6,12 @@ the fields the queries filter and order on, written in the same statement so the
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from looprelay.errors import Transient
+from looprelay.adapters.sqlite_common import SqliteDatabase, utc_text
 from looprelay.records import DispatchRecord, WorkItemRecord
 
 _SCHEMA = """
@@ -47,13 +44,8 @@ _HELD_BY = "status = 'leased' AND lease_holder = ?"
 """Only the runner holding the lease now may change it; a lapsed and retaken lease is not its."""
 
 
-def _ts(moment: datetime) -> str:
-    # Fixed-width UTC ISO text sorts in time order.
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _opt_ts(moment: datetime | None) -> str | None:
-    return None if moment is None else _ts(moment)
+def _opt_utc_text(moment: datetime | None) -> str | None:
+    return None if moment is None else utc_text(moment)
 
 
 class SqliteWorkItemStore:
@@ -64,58 +56,25 @@ class SqliteWorkItemStore:
 
         Raises ``Transient`` when the file cannot be opened.
         """
-        self._path = str(path)
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise Transient(f"cannot open the work-item store at {self._path}: {exc}") from exc
+        self._db = SqliteDatabase(path, schema=_SCHEMA, what="SQLite work-item store")
 
     def close(self) -> None:
         """Close the database connection."""
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        # BEGIN IMMEDIATE takes the write lock up front, so a read-check-write inside is atomic
-        # against other connections too (busy_timeout waits up to 5 s, then Transient).
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                finally:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-            except sqlite3.OperationalError as exc:
-                raise Transient(f"SQLite work-item store busy or unavailable: {exc}") from exc
-
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
-                return list(self._db.execute(sql, params).fetchall())
-            except sqlite3.OperationalError as exc:
-                raise Transient(f"SQLite work-item store busy or unavailable: {exc}") from exc
+        self._db.close()
 
     def get_work_item(self, ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.get_work_item``."""
-        rows = self._query("SELECT doc FROM work_items WHERE ref = ?", (ref,))
-        return WorkItemRecord.model_validate_json(rows[0][0]) if rows else None
+        rows = self._db.rows("SELECT doc FROM work_items WHERE ref = ?", (ref,))
+        return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``."""
-        rows = self._query(
+        rows = self._db.rows(
             "SELECT w.doc FROM work_item_pull_requests p JOIN work_items w ON w.ref = p.work_item"
             " WHERE p.pr_ref = ? ORDER BY p.work_item LIMIT 1",
             (pr_ref,),
         )
-        return WorkItemRecord.model_validate_json(rows[0][0]) if rows else None
+        return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
     def save_work_item(
         self,
@@ -126,7 +85,7 @@ class SqliteWorkItemStore:
     ) -> bool:
         """See ``WorkItemStore.save_work_item``."""
         stored = record.model_copy(update={"version": expected_version + 1})
-        with self._tx() as db:
+        with self._db.transaction() as db:
             current = db.execute(
                 "SELECT version FROM work_items WHERE ref = ?", (stored.ref,)
             ).fetchone()
@@ -151,8 +110,8 @@ class SqliteWorkItemStore:
 
     def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
         """See ``WorkItemStore.get_dispatch``."""
-        rows = self._query("SELECT doc FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
-        return DispatchRecord.model_validate_json(rows[0][0]) if rows else None
+        rows = self._db.rows("SELECT doc FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+        return DispatchRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
     def list_dispatches(
         self, *, statuses: Sequence[str] = (), work_item: str | None = None, limit: int = 500
@@ -167,12 +126,12 @@ class SqliteWorkItemStore:
             clauses.append("work_item = ?")
             params.append(work_item)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._query(
+        rows = self._db.rows(
             f"SELECT doc FROM dispatches {where}"  # noqa: S608 - fixed columns, values bound
             " ORDER BY created_at, seq, dispatch_id LIMIT ?",
             (*params, limit),
         )
-        return [DispatchRecord.model_validate_json(row[0]) for row in rows]
+        return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
 
     def lease_dispatch(
         self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
@@ -182,7 +141,7 @@ class SqliteWorkItemStore:
         return self._transition(
             dispatch_id,
             "status = 'pending' OR (status = 'leased' AND lease_expires_at < ?)",
-            (_ts(now),),
+            (utc_text(now),),
             {**changes, "updated_at": now},
             attempt=True,
         )
@@ -217,7 +176,7 @@ class SqliteWorkItemStore:
         attempt: bool = False,
     ) -> DispatchRecord | None:
         # Read, check and write in one write transaction: exactly one racing caller matches.
-        with self._tx() as db:
+        with self._db.transaction() as db:
             row = db.execute(
                 f"SELECT doc FROM dispatches WHERE dispatch_id = ? AND ({condition})",  # noqa: S608 - fixed conditions
                 (dispatch_id, *params),
@@ -234,7 +193,7 @@ class SqliteWorkItemStore:
                 (
                     record.status,
                     record.lease_holder,
-                    _opt_ts(record.lease_expires_at),
+                    _opt_utc_text(record.lease_expires_at),
                     record.model_dump_json(),
                     dispatch_id,
                 ),
@@ -244,6 +203,6 @@ class SqliteWorkItemStore:
 
 def _dispatch_row(dispatch: DispatchRecord) -> tuple[Any, ...]:
     d = dispatch
-    expires = _opt_ts(d.lease_expires_at)
-    columns = (d.dispatch_id, d.work_item, d.seq, d.status, _ts(d.created_at), d.lease_holder)
+    expires = _opt_utc_text(d.lease_expires_at)
+    columns = (d.dispatch_id, d.work_item, d.seq, d.status, utc_text(d.created_at), d.lease_holder)
     return (*columns, expires, d.model_dump_json())

@@ -1,4 +1,4 @@
-"""The argv of each coding-agent harness, as pure functions (SPEC §3, the-loop E4).
+"""Each harness's argv, as pure functions, and its binary on PATH (SPEC §3, the-loop E4).
 
 Claude (``claude``) is hosted in tmux or run headless; ``cursor-agent`` only runs headless, because
 it cannot be hosted in a terminal the agent pastes into. The prompt is always the last argv
@@ -9,6 +9,7 @@ canonical UUID never reaches argv: the builders refuse it, and the applier swaps
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ def resolve_binary(harness: str) -> str:
             f"{harness} is not on this runner's PATH; install it or fix PATH for the agent",
             reason="harness-missing",
         )
-    return found
+    return os.path.abspath(found)
 
 
 def interactive_argv(
@@ -109,6 +110,34 @@ def headless_argv(
     return [*argv, *extra, *_prompt_tail(prompt)]
 
 
+def usable_session_id(stored: str, *, resume: bool, fresh: str) -> tuple[str, str]:
+    """Return the id to start with and why it was replaced (empty when ``stored`` is usable).
+
+    SPEC §3: an id that is not a canonical UUID never reaches argv; ``fresh`` replaces it, with
+    reason ``resume-failed`` when a resume was asked for, else ``invalid-session-id``.
+    """
+    if is_session_id(stored):
+        return stored, ""
+    return fresh, "resume-failed" if resume else "invalid-session-id"
+
+
+def headless_session(
+    harness: str, *, known: str | None, offered: str, resume: bool, fresh: str
+) -> tuple[str | None, bool, str]:
+    """Choose ``(session_id, resume, reason)`` for a headless turn.
+
+    ``known`` is the id an earlier turn on this runner used: later turns resume it. Otherwise
+    Claude starts (or, with ``resume``, resumes) ``offered``, replaced by ``fresh`` when it is
+    not a UUID; cursor-agent picks its own id on a first turn (None).
+    """
+    if known is not None and is_session_id(known):
+        return known, True, ""
+    if harness == CLAUDE or (resume and is_session_id(offered)):
+        session_id, reason = usable_session_id(offered, resume=resume, fresh=fresh)
+        return session_id, resume and not reason, reason
+    return None, False, "resume-failed" if resume else ""
+
+
 def _check_session_id(session_id: str) -> None:
     if not is_session_id(session_id):
         raise RunnerError(
@@ -118,6 +147,8 @@ def _check_session_id(session_id: str) -> None:
 
 
 def _prompt_tail(prompt: str) -> list[str]:
+    # argv cannot carry NUL, and a lone surrogate (valid in JSON) cannot be encoded.
+    prompt = prompt.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
     if not prompt:
         return []
     # A leading '-' would parse as an option; a leading space cannot (SPEC §3: never a flag).

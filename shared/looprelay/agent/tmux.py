@@ -1,10 +1,10 @@
 """tmux on the agent's own socket, through libtmux: the one module that imports it (STYLE).
 
-Every target is exact: a session as ``=name`` (tmux would otherwise match a prefix of another
-session's name) and a pane by its ``%id``. Every argument that ends in ``;`` is escaped, since
-tmux splits its own argv there even after ``--``, and ``-c`` is format-escaped (tmux expands
-``#{...}`` in it). Timeouts: libtmux 0.62 runs each tmux command without one; a local tmux server
-answers in milliseconds, and a wedged one blocks the caller until its lease lapses.
+Targets are exact: a session as ``=name`` (tmux would otherwise match a prefix of another name),
+a pane by its ``%id``. An argument ending in ``;`` is escaped (tmux splits its own argv there,
+even after ``--``) and ``-c`` is format-escaped (tmux expands ``#{...}`` in it).
+Timeouts: none per tmux command (libtmux 0.62 has none); a local server answers in milliseconds,
+and a wedged one blocks the caller until tmux answers or is killed.
 """
 
 from __future__ import annotations
@@ -27,24 +27,20 @@ from looprelay.errors import ConfigError, RunnerError
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
 """The only session names the agent touches (the-loop E6: never signal anything else)."""
 POLL_SECONDS = 0.05
-KILL_WAIT_SECONDS = 2.0
-"""How long a SIGKILLed harness may take to be reaped before terminate reports failure."""
+KILL_WAIT_SECONDS = 2.0  # how long a SIGKILLed harness may take to be reaped
 MAX_INLINE_COMMAND_BYTES = 12_000
 """tmux refuses a command over ~16 KiB ("command too long"); past this budget the prompt goes
 through a file that a tiny launcher reads, unlinks and hands to the harness as its last arg."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ABSENT = re.compile(
-    r"no server running|can't find (session|pane|window)"
+    r"no server running|no current target|can't find (session|pane|window)"
     r"|error connecting to .*\((No such file or directory|Connection refused)\)"
 )
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_LAUNCHER = (
-    "import os,sys\n"
-    "p=sys.argv[1]\n"
-    "with open(p,encoding='utf-8') as f: t=f.read()\n"
-    "os.unlink(p)\n"
-    "os.execv(sys.argv[2],sys.argv[2:]+[t])\n"
+_LAUNCHER = (  # argv: prompt file, then the harness argv; the prompt file is not inherited
+    "import os,sys;p=sys.argv[1];t=open(p,encoding='utf-8').read();os.unlink(p);"
+    "os.execv(sys.argv[2],sys.argv[2:]+[t])"
 )
 
 
@@ -87,7 +83,8 @@ class TmuxTerminal:
         """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
 
         remain-on-exit is set globally in the same tmux invocation that may start the server, so
-        even a harness that exits at once leaves a dead pane to read (offline-toolchain §5).
+        even a harness that exits at once leaves a dead pane to read (offline-toolchain §5), and
+        exit-empty off keeps the server up when a respawn kills its last session.
         Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a directory,
         ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
         """
@@ -97,10 +94,11 @@ class TmuxTerminal:
         command, prompt_file = _boot_command(argv)
         try:
             self._run(
-                "set-option", "-gw", "remain-on-exit", "on", ";",
-                "new-session", "-d", "-s", name, "-c", str(cwd).replace("#", "##"),
-                "--", *(_literal(arg) for arg in command),
-            )  # fmt: skip
+                *("set-option", "-g", "exit-empty", "off", ";"),
+                *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
+                *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
+                *(_literal(arg) for arg in command),
+            )
         except RunnerError:
             if prompt_file is not None:
                 os.unlink(prompt_file)
@@ -159,10 +157,10 @@ class TmuxTerminal:
             raise RunnerError(f"tmux gave no pid for {name}", reason="tmux-failed")
         self._run("set-option", "-w", "-t", f"={name}:", "remain-on-exit", "on")
         _signal(pane.pid, signal.SIGTERM)
-        if self._wait_dead(name, grace_seconds):
+        if self.wait_dead(name, grace_seconds):
             return "terminated"
         _signal(pane.pid, signal.SIGKILL)
-        if self._wait_dead(name, KILL_WAIT_SECONDS):
+        if self.wait_dead(name, KILL_WAIT_SECONDS):
             return "killed"
         raise RunnerError(f"the harness in {name} survived SIGKILL", reason="terminate-failed")
 
@@ -179,14 +177,18 @@ class TmuxTerminal:
     def _first_pane(self, name: str) -> _Pane | None:
         _check_name(name)
         lines = self._query(
-            "list-panes", "-s", "-t", f"={name}", "-F", "#{pane_id} #{pane_dead} #{pane_pid}"
+            "list-panes", "-s", "-t", f"={name}:", "-F", "#{pane_id} #{pane_dead} #{pane_pid}"
         )
         if not lines:
             return None
         pane_id, dead, pid = lines[0].split(" ")
         return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0))
 
-    def _wait_dead(self, name: str, seconds: float) -> bool:
+    def wait_dead(self, name: str, seconds: float) -> bool:
+        """Tell whether ``name``'s pane dies (or its session goes) within ``seconds``.
+
+        Polls every ``POLL_SECONDS``. Raises ``RunnerError`` ``tmux-failed``.
+        """
         deadline = time.monotonic() + seconds
         while True:
             pane = self._first_pane(name)
@@ -230,9 +232,8 @@ def _literal(arg: str) -> str:
 
 
 def _boot_command(argv: list[str]) -> tuple[list[str], str | None]:
-    if sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in argv) <= (
-        MAX_INLINE_COMMAND_BYTES
-    ):
+    size = sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in argv)
+    if size <= MAX_INLINE_COMMAND_BYTES:
         return argv, None
     fd, path = tempfile.mkstemp(prefix="looprelay-prompt-")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -1,0 +1,250 @@
+"""Applying one dispatch the agent holds: exactly what it names, at most once (SPEC §3).
+
+No HTTP here: a dispatch comes in, an :class:`ApplyResult` goes out, and the local ledger keeps
+the two together so a restart reports instead of re-applying.
+
+Scenario (tmux, the-loop E2/E3 and scenario 36), for ``spawn`` and ``deliver`` alike:
+  - the session's pane is live         -> paste the prompt into it (``delivered``);
+  - it is dead or missing              -> (re)spawn it with the prompt as boot prompt,
+    ``--resume <id>`` for a deliver or a ``resume: true`` spawn (``spawned``, ``resumed``);
+  - the resumed harness dies within ``resume_probe_seconds`` -> spawn fresh with a new id;
+  - the stored id is not a UUID        -> never passed on; fresh id, reason ``resume-failed``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, asdict, dataclass, field, fields
+from functools import partial
+from pathlib import Path
+
+from looprelay.agent import harness
+from looprelay.agent.checkouts import Checkout, Checkouts
+from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
+from looprelay.agent.process import run_headless, session_id_from_output
+from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
+from looprelay.errors import RunnerError
+from looprelay.records import DISPATCH_KINDS, MAX_DETAIL_CHARS, DispatchRecord
+
+SPAWNED, DELIVERED, DONE, FAILED = "spawned", "delivered", "done", "failed"
+RUNNER_KINDS = ("tmux", "process")
+RETRYABLE_REASONS = frozenset({"tmux-failed", "session-missing"})
+"""Failures after which nothing reached the harness, so the dispatch may be offered again."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """The outcome of one dispatch, as reported to the server.
+
+    ``status`` is ``spawned``, ``delivered``, ``done`` or ``failed``; ``reason`` is
+    machine-readable and, on success, empty unless the session id had to be replaced
+    (``resume-failed``, ``invalid-session-id``); ``session_id`` is the one actually in use.
+    """
+
+    status: str
+    reason: str = ""
+    retryable: bool = False
+    detail: str = ""
+    session_id: str = ""
+    tmux_target: str = ""
+    resumed: bool = False
+
+    def to_record(self) -> dict[str, str | bool]:
+        """Return the result as the flat JSON object the ledger stores."""
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: ResultRecord) -> ApplyResult:
+        """Rebuild a result the ledger stored (the inverse of :meth:`to_record`)."""
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+
+
+@dataclass
+class Applier:
+    """Applies dispatches through ``terminal`` (tmux) or a headless process.
+
+    ``harness_args`` are extra argv per harness (``routing.harnessArgs``); ``kill_grace_seconds``
+    is the SIGTERM-to-SIGKILL grace of terminate; ``headless_timeout_seconds`` bounds one headless
+    turn; ``resume_probe_seconds`` is how long a resumed harness must stay up before its id is
+    trusted; ``new_uuid`` makes fresh session ids.
+    """
+
+    terminal: TmuxTerminal
+    ledger: Ledger
+    checkouts: Checkouts
+    _: KW_ONLY
+    harness_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    kill_grace_seconds: float = 5.0
+    keep_session_on_terminate: bool = True
+    headless_timeout_seconds: float = 1_800.0
+    resume_probe_seconds: float = 3.0
+    new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
+
+    def apply(self, dispatch: DispatchRecord) -> ApplyResult:
+        """Apply ``dispatch`` once and return its result; a seen dispatch returns its old result.
+
+        One stuck half-way by a crash is reported ``failed``/``interrupted``, never redone. Every
+        ``RunnerError`` becomes a ``failed`` result; anything else propagates (a bug) and leaves
+        the claim, so the dispatch reports ``interrupted`` if offered again. Blocks for at most
+        the terminate grace, the resume probe or the headless timeout the dispatch needs.
+        """
+        prior = self.ledger.claim(dispatch.dispatch_id)
+        if prior is not None:
+            return self._replay(prior)
+        try:
+            result = self._apply(dispatch)
+        except RunnerError as exc:
+            result = _failed(exc.reason, str(exc))
+        self.ledger.record_result(dispatch.dispatch_id, result.to_record())
+        return result
+
+    def _replay(self, prior: LedgerEntry) -> ApplyResult:
+        if prior.result is not None:
+            return ApplyResult.from_record(prior.result)
+        result = _failed("interrupted", "the agent stopped while applying it; not applied again")
+        self.ledger.record_result(prior.dispatch_id, result.to_record())
+        return result
+
+    def _apply(self, d: DispatchRecord) -> ApplyResult:
+        _check(d)
+        if d.kind in ("pause", "resume"):
+            return ApplyResult(DONE, detail=f"{d.kind}: nothing to do on the runner")
+        if d.kind == "cleanup":
+            return self._cleanup(d)
+        if d.kind == "terminate":
+            return self._terminate(d)
+        if d.runner_kind == "process":
+            return self._headless(d)
+        if d.kind == "spawn":
+            return self._host(d, stored_id=d.session_id, resume=d.resume)
+        local = self.ledger.session(d.session_name)
+        return self._host(d, stored_id=local.session_id if local else d.session_id, resume=True)
+
+    def _host(self, d: DispatchRecord, *, stored_id: str, resume: bool) -> ApplyResult:
+        name, state = d.session_name, self.terminal.pane_dead(d.session_name)
+        if state is False:  # scenario 36: a live occupant gets the paste
+            self.terminal.paste(name, d.prompt)
+            local = self.ledger.session(name)
+            sid = local.session_id if local else stored_id
+            return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")
+        argv_for = partial(
+            harness.interactive_argv,
+            binary=harness.resolve_binary(d.harness),
+            harness=d.harness,
+            prompt=d.prompt,
+            extra=self.harness_args.get(d.harness, ()),
+        )
+        checkout = self._checkout(d)
+        fresh = str(self.new_uuid())
+        session_id, reason = harness.usable_session_id(stored_id, resume=resume, fresh=fresh)
+        resumed = resume and not reason
+        argv = argv_for(session_id=session_id, resume=resumed)
+        if state is True:
+            self.terminal.kill(name)
+        self.terminal.spawn(name, cwd=checkout.path, argv=argv)
+        if resumed and self.terminal.wait_dead(name, self.resume_probe_seconds):
+            session_id, reason, resumed = fresh, "resume-failed", False
+            self.terminal.kill(name)
+            argv = argv_for(session_id=fresh, resume=False)
+            self.terminal.spawn(name, cwd=checkout.path, argv=argv)
+        self._remember(d, session_id, checkout)
+        detail = f"spawned in {checkout.path}" + ("; started fresh" if reason else "")
+        return ApplyResult(
+            SPAWNED,
+            reason=reason,
+            detail=detail,
+            session_id=session_id,
+            tmux_target=name,
+            resumed=resumed,
+        )
+
+    def _terminate(self, d: DispatchRecord) -> ApplyResult:
+        if d.runner_kind == "process":
+            return ApplyResult(DONE, detail="no process runs between headless turns")
+        outcome = self.terminal.terminate_harness(d.session_name, self.kill_grace_seconds)
+        keep = self.keep_session_on_terminate
+        if not keep:
+            self.terminal.kill(d.session_name)
+        detail = f"harness {outcome}; tmux session {'kept' if keep else 'killed'}"
+        return ApplyResult(DONE, detail=detail, tmux_target=d.session_name if keep else "")
+
+    def _cleanup(self, d: DispatchRecord) -> ApplyResult:
+        sessions = self.ledger.sessions_for(d.work_item)
+        names = sorted({s.session_name for s in sessions} | {d.session_name})
+        for name in names:
+            self.terminal.kill(name)
+        # Only checkouts the agent made; Checkouts.remove refuses anything outside its root.
+        removed = sum(
+            self.checkouts.remove(Path(s.checkout)) for s in sessions if s.created_checkout
+        )
+        for session in sessions:
+            self.ledger.forget(session.session_name)
+        detail = f"killed {len(names)} tmux session(s), removed {removed} checkout(s)"
+        return ApplyResult(DONE, detail=detail)
+
+    def _headless(self, d: DispatchRecord) -> ApplyResult:
+        binary = harness.resolve_binary(d.harness)
+        checkout = self._checkout(d)
+        local = self.ledger.session(d.session_name)
+        session_id, resume, reason = harness.headless_session(
+            d.harness,
+            known=local.session_id if local else None,
+            offered=d.session_id,
+            resume=d.resume,
+            fresh=str(self.new_uuid()),
+        )
+        argv = harness.headless_argv(
+            binary=binary,
+            harness=d.harness,
+            session_id=session_id,
+            resume=resume,
+            prompt=d.prompt,
+            extra=self.harness_args.get(d.harness, ()),
+        )
+        run = run_headless(argv, cwd=checkout.path, timeout_seconds=self.headless_timeout_seconds)
+        printed = session_id_from_output(run.stdout_tail)
+        used = session_id or (printed if printed and harness.is_session_id(printed) else "")
+        detail = f"exit {run.exit_code}; stdout: {run.stdout_tail[-400:]}"
+        if run.exit_code != 0:
+            return _failed("harness-failed", f"{detail}; stderr: {run.stderr_tail[-400:]}")
+        if used:
+            self._remember(d, used, checkout)
+        return ApplyResult(DONE, reason=reason, detail=detail, session_id=used, resumed=resume)
+
+    def _checkout(self, d: DispatchRecord) -> Checkout:
+        local = self.ledger.session(d.session_name)
+        if local is not None and Path(local.checkout).is_dir():
+            return Checkout(path=Path(local.checkout), created=local.created_checkout)
+        return self.checkouts.locate(
+            repository=d.repository,
+            session_name=d.session_name,
+            pull_request=d.endpoint != d.work_item,
+        )
+
+    def _remember(self, d: DispatchRecord, session_id: str, checkout: Checkout) -> None:
+        self.ledger.remember(
+            LocalSession.from_dispatch(
+                d, session_id=session_id, checkout=checkout.path, created_checkout=checkout.created
+            )
+        )
+
+
+def _check(d: DispatchRecord) -> None:
+    if d.kind not in DISPATCH_KINDS or d.runner_kind not in RUNNER_KINDS:
+        raise RunnerError(
+            f"cannot apply {d.kind!r} by {d.runner_kind!r}", reason="invalid-dispatch"
+        )
+    if not SESSION_NAME.fullmatch(d.session_name):
+        raise RunnerError("the session name is not loop-[A-Za-z0-9_-]+", reason="invalid-dispatch")
+    hosted = d.kind in ("spawn", "deliver") and d.runner_kind == "tmux"
+    if hosted and d.harness not in harness.INTERACTIVE_HARNESSES:
+        raise RunnerError(
+            f"{d.harness[:40]} cannot be hosted in tmux; use runner kind 'process'",
+            reason="harness-unsupported",
+        )
+
+
+def _failed(reason: str, detail: str) -> ApplyResult:
+    retryable, detail = reason in RETRYABLE_REASONS, detail[:MAX_DETAIL_CHARS]
+    return ApplyResult(FAILED, reason=reason, retryable=retryable, detail=detail)

@@ -1,0 +1,202 @@
+"""The runner agent's lifecycle: heartbeat, poll, apply, report, drain.
+
+Scenario: the agent starts, heartbeats, and runs ``capacity`` workers. Each long-polls; a
+dispatch it gets is applied through the ledger (at most once, even across a crash) while a
+renewer keeps its lease; the result is reported, and a report that cannot get through is
+retried until the server answers. The server unreachable: back off with jitter, keep trying.
+First SIGTERM (``drain``): take nothing new, finish what is in hand, report, exit. Second
+(``stop``): exit now; a lease left behind lapses and the ledger reports it on the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from looprelay.agent.apply import Applier, ApplyResult
+from looprelay.agent.client import LeaseLost, RunnerClient
+from looprelay.errors import Transient, Unauthorized
+from looprelay.records import DispatchRecord
+
+log = logging.getLogger("looprelay.agent")
+
+MAX_BACKOFF_SECONDS = 30.0
+
+
+@dataclass
+class AgentState:
+    """What ``looprelay runner status`` shows: held dispatches and the counters of each stage."""
+
+    path: Path
+    holding: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    note: str = "starting"
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def update(
+        self,
+        *,
+        hold: DispatchRecord | None = None,
+        release: str | None = None,
+        count: str | None = None,
+        note: str | None = None,
+    ) -> None:
+        """Change the state and write it to the status file (atomically)."""
+        with self._lock:
+            if hold is not None:
+                self.holding[hold.dispatch_id] = f"{hold.kind} {hold.endpoint}"
+            if release is not None:
+                self.holding.pop(release, None)
+            if count is not None:
+                self.counts[count] = self.counts.get(count, 0) + 1
+            if note is not None:
+                self.note = note
+            snapshot = {"note": self.note, "holding": self.holding, "counts": self.counts}
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(snapshot, indent=2))
+            temporary.replace(self.path)
+
+
+@dataclass
+class Agent:
+    """One runner agent; :meth:`run` blocks until it is told to stop."""
+
+    client: RunnerClient
+    applier: Applier
+    state: AgentState
+    describe: Callable[[], dict[str, Any]]
+    tmux_socket: str | None = None
+    capacity: int = 2
+    poll_wait_seconds: float = 25.0
+    heartbeat_seconds: float = 30.0
+    lease_renew_seconds: float = 20.0
+    drain: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> int:
+        """Run until drained or stopped; returns the exit code (1: credentials refused)."""
+        log.info("runner agent started", extra={"runner_id": self.client.runner_id})
+        threads = [threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")]
+        threads += [
+            threading.Thread(target=self._work_loop, daemon=True, name=f"worker-{i}")
+            for i in range(self.capacity)
+        ]
+        for thread in threads:
+            thread.start()
+        while not (self.drain.is_set() or self.stop.is_set()):
+            self.stop.wait(0.2)
+        # Draining: polls in flight are abandoned (a dispatch they still get is handed back);
+        # what is being applied is finished and reported, unless a second signal stops us.
+        self.state.update(note="draining")
+        while self.state.holding and not self.stop.is_set():
+            self.stop.wait(0.2)
+        self.stop.set()
+        self.state.update(note="stopped")
+        log.info("runner agent stopped", extra={"runner_id": self.client.runner_id})
+        return 1 if self.state.counts.get("refused") else 0
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                hints = self.client.heartbeat(self.describe())
+                self.heartbeat_seconds = float(
+                    hints.get("heartbeat_seconds", self.heartbeat_seconds)
+                )
+            except Transient as exc:
+                log.warning("heartbeat failed: %s", exc)
+            except Unauthorized as exc:
+                self._refused(exc)
+                return
+            self.stop.wait(self.heartbeat_seconds)
+
+    def _work_loop(self) -> None:
+        backoff = 1.0
+        while not (self.drain.is_set() or self.stop.is_set()):
+            try:
+                dispatch = self.client.poll(self.poll_wait_seconds)
+                backoff = 1.0
+            except Transient as exc:
+                # Server down: wait with jitter so many agents do not return in step.
+                log.warning("poll failed, retrying in about %.0fs: %s", backoff, exc)
+                self.stop.wait(backoff * random.uniform(0.5, 1.5))  # noqa: S311 - jitter only
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                continue
+            except Unauthorized as exc:
+                self._refused(exc)
+                return
+            if dispatch is not None and self.drain.is_set():
+                self._hand_back(dispatch)
+            elif dispatch is not None:
+                self._handle(dispatch)
+
+    def _handle(self, dispatch: DispatchRecord) -> None:
+        self.state.update(hold=dispatch, count="leased", note="applying")
+        done = threading.Event()
+        renewer = threading.Thread(target=self._renew_loop, args=(dispatch, done), daemon=True)
+        renewer.start()
+        try:
+            result = self.applier.apply(dispatch)
+        finally:
+            done.set()
+        self._report(dispatch, result)
+        self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
+
+    def _hand_back(self, dispatch: DispatchRecord) -> None:
+        """A dispatch that arrived after the drain began goes back untouched."""
+        self._report(
+            dispatch,
+            ApplyResult(
+                status="failed",
+                reason="draining",
+                retryable=True,
+                detail="the agent is draining; not applied",
+            ),
+        )
+
+    def _renew_loop(self, dispatch: DispatchRecord, done: threading.Event) -> None:
+        while not done.wait(self.lease_renew_seconds):
+            try:
+                self.client.renew(dispatch.dispatch_id)
+            except (Transient, LeaseLost) as exc:
+                log.warning("lease renewal of %s failed: %s", dispatch.dispatch_id, exc)
+
+    def _report(self, dispatch: DispatchRecord, result: ApplyResult) -> None:
+        """Report until the server answers; its own stop event is not the agent's, so a
+        final report still goes out while draining (bounded by the second signal)."""
+        body = {
+            "status": result.status,
+            "reason": result.reason,
+            "retryable": result.retryable,
+            "detail": result.detail[:2000],
+            "session_id": result.session_id or None,
+            "tmux_target": result.tmux_target or None,
+            "resumed": result.resumed,
+            "tmux_socket": self.tmux_socket,
+        }
+        delay = 1.0
+        while True:
+            try:
+                self.client.report(dispatch.dispatch_id, body)
+                return
+            except LeaseLost as exc:
+                log.warning("result of %s not counted: %s", dispatch.dispatch_id, exc)
+                return
+            except Unauthorized as exc:
+                self._refused(exc)
+                return
+            except Transient as exc:
+                log.warning("report failed, retrying: %s", exc)
+                if self.stop.wait(delay):
+                    return
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+
+    def _refused(self, exc: Exception) -> None:
+        log.error("the server refused this runner: %s", exc)
+        self.state.update(count="refused", note=f"refused: {exc}")
+        self.stop.set()

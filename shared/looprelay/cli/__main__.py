@@ -1,0 +1,5 @@
+"""``python -m looprelay.cli``."""
+
+from looprelay.cli.root import main
+
+main()

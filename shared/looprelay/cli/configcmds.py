@@ -1,0 +1,38 @@
+"""``looprelay config``: validate the file, print its schema and reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from looprelay.cli.common import load
+
+
+@click.group("config")
+def config_group() -> None:
+    """Validate the config file and print its schema and reference."""
+
+
+@config_group.command("validate")
+@click.argument("path", type=click.Path(path_type=Path))
+def config_validate(path: Path) -> None:
+    """Check PATH against the config models; name every wrong key."""
+    load(path)
+    click.echo(f"{path}: valid")
+
+
+@config_group.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of the config file."""
+    from looprelay.configdocs import config_schema_text
+
+    click.echo(config_schema_text(), nl=False)
+
+
+@config_group.command("docs")
+def config_docs() -> None:
+    """Print the Markdown reference of every config key."""
+    from looprelay.configdocs import config_docs as render
+
+    click.echo(render(), nl=False)

@@ -1,0 +1,286 @@
+"""``looprelay runners`` (operator view) and ``looprelay runner`` (this machine)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from looprelay.cli.common import data_path, load, state_options
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration_seconds(text: str) -> int:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30m, 1h or 2d")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@click.group("runners")
+def runners_group() -> None:
+    """Operator view of runner agents: tokens, list, revoke, rotate."""
+
+
+@runners_group.command("token")
+@state_options
+@click.option("--ttl", default=None, help="Lifetime, e.g. 30m, 1h [default: runners config].")
+def runners_token(config_path: Path | None, data_dir: Path | None, ttl: str | None) -> None:
+    """Mint a single-use registration token; prints only the token."""
+    from datetime import UTC, datetime, timedelta
+
+    from looprelay.runnerapi import mint_registration_token
+    from looprelay.stores import open_runner_registry
+
+    config = load(config_path)
+    seconds = _duration_seconds(ttl) if ttl else config.runners.registration_token_ttl_seconds
+    registry = open_runner_registry(config, data_dir=data_path(data_dir))
+    token = mint_registration_token(registry, now=datetime.now(UTC), ttl=timedelta(seconds=seconds))
+    click.echo(token)
+
+
+@runners_group.command("list")
+@state_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
+    """List registered runners (never their secrets)."""
+    from looprelay.stores import open_runner_registry
+
+    registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))
+    rows = [r.model_copy(update={"secret_hash": ""}) for r in registry.list_runners()]
+    for runner in rows:
+        data = runner.model_dump(mode="json", exclude={"secret_hash"})
+        if as_json:
+            click.echo(json.dumps(data))
+        else:
+            status = "revoked" if runner.revoked else "active"
+            labels = ",".join(f"{k}={v}" for k, v in sorted(runner.labels.items())) or "-"
+            click.echo(
+                f"{runner.runner_id}  {runner.name}  {status}  {labels}  "
+                f"last seen {data['last_seen_at'] or '-'}"
+            )
+
+
+@runners_group.command("revoke")
+@state_options
+@click.argument("runner_id")
+def runners_revoke(config_path: Path | None, data_dir: Path | None, runner_id: str) -> None:
+    """Revoke a runner: its next call is refused and told to register again."""
+    from datetime import UTC, datetime
+
+    from looprelay.stores import open_runner_registry
+
+    registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))
+    if not registry.revoke_runner(runner_id, at=datetime.now(UTC)):
+        raise click.ClickException(f"{runner_id} is unknown or already revoked")
+    click.echo(f"{runner_id}: revoked")
+
+
+@runners_group.command("rotate")
+@state_options
+@click.argument("runner_id")
+def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: str) -> None:
+    """Give a runner a new secret; prints it once, for the runner's credentials file."""
+    from looprelay.runnerauth import hash_credential, new_runner_secret
+    from looprelay.stores import open_runner_registry
+
+    registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))
+    secret = new_runner_secret()
+    if not registry.rotate_runner_secret(runner_id, secret_hash=hash_credential(secret)):
+        raise click.ClickException(f"{runner_id} is unknown or revoked")
+    click.echo(secret)
+
+
+@click.group("runner")
+def runner_group() -> None:
+    """This machine as a runner agent."""
+
+
+def _labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key or not val:
+            raise click.BadParameter(f"{value!r} is not k=v", param_hint="--label")
+        labels[key] = val
+    return labels
+
+
+@runner_group.command("register")
+@click.option("--server", required=True, help="Base URL of looprelay (e.g. http://127.0.0.1:8484).")
+@click.option("--token", required=True, help="Registration token from `looprelay runners token`.")
+@click.option("--name", required=True, help="A name for this runner, shown to operators.")
+@click.option("--label", "labels", multiple=True, help="k=v label; repeat for several.")
+@click.option(
+    "--capacity",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Sessions this runner may hold at once.",
+)
+@click.option(
+    "--credentials",
+    "credentials_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write the credentials [default: ~/.config/looprelay/runner.json].",
+)
+def runner_register(
+    server: str,
+    token: str,
+    name: str,
+    labels: tuple[str, ...],
+    capacity: int,
+    credentials_path: Path | None,
+) -> None:
+    """Register this machine with a registration token; writes its credentials (0600)."""
+    from importlib.metadata import version
+
+    from looprelay.agent.credentials import default_credentials_path, write_credentials
+    from looprelay.agent.register import register
+
+    credentials = register(
+        server=server,
+        token=token,
+        name=name,
+        labels=_labels(labels),
+        version=version("looprelay"),
+        capacity=capacity,
+    )
+    path = credentials_path or default_credentials_path()
+    write_credentials(path, credentials)
+    click.echo(f"registered {credentials.name} as {credentials.runner_id}; credentials in {path}")
+
+
+@runner_group.command("run")
+@click.option(
+    "--credentials",
+    "credentials_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Credentials from `runner register` [default: ~/.config/looprelay/runner.json].",
+)
+@click.option(
+    "--checkout",
+    "checkouts",
+    multiple=True,
+    help="owner/repo=/absolute/path of an existing checkout; repeat for several.",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Root under which the agent creates one checkout per session.",
+)
+@click.option(
+    "--tmux-socket",
+    default="looprelay",
+    show_default=True,
+    help="Private tmux socket (tmux -L NAME); never your default server.",
+)
+@click.option(
+    "--capacity",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Dispatches applied at once (different work items run in parallel).",
+)
+@click.option(
+    "--state",
+    "state_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Ledger and status [default: ~/.local/state/looprelay-runner].",
+)
+@click.option(
+    "--poll-wait",
+    type=float,
+    default=25.0,
+    show_default=True,
+    help="Seconds one long poll may wait.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def runner_run(
+    credentials_path: Path | None,
+    checkouts: tuple[str, ...],
+    workspace: Path | None,
+    tmux_socket: str,
+    capacity: int,
+    state_dir: Path | None,
+    poll_wait: float,
+    log_level: str,
+) -> None:
+    """Run the agent in the foreground; first SIGTERM drains, a second stops at once."""
+    from looprelay.agent.credentials import default_credentials_path
+    from looprelay.agent.start import build_agent, default_state_dir
+    from looprelay.logs import configure_logging
+
+    configure_logging(log_level)
+    agent = build_agent(
+        credentials_path=credentials_path or default_credentials_path(),
+        state_dir=state_dir or default_state_dir(),
+        checkout_pairs=checkouts,
+        workspace=workspace.resolve() if workspace else None,
+        tmux_socket=tmux_socket,
+        capacity=capacity,
+        poll_wait_seconds=poll_wait,
+    )
+
+    def _signal(signum: int, frame: FrameType | None) -> None:
+        # First signal drains (finish and report what is in hand), the second stops now.
+        (agent.stop if agent.drain.is_set() else agent.drain).set()
+
+    signal.signal(signal.SIGINT, _signal)
+    signal.signal(signal.SIGTERM, _signal)
+    click.echo(f"runner agent up; attach to sessions with: tmux -L {tmux_socket} ls", err=True)
+    sys.exit(agent.run())
+
+
+@runner_group.command("status")
+@click.option(
+    "--state",
+    "state_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The agent's state directory [default: ~/.local/state/looprelay-runner].",
+)
+@click.option("--tmux-socket", default="looprelay", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def runner_status(state_dir: Path | None, tmux_socket: str, as_json: bool) -> None:
+    """Show what the local agent holds and how to attach to its sessions."""
+    from looprelay.agent.ledger import Ledger
+    from looprelay.agent.start import LEDGER_FILE, STATUS_FILE, default_state_dir
+
+    directory = state_dir or default_state_dir()
+    status_file = directory / STATUS_FILE
+    if not status_file.exists():
+        raise click.ClickException(f"no agent state in {directory}; is `runner run` started?")
+    status = json.loads(status_file.read_text())
+    sessions = Ledger(directory / LEDGER_FILE).all_sessions()
+    status["sessions"] = [
+        {
+            "session": s.session_name,
+            "work_item": s.work_item,
+            "endpoint": s.endpoint,
+            "checkout": s.checkout,
+            "attach": f"tmux -L {tmux_socket} attach -t {s.session_name}"
+            if s.runner_kind == "tmux"
+            else None,
+        }
+        for s in sessions
+    ]
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    click.echo(f"agent: {status['note']}; counts: {status['counts']}")
+    for dispatch_id, what in status["holding"].items():
+        click.echo(f"  holding {dispatch_id}: {what}")
+    for session in status["sessions"]:
+        click.echo(f"  {session['endpoint']}: {session['attach'] or session['checkout']}")

@@ -1,0 +1,140 @@
+"""``looprelay up`` and ``looprelay send``: run the embedded stack, post a signed payload."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import uuid
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from looprelay.cli.common import data_path, load, state_options
+from looprelay.config import Config
+from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
+
+
+@click.command()
+@state_options
+@click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port to bind [default: 8484].")
+@click.option(
+    "--insecure-no-verify",
+    is_flag=True,
+    help="Accept unsigned deliveries (local experiments only; warns on every request).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def up(
+    config_path: Path | None,
+    data_dir: Path | None,
+    host: str | None,
+    port: int | None,
+    insecure_no_verify: bool,
+    log_level: str,
+) -> None:
+    """Run webhook, worker and runner API on one machine, with the embedded store and queue."""
+    from looprelay.embedded import EmbeddedStack
+    from looprelay.logs import configure_logging
+
+    configure_logging(log_level)
+    config = load(config_path)
+    server = config.server.model_copy(
+        update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    )
+    config = config.model_copy(update={"server": server})
+    stack = EmbeddedStack(
+        config, data_dir=data_path(data_dir), environ=os.environ, verify=not insecure_no_verify
+    )
+    stopping = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    stack.start()
+    click.echo(_banner(stack, insecure_no_verify), err=True)
+    stopping.wait()
+    click.echo("stopping: queued tasks stay on disk and are sent on the next start", err=True)
+    stack.stop()
+
+
+def _banner(stack: Any, insecure: bool) -> str:
+    source = stack.secret_source
+    lines = [
+        "",
+        f"looprelay is up on {stack.base_url}",
+        f"  webhook URL   {stack.webhook_url}",
+        f"  data          {stack.data_dir}",
+        f"  secret        {source.description}"
+        + (" (generated now, mode 0600)" if source.generated else ""),
+    ]
+    if insecure:
+        lines.append("  WARNING       signatures are NOT verified (--insecure-no-verify)")
+    lines += [
+        "",
+        "Next:",
+        f"  try it:   looprelay send tests/fixtures/github/issue_comment.created.json "
+        f"--event issue_comment --url {stack.webhook_url}"
+        + (f" --data {stack.data_dir}" if source.path else ""),
+        "  GitHub:   point your App's webhook (through a tunnel) at the webhook URL and paste "
+        "the secret" + (f": cat {source.path}" if source.path else ""),
+        f"  inspect:  looprelay deliveries --data {stack.data_dir}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("payload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--event", required=True, help="X-GitHub-Event, e.g. issue_comment.")
+@click.option("--url", default=None, help="Webhook URL [default: from --config, /webhook].")
+@click.option(
+    "--secret-env",
+    default=None,
+    help="Environment variable holding the secret [default: the data dir's secret].",
+)
+@click.option("--delivery", default=None, help="X-GitHub-Delivery [default: a new UUID].")
+@click.option("--form", is_flag=True, help="Send as application/x-www-form-urlencoded.")
+@state_options
+def send(
+    payload: Path,
+    event: str,
+    url: str | None,
+    secret_env: str | None,
+    delivery: str | None,
+    form: bool,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Sign PAYLOAD like GitHub does and post it to a running webhook."""
+    from looprelay.sender import post_delivery
+
+    config = load(config_path)
+    target = url or f"http://{config.server.host}:{config.server.port}/webhook"
+    secret = _sending_secret(config, secret_env, data_path(data_dir))
+    status, body = post_delivery(
+        url=target,
+        event=event,
+        body=payload.read_bytes(),
+        secret=secret,
+        delivery_id=delivery or str(uuid.uuid4()),
+        form=form,
+    )
+    click.echo(f"{status} {body}")
+    if not 200 <= status < 300:
+        sys.exit(1)
+
+
+def _sending_secret(config: Config, secret_env: str | None, data_dir: Path) -> bytes:
+    name = secret_env or next(iter(config.github.webhook_secrets), None)
+    if name:
+        value = os.environ.get(name, "")
+        if not value:
+            raise click.ClickException(f"environment variable {name} is unset or empty")
+        return value.encode()
+    return read_secret(data_dir / WEBHOOK_SECRET_FILE).encode()

@@ -1,0 +1,333 @@
+"""Which dispatch a polling runner gets: order per work item, affinity, liveness, targeting."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from looprelay.core.scheduling import (
+    Waiting,
+    choose_dispatch,
+    heads_of_line,
+    is_live,
+    waiting_reasons,
+    why_not,
+)
+from looprelay.records import DispatchRecord, RunnerRecord
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+LOST_AFTER = timedelta(seconds=120)
+ITEM_A = "github:octo/widgets#7"
+ITEM_B = "github:octo/widgets#8"
+REPOSITORY = "octo/widgets"
+
+
+def _dispatch(
+    dispatch_id: str, *, seq: int = 1, work_item: str = ITEM_A, age: int = 0, **changes: object
+) -> DispatchRecord:
+    """A pending spawn for ``work_item``; ``age`` seconds before T0 it was created."""
+    base = DispatchRecord(
+        dispatch_id=dispatch_id,
+        delivery_id=f"d-{dispatch_id}",
+        work_item=work_item,
+        endpoint=work_item,
+        seq=seq,
+        kind="spawn",
+        repository=REPOSITORY,
+        session_name="loop-github-octo-widgets-7",
+        session_id="5f0c6a52-36a4-4d55-9a83-2d9f0b5a4e11",
+        created_at=T0 - timedelta(seconds=age),
+    )
+    return base.model_copy(update=changes)
+
+
+def _leased(dispatch_id: str, *, expires_in: int, **changes: Any) -> DispatchRecord:
+    return _dispatch(
+        dispatch_id,
+        status="leased",
+        lease_holder="r-holder",
+        lease_expires_at=T0 + timedelta(seconds=expires_in),
+        **changes,
+    )
+
+
+def _runner(runner_id: str = "r-a", **changes: object) -> RunnerRecord:
+    """A live runner with a checkout of octo/widgets and one free session slot."""
+    base = RunnerRecord(
+        runner_id=runner_id,
+        name=runner_id,
+        secret_hash="0" * 64,
+        registered_at=T0 - timedelta(hours=1),
+        last_seen_at=T0,
+        repositories=[REPOSITORY],
+    )
+    return base.model_copy(update=changes)
+
+
+def _ids(dispatches: list[DispatchRecord]) -> list[str]:
+    return [d.dispatch_id for d in dispatches]
+
+
+class TestHeadsOfLine:
+    @pytest.mark.parametrize(
+        ("dispatches", "expected"),
+        [
+            pytest.param([], [], id="nothing-open"),
+            pytest.param([_dispatch("one")], ["one"], id="a-pending-dispatch-is-offerable"),
+            pytest.param(
+                [_dispatch("s2", seq=2, age=9), _dispatch("s1", seq=1)],
+                ["s1"],
+                id="the-lower-seq-goes-first-even-when-created-later",
+            ),
+            pytest.param(
+                [_leased("s1", expires_in=30), _dispatch("s2", seq=2)],
+                [],
+                id="a-leased-unexpired-head-blocks-its-work-item",
+            ),
+            pytest.param(
+                [_leased("s1", expires_in=-1), _dispatch("s2", seq=2)],
+                ["s1"],
+                id="a-lapsed-lease-is-offerable-again",
+            ),
+            pytest.param(
+                [_leased("s1", expires_in=0)],
+                [],
+                id="a-lease-expiring-right-now-still-holds",
+            ),
+            pytest.param(
+                [_dispatch("s1", status="leased", lease_expires_at=None)],
+                [],
+                id="a-leased-dispatch-without-expiry-is-not-offered",
+            ),
+            pytest.param(
+                [_dispatch("s1", status="succeeded"), _dispatch("s2", seq=2)],
+                ["s2"],
+                id="a-settled-dispatch-blocks-nothing",
+            ),
+            pytest.param(
+                [_dispatch("s1", status="failed"), _dispatch("s2", seq=2)],
+                ["s2"],
+                id="a-failed-dispatch-blocks-nothing",
+            ),
+            pytest.param(
+                [_leased("a1", expires_in=30), _dispatch("b1", work_item=ITEM_B)],
+                ["b1"],
+                id="work-items-are-independent",
+            ),
+            pytest.param(
+                [
+                    _dispatch("new", work_item=ITEM_B, age=1),
+                    _dispatch("old", age=5),
+                ],
+                ["old", "new"],
+                id="oldest-first",
+            ),
+            pytest.param(
+                [_dispatch("zz", work_item=ITEM_B), _dispatch("aa")],
+                ["aa", "zz"],
+                id="same-age-ties-break-on-the-dispatch-id",
+            ),
+        ],
+    )
+    def test_offers_each_work_items_first_unsettled_dispatch(
+        self, dispatches: list[DispatchRecord], expected: list[str]
+    ) -> None:
+        assert _ids(heads_of_line(dispatches, now=T0)) == expected
+
+
+class TestIsLive:
+    @pytest.mark.parametrize(
+        ("changes", "live"),
+        [
+            pytest.param({}, True, id="just-heard-from"),
+            pytest.param({"last_seen_at": T0 - LOST_AFTER}, True, id="silent-exactly-the-limit"),
+            pytest.param(
+                {"last_seen_at": T0 - LOST_AFTER - timedelta(seconds=1)},
+                False,
+                id="silent-past-the-limit",
+            ),
+            pytest.param(
+                {"last_seen_at": None, "registered_at": T0 - timedelta(seconds=5)},
+                True,
+                id="never-heard-from-but-just-registered",
+            ),
+            pytest.param(
+                {"last_seen_at": None, "registered_at": T0 - timedelta(hours=1)},
+                False,
+                id="never-heard-from-since-long-ago",
+            ),
+            pytest.param({"revoked_at": T0}, False, id="revoked"),
+        ],
+    )
+    def test_liveness(self, changes: dict[str, Any], live: bool) -> None:
+        runner = _runner(**changes)
+        assert is_live(runner, now=T0, lost_after=LOST_AFTER) is live
+
+
+class TestWhyNot:
+    @pytest.mark.parametrize(
+        ("dispatch", "runner", "live", "reason"),
+        [
+            pytest.param(_dispatch("d"), _runner(), ["r-a"], None, id="eligible"),
+            pytest.param(
+                _dispatch("d", kind="deliver", runner_id="r-b"),
+                _runner(),
+                ["r-a", "r-b"],
+                "session-on-another-runner",
+                id="affinity-to-a-live-other-runner",
+            ),
+            pytest.param(
+                _dispatch("d", kind="deliver", runner_id="r-b"),
+                _runner(),
+                ["r-a"],
+                None,
+                id="affinity-to-a-lost-runner-is-takeable",
+            ),
+            pytest.param(
+                _dispatch("d", kind="deliver", runner_id="r-a"),
+                _runner(),
+                ["r-a"],
+                None,
+                id="affinity-to-this-runner",
+            ),
+            pytest.param(
+                _dispatch("d"),
+                _runner(sessions=1, capacity=1),
+                ["r-a"],
+                "runner-at-capacity",
+                id="a-new-spawn-needs-a-free-slot",
+            ),
+            pytest.param(
+                _dispatch("d"),
+                _runner(sessions=1, capacity=2),
+                ["r-a"],
+                None,
+                id="a-new-spawn-fits-a-free-slot",
+            ),
+            pytest.param(
+                _dispatch("d", kind="deliver"),
+                _runner(sessions=1, capacity=1),
+                ["r-a"],
+                None,
+                id="capacity-does-not-hold-back-a-delivery",
+            ),
+            pytest.param(
+                _dispatch("d", runner_id="r-a", resume=True),
+                _runner(sessions=1, capacity=1),
+                ["r-a"],
+                None,
+                id="capacity-does-not-hold-back-a-respawn-on-its-own-runner",
+            ),
+            pytest.param(
+                _dispatch("d"),
+                _runner(repositories=["octo/other"]),
+                ["r-a"],
+                "repository-not-served",
+                id="repository-not-served",
+            ),
+            pytest.param(
+                _dispatch("d"),
+                _runner(repositories=["Octo/Widgets"]),
+                ["r-a"],
+                None,
+                id="repository-names-compare-case-blind",
+            ),
+            pytest.param(
+                _dispatch("d"),
+                _runner(repositories=[], workspace=True),
+                ["r-a"],
+                None,
+                id="a-workspace-serves-any-repository",
+            ),
+            pytest.param(
+                _dispatch("d", labels={"os": "linux", "gpu": "yes"}),
+                _runner(labels={"os": "linux", "gpu": "yes", "zone": "b"}),
+                ["r-a"],
+                None,
+                id="every-label-matches",
+            ),
+            pytest.param(
+                _dispatch("d", labels={"os": "linux", "gpu": "yes"}),
+                _runner(labels={"os": "linux"}),
+                ["r-a"],
+                "labels-missing:gpu",
+                id="labels-are-anded",
+            ),
+            pytest.param(
+                _dispatch("d", labels={"os": "linux", "gpu": "yes"}),
+                _runner(labels={"os": "mac", "gpu": "no"}),
+                ["r-a"],
+                "labels-missing:gpu,os",
+                id="a-label-with-another-value-is-missing",
+            ),
+        ],
+    )
+    def test_reason(
+        self,
+        dispatch: DispatchRecord,
+        runner: RunnerRecord,
+        live: list[str],
+        reason: str | None,
+    ) -> None:
+        assert why_not(dispatch, runner, live=live) == reason
+
+
+class TestChooseDispatch:
+    @pytest.mark.parametrize(
+        ("candidates", "expected"),
+        [
+            pytest.param([], None, id="nothing-to-choose"),
+            pytest.param([_dispatch("a"), _dispatch("b", work_item=ITEM_B)], "a", id="the-first"),
+            pytest.param(
+                [
+                    _dispatch("theirs", kind="deliver", runner_id="r-b"),
+                    _dispatch("elsewhere", work_item=ITEM_B, repository="octo/other"),
+                    _dispatch("mine", work_item="github:octo/widgets#9"),
+                ],
+                "mine",
+                id="skips-what-it-may-not-take",
+            ),
+            pytest.param(
+                [_dispatch("theirs", kind="deliver", runner_id="r-b")],
+                None,
+                id="none-it-may-take",
+            ),
+        ],
+    )
+    def test_oldest_it_may_take(
+        self, candidates: list[DispatchRecord], expected: str | None
+    ) -> None:
+        pick = choose_dispatch(candidates, _runner(), live=["r-a", "r-b"])
+        assert (pick.dispatch_id if pick else None) == expected
+
+
+class TestWaitingReasons:
+    def test_without_a_live_runner_everything_waits_for_one(self) -> None:
+        candidates = [_dispatch("a"), _dispatch("b", work_item=ITEM_B)]
+        silent = _runner(last_seen_at=T0 - timedelta(hours=1))
+        assert waiting_reasons(candidates, [silent], live=[]) == [
+            Waiting("a", "no-live-runner"),
+            Waiting("b", "no-live-runner"),
+        ]
+
+    def test_when_every_live_runner_refuses_the_first_ones_reason_is_given(self) -> None:
+        runners = [
+            _runner("r-a", repositories=["octo/other"]),
+            _runner("r-b", labels={"gpu": "yes"}),
+            _runner("r-gone"),
+        ]
+        gpu = _dispatch("gpu", labels={"gpu": "yes"})
+        anywhere = _dispatch("anywhere", work_item=ITEM_B)
+        assert waiting_reasons([gpu, anywhere], runners, live=["r-a", "r-b"]) == []
+        needs_zone = _dispatch("zone", labels={"zone": "b"})
+        assert waiting_reasons([needs_zone, anywhere], runners, live=["r-a", "r-b"]) == [
+            Waiting("zone", "repository-not-served")
+        ]
+
+    def test_a_runner_that_is_not_live_is_not_asked(self) -> None:
+        runners = [_runner("r-gone", repositories=["octo/other"]), _runner("r-b", capacity=0)]
+        assert waiting_reasons([_dispatch("a")], runners, live=["r-b"]) == [
+            Waiting("a", "runner-at-capacity")
+        ]

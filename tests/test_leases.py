@@ -1,0 +1,638 @@
+"""The runner work API over real HTTP: long poll, leases, results, order, affinity, targeting.
+
+Built as ``looprelay.wiring.build_runner_api`` builds it, but from stores of each backend, with
+progress going to the loopback fake GitHub and time coming from a clock the test moves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from looprelay.adapters.github_auth import TokenAuth
+from looprelay.adapters.github_rest import GitHubRest
+from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.config import RunnersConfig
+from looprelay.core.prsessions import tmux_session_name
+from looprelay.leases import (
+    CLOUD_POLL_INTERVAL_SECONDS,
+    MAX_DISPATCH_ATTEMPTS,
+    DispatchWaker,
+    LeaseDesk,
+    PollBody,
+)
+from looprelay.ports import RunnerRegistry, Store, WorkItemStore
+from looprelay.progress import Progress
+from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
+from looprelay.runnerapi import RunnerApi, mint_registration_token
+from looprelay.runnerauth import runner_bearer
+from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+CONFIG = RunnersConfig()  # lease 60 s, lost after 120 s, long poll at most 25 s
+GITHUB_TOKEN = "ghp_looprelay_test"
+SHORT_WAIT = 0.2
+HTTP_TIMEOUT = 30.0
+STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
+
+
+class SteppingClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.current = T0
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Stores:
+    registry: RunnerRegistry
+    work_items: WorkItemStore
+    events: Store
+
+
+@dataclass(frozen=True)
+class Runner:
+    runner_id: str
+    secret: str
+    name: str
+
+    @property
+    def auth(self) -> str:
+        return runner_bearer(self.runner_id, self.secret)
+
+
+@dataclass
+class Desk:
+    """The runner API under test, its stores, its clock, its waker and the fake GitHub."""
+
+    url: str
+    stores: Stores
+    clock: SteppingClock
+    waker: DispatchWaker
+    github: FakeGitHub
+
+    def post(self, path: str, body: dict[str, Any], *, auth: str) -> requests.Response:
+        return requests.post(
+            f"{self.url}/runner/v1/{path}",
+            json=body,
+            headers={"Authorization": auth},
+            timeout=HTTP_TIMEOUT,
+        )
+
+    def runner(
+        self,
+        name: str,
+        *,
+        repositories: tuple[str, ...] = (REPOSITORY,),
+        workspace: bool = False,
+        labels: dict[str, str] | None = None,
+    ) -> Runner:
+        """Register a runner with a minted token and send its first heartbeat."""
+        token = mint_registration_token(
+            self.stores.registry, now=self.clock.now(), ttl=timedelta(hours=1)
+        )
+        answer = requests.post(
+            f"{self.url}/runner/v1/register",
+            json={"token": token, "name": name, "labels": labels or {}},
+            timeout=HTTP_TIMEOUT,
+        )
+        assert answer.status_code == 201, answer.text
+        runner = Runner(answer.json()["runner_id"], answer.json()["secret"], name)
+        self.heartbeat(runner, repositories=repositories, workspace=workspace)
+        return runner
+
+    def heartbeat(
+        self,
+        runner: Runner,
+        *,
+        repositories: tuple[str, ...] = (REPOSITORY,),
+        workspace: bool = False,
+    ) -> None:
+        body = {"capacity": 1, "repositories": list(repositories), "workspace": workspace}
+        assert self.post("heartbeat", body, auth=runner.auth).status_code == 200
+
+    def poll(self, runner: Runner, wait: float = SHORT_WAIT) -> requests.Response:
+        return self.post("poll", {"wait_seconds": wait}, auth=runner.auth)
+
+    def polled_id(self, runner: Runner) -> str | None:
+        """Poll once (short wait); the leased dispatch's id, or None on 204."""
+        response = self.poll(runner)
+        assert response.status_code in (200, 204), response.text
+        return response.json()["dispatch"]["dispatch_id"] if response.status_code == 200 else None
+
+    def report(self, runner: Runner, dispatch_id: str, **result: Any) -> requests.Response:
+        return self.post("results", {"dispatch_id": dispatch_id, **result}, auth=runner.auth)
+
+    def seed(
+        self,
+        number: int,
+        *dispatches: DispatchRecord,
+        session_status: str = "pending",
+        session_runner: str | None = None,
+    ) -> WorkItemRecord:
+        """Save work item ``number`` (its own session in ``session_status``) with
+        ``dispatches``, as the router would."""
+        ref = _ref(number)
+        session = SessionRecord(
+            endpoint=ref,
+            session_name=tmux_session_name(ref),
+            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
+            harness="claude",
+            runner_kind="tmux",
+            interaction="work-item",
+            status=session_status,
+            runner_id=session_runner,
+        )
+        current = self.stores.work_items.get_work_item(ref)
+        version = current.version if current else 0
+        item = current or WorkItemRecord(ref=ref, repository=REPOSITORY, number=number)
+        sessions = dict(item.sessions) | {ref: session}
+        item = item.model_copy(update={"sessions": sessions, "updated_at": self.clock.now()})
+        assert self.stores.work_items.save_work_item(
+            item, expected_version=version, dispatches=dispatches
+        )
+        return item
+
+    def dispatch(self, number: int, seq: int = 1, **changes: Any) -> DispatchRecord:
+        """A pending spawn for work item ``number`` with a comment to react on."""
+        ref = _ref(number)
+        base = DispatchRecord(
+            dispatch_id=f"dp-{number}-{seq}",
+            delivery_id=f"d-{number}-{seq}",
+            work_item=ref,
+            endpoint=ref,
+            seq=seq,
+            kind="spawn",
+            repository=REPOSITORY,
+            session_name=tmux_session_name(ref),
+            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
+            prompt=f"work on {ref}",
+            created_at=self.clock.now() + timedelta(milliseconds=seq),
+            comment_id=self.github.add_comment(f"@looprelay go {seq}", number=number),
+            comment_kind="issue",
+        )
+        return base.model_copy(update=changes)
+
+    def stored(self, dispatch_id: str) -> DispatchRecord:
+        record = self.stores.work_items.get_dispatch(dispatch_id)
+        assert record is not None
+        return record
+
+    def session(self, number: int) -> SessionRecord:
+        item = self.stores.work_items.get_work_item(_ref(number))
+        assert item is not None
+        return item.sessions[_ref(number)]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.stores.events.list_events(name=name)]
+
+    def reactions(self, comment_id: int) -> list[str]:
+        return [content for login, content in self.github.comments[comment_id].reactions]
+
+    def attach_comments(self, number: int) -> list[str]:
+        return [c.body for c in self.github.on(number) if c.author == APP_LOGIN]
+
+
+def _ref(number: int) -> str:
+    return f"github:{REPOSITORY}#{number}"
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    """The three stores the runner API uses, all of one backend."""
+    if request.param == "sqlite":
+        path = tmp_path / "store.db"
+        registry, work_items, events = (
+            SqliteRunnerRegistry(path),
+            SqliteWorkItemStore(path),
+            SqliteStore(path),
+        )
+        yield Stores(registry, work_items, events)
+        for opened in (registry, work_items, events):
+            opened.close()
+    else:
+        yield Stores(
+            request.getfixturevalue("firestore_runner_registry"),
+            request.getfixturevalue("firestore_work_item_store"),
+            request.getfixturevalue("firestore_store"),
+        )
+
+
+def _lease_desk(
+    stores: Stores,
+    *,
+    clock: SteppingClock,
+    waker: DispatchWaker | None,
+    github: FakeGitHub,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> LeaseDesk:
+    """The lease desk as ``looprelay.wiring.build_runner_api`` builds it, on ``stores``."""
+    github.tokens[GITHUB_TOKEN] = APP_LOGIN
+    client = GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
+    progress = Progress(
+        work_items=stores.work_items, store=stores.events, github=client, clock=clock
+    )
+    return LeaseDesk(
+        registry=stores.registry,
+        work_items=stores.work_items,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        progress=progress,
+        waker=waker,
+        monotonic=monotonic,
+    )
+
+
+@pytest.fixture
+def desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
+    clock = SteppingClock()
+    waker = DispatchWaker()
+    runner_api = RunnerApi(
+        registry=stores.registry,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        desk=_lease_desk(stores, clock=clock, waker=waker, github=fake_github),
+    )
+    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1 << 20)
+    server.start(Routes({}, {"/runner/": runner_api.handle}))
+    host, port = server.address
+    yield Desk(f"http://{host}:{port}", stores, clock, waker, fake_github)
+    server.stop()
+
+
+def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requests.Response]]:
+    """Let every runner poll at the same moment; each runner with its answer."""
+    start = threading.Barrier(len(runners))
+
+    def poll(runner: Runner) -> tuple[Runner, requests.Response]:
+        start.wait(HTTP_TIMEOUT)
+        return runner, desk.poll(runner)
+
+    with ThreadPoolExecutor(len(runners)) as pool:
+        return list(pool.map(poll, runners))
+
+
+class TestDispatchWaker:
+    def test_a_ring_after_the_generation_was_read_ends_the_wait_at_once(self) -> None:
+        waker = DispatchWaker()
+        seen = waker.generation()
+        waker.notify()
+        started = time.monotonic()
+        waker.wait(10.0, since=seen)
+        assert time.monotonic() - started < 5.0
+        assert waker.generation() == seen + 1
+
+    def test_without_a_ring_the_wait_runs_out(self) -> None:
+        waker = DispatchWaker()
+        waker.notify()  # before the wait began: not this wait's news
+        started = time.monotonic()
+        waker.wait(0.1)
+        assert time.monotonic() - started >= 0.1
+
+
+class TestPoll:
+    def test_nothing_to_do_is_204_after_the_wait(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        started = time.monotonic()
+        response = desk.poll(runner, wait=SHORT_WAIT)
+        assert response.status_code == 204 and response.content == b""
+        assert time.monotonic() - started >= SHORT_WAIT
+
+    def test_a_dispatch_saved_while_a_poll_waits_comes_promptly_when_the_waker_rings(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("laptop")
+        wait = 20.0
+        started = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            polling = pool.submit(desk.poll, runner, wait)
+            time.sleep(0.3)  # most likely waiting by now; the waker must not depend on it
+            desk.seed(1, desk.dispatch(1))
+            desk.waker.notify()
+            response = polling.result(wait + HTTP_TIMEOUT)
+        elapsed = time.monotonic() - started
+        assert response.status_code == 200
+        assert response.json()["dispatch"]["dispatch_id"] == "dp-1-1"
+        assert elapsed < wait / 2, f"the poll took {elapsed:.1f} s of its {wait} s wait"
+
+    def test_a_dispatch_saved_between_a_look_and_the_wait_is_not_missed(self, desk: Desk) -> None:
+        # The router saves and rings right after the poll looked and found nothing, before it
+        # starts waiting: the ring must still cut the wait short. The desk's monotonic clock,
+        # read once for the deadline and once after the first look, places the save there.
+        reads = 0
+
+        def monotonic() -> float:
+            nonlocal reads
+            reads += 1
+            if reads == 2:
+                desk.seed(1, desk.dispatch(1))
+                desk.waker.notify()
+            return time.monotonic()
+
+        lease_desk = _lease_desk(
+            desk.stores, clock=desk.clock, waker=desk.waker, github=desk.github, monotonic=monotonic
+        )
+        runner = desk.stores.registry.get_runner(desk.runner("laptop").runner_id)
+        assert runner is not None
+        wait = 6.0
+        started = time.monotonic()
+        response = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        elapsed = time.monotonic() - started
+        assert response.status == 200 and reads >= 2
+        assert elapsed < wait / 2, f"the poll slept {elapsed:.1f} s through the ring"
+
+    def test_without_a_waker_the_poll_looks_again_each_interval(self, desk: Desk) -> None:
+        # Separate Cloud Functions share no waker: a dispatch saved mid-wait is found by the
+        # next look, CLOUD_POLL_INTERVAL_SECONDS later, not at the end of the wait.
+        reads = 0
+
+        def monotonic() -> float:
+            nonlocal reads
+            reads += 1
+            if reads == 2:
+                desk.seed(1, desk.dispatch(1))
+            return time.monotonic()
+
+        lease_desk = _lease_desk(
+            desk.stores, clock=desk.clock, waker=None, github=desk.github, monotonic=monotonic
+        )
+        runner = desk.stores.registry.get_runner(desk.runner("laptop").runner_id)
+        assert runner is not None
+        wait = 3 * CLOUD_POLL_INTERVAL_SECONDS + 3
+        started = time.monotonic()
+        response = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        elapsed = time.monotonic() - started
+        assert response.status == 200
+        assert CLOUD_POLL_INTERVAL_SECONDS <= elapsed < wait - 1.5
+
+    def test_of_two_runners_racing_for_one_dispatch_exactly_one_gets_it(self, desk: Desk) -> None:
+        runners = [desk.runner("left"), desk.runner("right")]
+        for number in (1, 2, 3):
+            desk.seed(number, desk.dispatch(number))
+            answers = _poll_together(desk, runners)
+            statuses = sorted(response.status_code for _, response in answers)
+            assert statuses == [200, 204], f"round {number}: {statuses}"
+            [winner] = [runner for runner, response in answers if response.status_code == 200]
+            leased = desk.stored(f"dp-{number}-1")
+            assert (leased.status, leased.lease_holder, leased.attempts) == (
+                "leased",
+                winner.runner_id,
+                1,
+            )
+
+    def test_a_revoked_runner_is_told_to_register_again(self, desk: Desk) -> None:
+        runner = desk.runner("old-box")
+        desk.seed(1, desk.dispatch(1))
+        desk.stores.registry.revoke_runner(runner.runner_id, at=desk.clock.now())
+        response = desk.poll(runner)
+        assert response.status_code == 401
+        assert "old-box was revoked; register it again" in response.json()["error"]
+        assert desk.stored("dp-1-1").status == "pending"
+
+    @pytest.mark.parametrize(
+        ("repositories", "workspace", "labels", "offered"),
+        [
+            pytest.param(("octo/other",), False, {"gpu": "yes"}, False, id="repo-not-served"),
+            pytest.param(("octo/other",), True, {"gpu": "yes"}, True, id="workspace-serves-all"),
+            pytest.param((REPOSITORY,), False, {"gpu": "yes"}, True, id="repo-checked-out"),
+            pytest.param((REPOSITORY,), False, {"gpu": "no"}, False, id="label-value-differs"),
+            pytest.param((REPOSITORY,), False, {}, False, id="label-missing"),
+        ],
+    )
+    def test_a_new_session_goes_only_to_a_runner_that_serves_it(
+        self,
+        desk: Desk,
+        repositories: tuple[str, ...],
+        workspace: bool,
+        labels: dict[str, str],
+        offered: bool,
+    ) -> None:
+        runner = desk.runner(
+            "box", repositories=repositories, workspace=workspace, labels=labels | {"os": "linux"}
+        )
+        desk.seed(1, desk.dispatch(1, labels={"gpu": "yes", "os": "linux"}))
+        assert desk.polled_id(runner) == ("dp-1-1" if offered else None)
+        assert desk.stored("dp-1-1").status == ("leased" if offered else "pending")
+
+
+class TestRenew:
+    def test_the_holder_renews_and_anyone_else_is_refused(self, desk: Desk) -> None:
+        holder, other = desk.runner("holder"), desk.runner("other")
+        desk.seed(1, desk.dispatch(1))
+        assert desk.polled_id(holder) == "dp-1-1"
+        desk.clock.advance(45)
+        renewed = desk.post("renew", {"dispatch_id": "dp-1-1"}, auth=holder.auth)
+        assert renewed.status_code == 200
+        until = desk.clock.now() + timedelta(seconds=CONFIG.lease_seconds)
+        assert datetime.fromisoformat(renewed.json()["lease_expires_at"]) == until
+        assert desk.stored("dp-1-1").lease_expires_at == until
+        refused = desk.post("renew", {"dispatch_id": "dp-1-1"}, auth=other.auth)
+        assert refused.status_code == 409
+        assert desk.stored("dp-1-1").lease_holder == holder.runner_id
+
+
+class TestResults:
+    def test_a_first_spawn_goes_live_is_recorded_and_announced_once(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        first = desk.dispatch(1)
+        desk.seed(1, first)
+        assert desk.polled_id(runner) == "dp-1-1"
+        desk.clock.advance(5)
+        target = tmux_session_name(_ref(1))
+        spawned = desk.report(
+            runner,
+            "dp-1-1",
+            status="spawned",
+            session_id=first.session_id,
+            tmux_target=target,
+            tmux_socket="lr-test",
+        )
+        assert spawned.status_code == 200 and spawned.json() == {"status": "succeeded"}
+        assert desk.stored("dp-1-1").status == "succeeded"
+        session = desk.session(1)
+        assert (session.status, session.runner_id, session.announced) == (
+            "live",
+            runner.runner_id,
+            True,
+        )
+        assert session.spawned_at == desk.clock.now()
+        [event] = desk.events("session.spawned")
+        assert event == {
+            "dispatch_id": "dp-1-1",
+            "interaction": "work-item",
+            "harness": "claude",
+            "runner": "tmux",
+            "runner_id": runner.runner_id,
+            "tmux_target": target,
+            "session_id": first.session_id,
+        }
+        assert desk.reactions(first.comment_id or 0) == ["hooray"]
+        [attach] = desk.attach_comments(1)
+        assert f"tmux -L lr-test attach -t {target}" in attach
+        assert "dp-1-1" in attach  # the marker that keeps the loop from reading it
+
+        # The session died and was resumed: recorded as a respawn, not announced again.
+        respawn = desk.dispatch(1, 2, resume=True, runner_id=runner.runner_id)
+        desk.seed(1, respawn, session_status="live", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-1-2"
+        again = desk.report(
+            runner, "dp-1-2", status="spawned", resumed=True, tmux_target=target, tmux_socket="x"
+        )
+        assert again.status_code == 200
+        assert [e["dispatch_id"] for e in desk.events("session.respawned")] == ["dp-1-2"]
+        assert len(desk.events("session.spawned")) == 1
+        assert desk.reactions(respawn.comment_id or 0) == ["hooray"]
+        assert len(desk.attach_comments(1)) == 1
+
+    def test_a_retryable_failure_is_offered_again_until_the_attempts_run_out(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("laptop")
+        dispatch = desk.dispatch(1)
+        desk.seed(1, dispatch)
+        for attempt in range(1, MAX_DISPATCH_ATTEMPTS + 1):
+            assert desk.polled_id(runner) == "dp-1-1", f"attempt {attempt}"
+            assert desk.stored("dp-1-1").attempts == attempt
+            report = desk.report(
+                runner, "dp-1-1", status="failed", reason="tmux-failed", retryable=True
+            )
+            final = "failed" if attempt == MAX_DISPATCH_ATTEMPTS else "pending"
+            assert report.status_code == 200 and report.json() == {"status": final}
+            assert desk.stored("dp-1-1").status == final
+            assert desk.reactions(dispatch.comment_id or 0) == (
+                ["confused"] if final == "failed" else []
+            )
+        assert desk.polled_id(runner) is None
+        assert desk.session(1).status == "lost"
+        finals = [e["final"] for e in desk.events("dispatch.failed")]
+        assert finals == ["pending"] * (MAX_DISPATCH_ATTEMPTS - 1) + ["failed"]
+
+    def test_a_final_failure_fails_at_once(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        dispatch = desk.dispatch(1)
+        desk.seed(1, dispatch)
+        assert desk.polled_id(runner) == "dp-1-1"
+        report = desk.report(runner, "dp-1-1", status="failed", reason="harness-missing")
+        assert report.json() == {"status": "failed"}
+        assert desk.reactions(dispatch.comment_id or 0) == ["confused"]
+        assert desk.attach_comments(1) == []
+
+    def test_a_result_after_the_lease_passed_to_another_runner_is_refused(self, desk: Desk) -> None:
+        slow, fast = desk.runner("slow"), desk.runner("fast")
+        desk.seed(1, desk.dispatch(1))
+        assert desk.polled_id(slow) == "dp-1-1"
+        assert desk.polled_id(fast) is None  # leased and unexpired
+        desk.clock.advance(CONFIG.lease_seconds + 1)
+        desk.heartbeat(fast)
+        assert desk.polled_id(fast) == "dp-1-1"
+        assert desk.events("lease.expired") == [
+            {"dispatch_id": "dp-1-1", "from": slow.runner_id, "to": fast.runner_id}
+        ]
+        late = desk.report(slow, "dp-1-1", status="spawned", tmux_target="loop-late")
+        assert late.status_code == 409
+        assert desk.post("renew", {"dispatch_id": "dp-1-1"}, auth=slow.auth).status_code == 409
+        assert desk.events("session.spawned") == []
+        assert desk.report(fast, "dp-1-1", status="spawned").status_code == 200
+        assert desk.session(1).runner_id == fast.runner_id
+
+    def test_a_delivery_is_cheered_and_a_control_dispatch_is_not(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        deliver = desk.dispatch(1, 1, kind="deliver", runner_id=runner.runner_id)
+        terminate = desk.dispatch(1, 2, kind="terminate", runner_id=runner.runner_id)
+        desk.seed(1, deliver, terminate, session_status="live", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-1-1"
+        assert desk.report(runner, "dp-1-1", status="delivered").json() == {"status": "succeeded"}
+        assert desk.polled_id(runner) == "dp-1-2"
+        assert desk.report(runner, "dp-1-2", status="done").json() == {"status": "succeeded"}
+        assert desk.reactions(deliver.comment_id or 0) == ["hooray"]
+        assert desk.reactions(terminate.comment_id or 0) == []
+        assert desk.attach_comments(1) == []
+        assert (desk.session(1).status, desk.session(1).runner_id) == ("live", runner.runner_id)
+
+    def test_a_spawn_reported_after_its_session_was_cleaned_leaves_it_cleaned(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("laptop")
+        dispatch = desk.dispatch(1)
+        desk.seed(1, dispatch)
+        assert desk.polled_id(runner) == "dp-1-1"
+        desk.seed(1, session_status="cleaned")  # a cleanup decided meanwhile
+        assert desk.report(runner, "dp-1-1", status="spawned").status_code == 200
+        assert desk.session(1).status == "cleaned"
+        assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]
+        assert desk.attach_comments(1) == []
+
+    def test_github_trouble_does_not_fail_the_result(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        desk.seed(1, desk.dispatch(1))
+        assert desk.polled_id(runner) == "dp-1-1"
+        desk.github.script(match="reactions", status=502, body={"message": "Bad Gateway"})
+        report = desk.report(runner, "dp-1-1", status="spawned", tmux_target="loop-x")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        assert desk.session(1).status == "live"
+        [failure] = desk.events("github.failed")
+        assert failure["dispatch_id"] == "dp-1-1" and "502" in failure["error"]
+
+    def test_a_result_for_an_unknown_dispatch_is_404(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        assert desk.report(runner, "dp-nope", status="done").status_code == 404
+
+
+class TestOrderAndAffinity:
+    def test_a_later_dispatch_of_a_work_item_waits_for_the_earlier_one(self, desk: Desk) -> None:
+        first, second = desk.runner("first"), desk.runner("second")
+        desk.seed(1, desk.dispatch(1, 1), desk.dispatch(1, 2, kind="deliver"))
+        assert desk.polled_id(first) == "dp-1-1"
+        assert desk.polled_id(second) is None
+        assert desk.stored("dp-1-2").status == "pending"
+        assert desk.report(first, "dp-1-1", status="spawned").status_code == 200
+        assert desk.polled_id(second) == "dp-1-2"
+
+    def test_a_session_stays_with_its_runner_until_that_runner_is_lost(self, desk: Desk) -> None:
+        holder, other = desk.runner("holder"), desk.runner("other")
+        desk.seed(
+            1,
+            desk.dispatch(1, 1, kind="deliver", runner_id=holder.runner_id),
+            session_status="live",
+            session_runner=holder.runner_id,
+        )
+        assert desk.polled_id(other) is None
+        desk.clock.advance(CONFIG.lost_after_seconds + 1)  # the holder fell silent
+        desk.heartbeat(other)
+        assert desk.polled_id(other) == "dp-1-1"
+        assert desk.events("runner.lost") == [
+            {"dispatch_id": "dp-1-1", "runner_id": holder.runner_id, "taken_by": other.runner_id}
+        ]
+
+    def test_the_holder_itself_gets_its_sessions_dispatch(self, desk: Desk) -> None:
+        holder, other = desk.runner("holder"), desk.runner("other")
+        desk.seed(
+            1,
+            desk.dispatch(1, 1, kind="deliver", runner_id=holder.runner_id),
+            session_status="live",
+            session_runner=holder.runner_id,
+        )
+        assert desk.polled_id(other) is None
+        assert desk.polled_id(holder) == "dp-1-1"
+        assert desk.events("runner.lost") == []
