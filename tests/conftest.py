@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.cloudtasks_recorder",
     "tests.embedded_queue_harness",
     "tests.fake_github",
+    "tests.fake_harness",
 ]
 
 STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]

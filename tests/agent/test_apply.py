@@ -12,16 +12,8 @@ from looprelay.agent.apply import ApplyResult
 from looprelay.agent.checkouts import Checkouts, parse_checkout_pairs
 from looprelay.agent.ledger import LocalSession
 from looprelay.errors import ConfigError
-from tests.agent.conftest import (
-    FRESH_ID,
-    SESSION,
-    SESSION_ID,
-    WORK_ITEM,
-    FakeHarness,
-    Rig,
-    make_dispatch,
-    wait_until,
-)
+from tests.agent.conftest import FRESH_ID, SESSION, SESSION_ID, WORK_ITEM, Rig, make_dispatch
+from tests.fake_harness import FakeHarness, wait_until
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 FLAG_SHAPED = "--dangerously-skip-permissions"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from looprelay.agent.apply import ApplyResult
 from looprelay.agent.ledger import APPLYING, RECORDED, Ledger, LedgerEntry, LocalSession
-from tests.agent.conftest import SESSION, FakeHarness, Rig, make_dispatch
+from tests.agent.conftest import SESSION, Rig, make_dispatch
+from tests.fake_harness import FakeHarness
 
 _CRASH_AFTER_CLAIM = """
 import os, sys

@@ -13,7 +13,8 @@ import pytest
 
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.errors import RunnerError
-from tests.agent.conftest import SESSION_ID, FakeHarness, wait_until
+from tests.agent.conftest import SESSION_ID
+from tests.fake_harness import FakeHarness, wait_until
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
