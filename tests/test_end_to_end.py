@@ -154,3 +154,25 @@ class TestOneMachine:
         [spawn_event] = [json.loads(line) for line in events.stdout.splitlines()]
         assert spawn_event["data"]["interaction"] == "work-item"
         assert spawn_event["data"]["tmux_target"] == sessions[0]
+
+    def test_a_dispatch_no_runner_can_take_waits_and_says_why(
+        self, stack: UpProcess, tmp_path: Path
+    ) -> None:
+        labeled = payload("issues.labeled")
+        labeled["label"]["name"] = "the-loop: auto-execute"
+        _send(stack, tmp_path, "issues", labeled)
+        start = payload("issue_comment.created")
+        start["comment"]["body"] = "the-loop start"
+        _send(stack, tmp_path, "issue_comment", start)
+
+        def waiting() -> list[dict[str, Any]]:
+            listed = _cli("dispatches", "--data", str(stack.data_dir), "--json")
+            return [json.loads(line) for line in listed.stdout.splitlines()]
+
+        [row] = wait_until(waiting)
+        assert (row["kind"], row["status"], row["waiting"]) == (
+            "spawn",
+            "pending",
+            "no-live-runner",
+        )
+        assert row["work_item"] == "github:codertocat/hello-world#1"

@@ -32,12 +32,12 @@ from looprelay.leases import (
     MAX_DISPATCH_ATTEMPTS,
     DispatchWaker,
     LeaseDesk,
-    PollBody,
 )
 from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
 from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
+from looprelay.runnerapi_models import PollBody
 from looprelay.runnerauth import runner_bearer
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
 

@@ -15,9 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from looprelay.config import RunnersConfig
 from looprelay.core.scheduling import choose_dispatch, heads_of_line, is_live
@@ -25,6 +22,14 @@ from looprelay.httpmsg import Response, json_response
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
 from looprelay.records import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
+from looprelay.runnerapi_models import (
+    Leased,
+    PollBody,
+    RenewBody,
+    Renewed,
+    Reported,
+    ResultBody,
+)
 
 log = logging.getLogger("looprelay.leases")
 
@@ -32,36 +37,6 @@ MAX_DISPATCH_ATTEMPTS = 5
 """Leases of one dispatch before a retryable failure becomes final."""
 CLOUD_POLL_INTERVAL_SECONDS = 1.0
 """Without an in-process signal (separate functions), a long poll looks again this often."""
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PollBody(_Body):
-    """A long poll for work."""
-
-    wait_seconds: float = Field(default=25.0, ge=0, le=55)
-
-
-class RenewBody(_Body):
-    """Keep a lease while the dispatch is being applied."""
-
-    dispatch_id: str = Field(min_length=1, max_length=100)
-
-
-class ResultBody(_Body):
-    """What the runner did with a dispatch it leased."""
-
-    dispatch_id: str = Field(min_length=1, max_length=100)
-    status: Literal["spawned", "delivered", "done", "failed"]
-    reason: str = Field(default="", max_length=100)
-    retryable: bool = False
-    detail: str = Field(default="", max_length=2000)
-    session_id: str | None = Field(default=None, max_length=100)
-    tmux_target: str | None = Field(default=None, pattern=r"^loop-[A-Za-z0-9_-]{1,80}$")
-    tmux_socket: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    resumed: bool = False
 
 
 class DispatchWaker:
@@ -128,7 +103,7 @@ class LeaseDesk:
             seen = self._waker.generation() if self._waker is not None else 0
             leased = self._lease_next(runner)
             if leased is not None:
-                return json_response(200, {"dispatch": leased.model_dump(mode="json")})
+                return json_response(200, Leased(dispatch=leased).model_dump(mode="json"))
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 return Response(status=204, body=b"")
@@ -183,7 +158,7 @@ class LeaseDesk:
             body.dispatch_id, runner_id=runner.runner_id, now=now, until=until
         ):
             return json_response(409, {"error": "this runner no longer holds that lease"})
-        return json_response(200, {"lease_expires_at": until.isoformat()})
+        return json_response(200, Renewed(lease_expires_at=until.isoformat()).model_dump())
 
     def report(self, runner: RunnerRecord, body: ResultBody) -> Response:
         """Record the lease holder's result; 409 when the lease passed to another runner."""
@@ -203,7 +178,7 @@ class LeaseDesk:
         self._progress.record(dispatch, runner, body, final_status=status)
         if self._waker is not None:
             self._waker.notify()
-        return json_response(200, {"status": status})
+        return json_response(200, Reported(status=status).model_dump())
 
     @staticmethod
     def _final_status(dispatch: DispatchRecord, body: ResultBody) -> str:

@@ -15,7 +15,7 @@ from looprelay.records import DispatchRecord, EventRecord, RunnerRecord, WorkIte
 from looprelay.templateloader import ATTACH_COMMENT, bundled_template
 
 if TYPE_CHECKING:
-    from looprelay.leases import ResultBody
+    from looprelay.runnerapi_models import ResultBody
 
 log = logging.getLogger("looprelay.progress")
 
@@ -61,6 +61,12 @@ class Progress:
                 "detail": result.detail[:500],
             },
         )
+        if result.reason == "resume-failed":
+            self._event(
+                "session.resume_failed",
+                dispatch,
+                {"runner_id": runner.runner_id, "session_id": result.session_id},
+            )
         if result.status == "spawned":
             self._event(
                 "session.respawned" if result.resumed else "session.spawned",

@@ -8,19 +8,32 @@ with a message telling the operator to register again.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
 from looprelay.config import RunnersConfig
 from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
-from looprelay.leases import LeaseDesk, PollBody, RenewBody, ResultBody
+from looprelay.leases import LeaseDesk
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
-from looprelay.records import MAX_RUNNER_LABELS, EventRecord, RegistrationToken, RunnerRecord
+from looprelay.records import EventRecord, RegistrationToken, RunnerRecord
+from looprelay.runnerapi_models import (
+    API_PREFIX,
+    ENDPOINTS,
+    MAX_BODY_BYTES,
+    EmptyBody,
+    HeartbeatBody,
+    HeartbeatHints,
+    PollBody,
+    RegisterBody,
+    Registered,
+    RenewBody,
+    ResultBody,
+    Rotated,
+)
 from looprelay.runnerauth import (
     credential_matches,
     hash_credential,
@@ -32,59 +45,7 @@ from looprelay.runnerauth import (
 
 log = logging.getLogger("looprelay.runnerapi")
 
-API_PREFIX = "/runner/v1/"
-MAX_BODY_BYTES = 64 * 1024
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_LABEL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
-_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 _REGISTER_AGAIN = "register it again with `looprelay runner register`"
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RegisterBody(_Body):
-    """What an agent sends to exchange a registration token for credentials."""
-
-    token: str = Field(min_length=1, max_length=200)
-    name: str
-    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_RUNNER_LABELS)
-    version: str = Field(default="", max_length=64)
-    capacity: int = Field(default=1, ge=1, le=256)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not _NAME.match(name):
-            raise ValueError("name must be 1-63 of A-Z a-z 0-9 . _ - starting alphanumeric")
-        return name
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
-            if not (_LABEL_PART.match(key) and _LABEL_PART.match(value)):
-                raise ValueError(f"label {key[:64]!r} must be k=v of A-Z a-z 0-9 . _ / -")
-        return labels
-
-
-class HeartbeatBody(_Body):
-    """What an agent reports about itself on every heartbeat."""
-
-    version: str = Field(default="", max_length=64)
-    capacity: int = Field(default=1, ge=0, le=256)
-    repositories: list[str] = Field(default_factory=list, max_length=200)
-    workspace: bool = False
-    sessions: int = Field(default=0, ge=0, le=10_000)
-
-    @field_validator("repositories")
-    @classmethod
-    def _repositories(cls, repositories: list[str]) -> list[str]:
-        for repository in repositories:
-            if not _REPOSITORY.match(repository):
-                raise ValueError(f"{repository[:100]!r} is not owner/repo")
-        return repositories
 
 
 class RunnerApi:
@@ -113,6 +74,8 @@ class RunnerApi:
             "renew": self._renew,
             "results": self._results,
         }
+        # The documented table and the handlers must name the same endpoints.
+        assert self._routes.keys() == ENDPOINTS.keys()
 
     def handle(self, request: Request) -> Response:
         """Answer one runner API request; never raises."""
@@ -154,9 +117,8 @@ class RunnerApi:
         self._registry.add_runner(runner)
         self._event("runner.registered", runner, {"name": runner.name, "labels": runner.labels})
         log.info("runner %s registered", runner.name, extra={"runner_id": runner.runner_id})
-        return json_response(
-            201, {"runner_id": runner.runner_id, "secret": secret, "name": runner.name}
-        )
+        answer = Registered(runner_id=runner.runner_id, secret=secret, name=runner.name)
+        return json_response(201, answer.model_dump())
 
     def _heartbeat(self, request: Request) -> Response:
         runner = self._authenticate(request)
@@ -172,23 +134,22 @@ class RunnerApi:
             runner.runner_id, at=self._clock.now(), status=status
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
-        return json_response(
-            200,
-            {
-                "heartbeat_seconds": self._config.heartbeat_seconds,
-                "lost_after_seconds": self._config.lost_after_seconds,
-            },
+        hints = HeartbeatHints(
+            heartbeat_seconds=self._config.heartbeat_seconds,
+            lost_after_seconds=self._config.lost_after_seconds,
         )
+        return json_response(200, hints.model_dump())
 
     def _rotate(self, request: Request) -> Response:
         runner = self._authenticate(request)
+        _parse(request, EmptyBody)
         secret = new_runner_secret()
         if not self._registry.rotate_runner_secret(
             runner.runner_id, secret_hash=hash_credential(secret)
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         self._event("runner.rotated", runner, {"by": "runner"})
-        return json_response(200, {"runner_id": runner.runner_id, "secret": secret})
+        return json_response(200, Rotated(runner_id=runner.runner_id, secret=secret).model_dump())
 
     def _work_desk(self) -> LeaseDesk:
         if self._desk is None:

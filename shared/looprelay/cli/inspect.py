@@ -138,3 +138,47 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     if not queue.retry_dead(name):
         raise click.ClickException(f"{name} is not a dead task")
     click.echo(f"{name}: queued again")
+
+
+@click.command("dispatches")
+@state_options
+@click.option("--all", "show_all", is_flag=True, help="Settled ones too, not only open ones.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def dispatches(
+    config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
+) -> None:
+    """List dispatches; an open one no runner may take says why it waits."""
+    from datetime import UTC, datetime, timedelta
+
+    from looprelay.core.scheduling import heads_of_line, is_live, waiting_reasons
+    from looprelay.records import DISPATCH_OPEN
+    from looprelay.stores import open_runner_registry, open_work_item_store
+
+    config = load(config_path)
+    items = open_work_item_store(config, data_dir=data_path(data_dir))
+    runners = open_runner_registry(config, data_dir=data_path(data_dir)).list_runners()
+    now = datetime.now(UTC)
+    lost_after = timedelta(seconds=config.runners.lost_after_seconds)
+    live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
+    rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
+    heads = heads_of_line(rows, now=now)
+    waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
+    head_ids = {d.dispatch_id for d in heads}
+    for dispatch in rows:
+        why = waiting.get(dispatch.dispatch_id)
+        if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
+            why = "after-earlier-dispatch-of-its-work-item"
+        row = {
+            "dispatch_id": dispatch.dispatch_id,
+            "work_item": dispatch.work_item,
+            "seq": dispatch.seq,
+            "kind": dispatch.kind,
+            "status": dispatch.status,
+            "runner": dispatch.lease_holder or dispatch.runner_id,
+            "waiting": why,
+            "created_at": dispatch.created_at.isoformat(),
+        }
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))

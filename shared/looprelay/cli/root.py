@@ -7,7 +7,7 @@ import sys
 import click
 
 from looprelay.cli.configcmds import config_group
-from looprelay.cli.inspect import deliveries, events, queue_group
+from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
 from looprelay.errors import LoopRelayError
@@ -23,6 +23,7 @@ for _command in (
     send,
     config_group,
     deliveries,
+    dispatches,
     events,
     queue_group,
     runners_group,

@@ -46,6 +46,14 @@ def runners_token(config_path: Path | None, data_dir: Path | None, ttl: str | No
     click.echo(token)
 
 
+@runners_group.command("openapi")
+def runners_openapi() -> None:
+    """Print the runner API's OpenAPI document (also in schema/runner-api.openapi.json)."""
+    from looprelay.openapi import runner_api_document_text
+
+    click.echo(runner_api_document_text(), nl=False)
+
+
 @runners_group.command("list")
 @state_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")

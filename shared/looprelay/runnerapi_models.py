@@ -1,0 +1,191 @@
+"""The runner API's request and answer bodies, and its endpoint table (``/runner/v1/...``).
+
+One table (:data:`ENDPOINTS`) says which bodies each endpoint takes and which answers it gives;
+the handlers route by it and ``schema/runner-api.openapi.json`` is generated from it, so the
+document and the server cannot disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from looprelay.records import MAX_RUNNER_LABELS, DispatchRecord
+
+API_PREFIX = "/runner/v1/"
+MAX_BODY_BYTES = 64 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_LABEL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegisterBody(_Body):
+    """What an agent sends to exchange a registration token for credentials."""
+
+    token: str = Field(min_length=1, max_length=200)
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_RUNNER_LABELS)
+    version: str = Field(default="", max_length=64)
+    capacity: int = Field(default=1, ge=1, le=256)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError("name must be 1-63 of A-Z a-z 0-9 . _ - starting alphanumeric")
+        return name
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not (_LABEL_PART.match(key) and _LABEL_PART.match(value)):
+                raise ValueError(f"label {key[:64]!r} must be k=v of A-Z a-z 0-9 . _ / -")
+        return labels
+
+
+class HeartbeatBody(_Body):
+    """What an agent reports about itself on every heartbeat."""
+
+    version: str = Field(default="", max_length=64)
+    capacity: int = Field(default=1, ge=0, le=256)
+    repositories: list[str] = Field(default_factory=list, max_length=200)
+    workspace: bool = False
+    sessions: int = Field(default=0, ge=0, le=10_000)
+
+    @field_validator("repositories")
+    @classmethod
+    def _repositories(cls, repositories: list[str]) -> list[str]:
+        for repository in repositories:
+            if not _REPOSITORY.match(repository):
+                raise ValueError(f"{repository[:100]!r} is not owner/repo")
+        return repositories
+
+
+class PollBody(_Body):
+    """A long poll for work."""
+
+    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+
+
+class RenewBody(_Body):
+    """Keep a lease while the dispatch is being applied."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+
+
+class ResultBody(_Body):
+    """What the runner did with a dispatch it leased."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+    status: Literal["spawned", "delivered", "done", "failed"]
+    reason: str = Field(default="", max_length=100)
+    retryable: bool = False
+    detail: str = Field(default="", max_length=2000)
+    session_id: str | None = Field(default=None, max_length=100)
+    tmux_target: str | None = Field(default=None, pattern=r"^loop-[A-Za-z0-9_-]{1,80}$")
+    tmux_socket: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    resumed: bool = False
+
+
+class EmptyBody(_Body):
+    """No fields."""
+
+
+class Registered(BaseModel):
+    """The credentials a registration buys; the secret is shown this once."""
+
+    runner_id: str
+    secret: str
+    name: str
+
+
+class HeartbeatHints(BaseModel):
+    """How often the server wants to hear from the runner."""
+
+    heartbeat_seconds: int
+    lost_after_seconds: int
+
+
+class Rotated(BaseModel):
+    """A runner's new secret; the old one stops working now."""
+
+    runner_id: str
+    secret: str
+
+
+class Leased(BaseModel):
+    """A dispatch now leased to the polling runner."""
+
+    dispatch: DispatchRecord
+
+
+class Renewed(BaseModel):
+    """The new end of the lease."""
+
+    lease_expires_at: str
+
+
+class Reported(BaseModel):
+    """What the server made of a result: ``succeeded``, ``failed`` or ``pending`` (offered
+    again)."""
+
+    status: str
+
+
+class ErrorAnswer(BaseModel):
+    """Every refusal: what is wrong and what to do."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One ``POST /runner/v1/<name>`` endpoint."""
+
+    summary: str
+    body: type[BaseModel]
+    answers: Mapping[int, type[BaseModel] | None]
+    authenticated: bool = True
+    errors: tuple[int, ...] = field(default=(400, 401, 413, 503))
+
+
+ENDPOINTS: Mapping[str, Endpoint] = {
+    "register": Endpoint(
+        "Exchange a registration token for a runner id and secret.",
+        RegisterBody,
+        {201: Registered},
+        authenticated=False,
+    ),
+    "heartbeat": Endpoint(
+        "Report liveness, capacity and what the runner serves.",
+        HeartbeatBody,
+        {200: HeartbeatHints},
+    ),
+    "rotate": Endpoint("Replace this runner's secret.", EmptyBody, {200: Rotated}),
+    "poll": Endpoint(
+        "Long-poll for the next dispatch this runner may take; leases it.",
+        PollBody,
+        {200: Leased, 204: None},
+    ),
+    "renew": Endpoint(
+        "Extend the lease of a dispatch being applied.",
+        RenewBody,
+        {200: Renewed},
+        errors=(400, 401, 409, 413, 503),
+    ),
+    "results": Endpoint(
+        "Report what the runner did with a leased dispatch.",
+        ResultBody,
+        {200: Reported},
+        errors=(400, 401, 404, 409, 413, 503),
+    ),
+}
