@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from looprelay.besteffort import best_effort
 from looprelay.core.policy import mark
 from looprelay.core.render import render_comment
-from looprelay.errors import Permanent, Transient
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
 from looprelay.records import DispatchRecord, EventRecord, RunnerRecord, WorkItemRecord
 from looprelay.templateloader import ATTACH_COMMENT, bundled_template
@@ -146,12 +146,14 @@ class Progress:
             self._best_effort(dispatch, lambda: self._announce(dispatch, runner, result, item))
 
     def _best_effort(self, dispatch: DispatchRecord, call: Callable[[], object]) -> None:
-        """Run one GitHub call; a failure is logged and recorded, never raised (D14)."""
-        try:
-            call()
-        except (Transient, Permanent) as exc:
-            log.warning("GitHub progress failed: %s", exc)
-            self._event("github.failed", dispatch, {"error": str(exc)[:500]})
+        best_effort(
+            call,
+            store=self._store,
+            clock=self._clock,
+            delivery_id=dispatch.delivery_id,
+            work_item=dispatch.work_item,
+            context={"dispatch_id": dispatch.dispatch_id},
+        )
 
     def _announce(
         self,

@@ -123,6 +123,8 @@ class SessionRecord(BaseModel):
     harness: str
     runner_kind: str
     interaction: str
+    repository: str = ""
+    """The repository the session's checkout is of; empty means the work item's."""
     status: str = "pending"
     """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
     runner_id: str | None = None

@@ -12,6 +12,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 
+from looprelay.besteffort import best_effort
 from looprelay.core.control import Command, find_commands
 from looprelay.core.decide import CommentPost, Decision, Situation, decide
 from looprelay.core.envelope import Envelope
@@ -168,33 +169,31 @@ class Router:
             )
 
     def _tell_github(self, envelope: Envelope, item: WorkItemRecord, decision: Decision) -> None:
-        if self._github is None:
+        github = self._github
+        if github is None:
             return
-        try:
-            for post in decision.comments:
-                self._post(envelope, item, post)
-            comment = envelope.comment
-            if decision.dispatches and comment is not None and decision.dispatches[0].comment_id:
-                self._github.add_reaction(
+
+        def effect(call: Callable[[], object]) -> None:
+            best_effort(
+                call,
+                store=self._store,
+                clock=self._clock,
+                delivery_id=envelope.delivery_id,
+                work_item=item.ref,
+            )
+
+        for post in decision.comments:
+            effect(lambda post=post: self._post(envelope, item, post))  # type: ignore[misc]
+        comment = envelope.comment
+        first = decision.dispatches[0] if decision.dispatches else None
+        if first is not None and first.comment_id and comment is not None:
+            effect(
+                lambda: github.add_reaction(
                     installation_id=envelope.installation_id,
                     repository=item.repository,
                     comment_id=comment.id,
-                    comment_kind=decision.dispatches[0].comment_kind or "issue",
+                    comment_kind=first.comment_kind or "issue",
                     content="eyes",
-                )
-        except (Transient, Permanent) as exc:
-            # Decoration only: the decision stands (D14); the failure is on record.
-            log.warning(
-                "GitHub side effect failed: %s", exc, extra={"delivery_id": envelope.delivery_id}
-            )
-            self._store.append_event(
-                EventRecord(
-                    name="github.failed",
-                    at=self._clock.now(),
-                    delivery_id=envelope.delivery_id,
-                    work_item=item.ref,
-                    severity="WARNING",
-                    data={"error": str(exc)[:500]},
                 )
             )
 

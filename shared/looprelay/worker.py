@@ -133,7 +133,10 @@ class Worker:
         if not self._store.settle_delivery(
             delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=now, event=settled
         ):
-            return json_response(200, {"status": "already-settled"})
+            # Another attempt settled it meanwhile: answer with the one outcome on record.
+            stored = self._store.get_delivery(delivery_id)
+            answer = {"status": "already-settled", "outcome": stored.outcome if stored else None}
+            return json_response(200, answer)
         log.info(
             "delivery settled as %s",
             outcome.outcome,

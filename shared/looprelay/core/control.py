@@ -173,6 +173,13 @@ class Signal(StrEnum):
     CLOSE = "close"
 
 
+def envelope_labels(envelope: Envelope) -> list[str]:
+    """Return the labels of the issue or pull request an event is on (B11)."""
+    if envelope.issue is not None:
+        return envelope.issue.labels
+    return envelope.pull_request.labels if envelope.pull_request else []
+
+
 def read_signal(
     envelope: Envelope, *, auto_execute_label: str | None, authorization: Authorization
 ) -> Signal | None:
@@ -189,7 +196,7 @@ def read_signal(
         return Signal.CLOSE if authorization in allowed else None
     if not auto_execute_label or authorization is not Authorization.ALLOWED:
         return None
-    labels = envelope.issue.labels if envelope.issue else []
+    labels = envelope_labels(envelope)
     labeled = envelope.action == "labeled" and envelope.label == auto_execute_label
     present = envelope.action in ARMING_ACTIONS and auto_execute_label in labels
     return Signal.ARM if labeled or present else None

@@ -26,6 +26,7 @@ from looprelay.core.control import (
     Signal,
     Verdict,
     apply_command,
+    envelope_labels,
     read_command,
     read_signal,
 )
@@ -151,18 +152,33 @@ def _linked(situation: Situation) -> WorkItemRecord:
 
 
 def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
-    actor = event_actor(situation.envelope)
-    comment = situation.envelope.comment
+    envelope = situation.envelope
+    replayed = next(
+        (log for log in plan.item.commands if log.delivery_id == envelope.delivery_id), None
+    )
+    if replayed is not None:
+        # A queue retry of a command already applied (its first attempt saved and has not
+        # settled yet): report what it did, change nothing (SPEC §2 delivery ledger).
+        outcome, _, detail = replayed.effect.partition(":")
+        return Decision(outcome or "ignored", detail or "command already applied")
+    if command is Command.START and _carries_label(situation, plan.policy.auto_execute_label):
+        # The label on the issue arms it even when its `labeled` delivery never reached us.
+        plan.item = plan.item.model_copy(
+            update={"control": str(_armed(ControlState(plan.item.control)))}
+        )
+    decision = _transition(plan, situation, command)
+    actor = event_actor(envelope)
+    comment = envelope.comment
     log = CommandLog(
         command=str(command),
         actor=actor.login if actor else "",
         at=situation.now,
-        delivery_id=situation.envelope.delivery_id,
+        delivery_id=envelope.delivery_id,
         comment_id=comment.id if comment else None,
+        effect=f"{decision.outcome}:{decision.detail}",
     )
     commands = [*plan.item.commands, log][-MAX_COMMANDS:]
-    plan.item = plan.item.model_copy(update={"commands": commands})
-    decision = _transition(plan, situation, command)
+    item = (decision.work_item or plan.item).model_copy(update={"commands": commands})
     note = Note(
         "control.command",
         {
@@ -172,7 +188,25 @@ def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
             "result": decision.detail,
         },
     )
-    return _with_notes(decision, note)
+    return _with_notes(
+        Decision(
+            decision.outcome,
+            decision.detail,
+            item,
+            decision.dispatches,
+            decision.comments,
+            decision.notes,
+        ),
+        note,
+    )
+
+
+def _carries_label(situation: Situation, label: str) -> bool:
+    return bool(label) and label in envelope_labels(situation.envelope)
+
+
+def _armed(state: ControlState) -> ControlState:
+    return ControlState.ARMED if state in (ControlState.IDLE, ControlState.CLEANED) else state
 
 
 def _transition(plan: Plan, situation: Situation, step: Command | Signal) -> Decision:
@@ -330,7 +364,9 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
         notes.append(
             Note("session.pr_session_declined", {"pull_request": pr_ref, "reason": choice.reason})
         )
-    plan.send(endpoint=choice.ref)
+    # A pull request's own session works in the repository the pull request lives in.
+    pr_repository = (pr.base_repo or "") if pr and choice.ref != plan.item.ref else ""
+    plan.send(endpoint=choice.ref, repository=pr_repository.lower())
 
 
 def _finish(

@@ -74,6 +74,7 @@ class PullRequest(_Value):
     base_ref: str | None = None
     base_repo: str | None = None
     author: Actor | None = None
+    labels: list[str] = Field(default_factory=list)
 
 
 class CheckRef(_Value):
@@ -182,20 +183,23 @@ def _issue(obj: Mapping[str, Any], text: _Text) -> Issue | None:
     number = _int(obj, "number")
     if number is None:
         return None
-    labels = obj.get("labels")
-    names = [
-        label["name"][:NAME_CAP]
-        for label in (labels if isinstance(labels, list) else [])[:LIST_CAP]
-        if isinstance(label, Mapping) and isinstance(label.get("name"), str)
-    ]
     return Issue(
         number=number,
         title=text(obj.get("title"), TITLE_CAP, "issue.title"),
         state=_str(obj, "state"),
         is_pull_request="pull_request" in obj,
         author=_actor(_dict(obj, "user")),
-        labels=names,
+        labels=_labels(obj),
     )
+
+
+def _labels(obj: Mapping[str, Any]) -> list[str]:
+    labels = obj.get("labels")
+    return [
+        label["name"][:NAME_CAP]
+        for label in (labels if isinstance(labels, list) else [])[:LIST_CAP]
+        if isinstance(label, Mapping) and isinstance(label.get("name"), str)
+    ]
 
 
 def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest | None:
@@ -215,6 +219,7 @@ def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest 
         base_ref=_str(base, "ref"),
         base_repo=_str(_dict(base, "repo"), "full_name"),
         author=_actor(_dict(obj, "user")),
+        labels=_labels(obj),
     )
 
 

@@ -92,7 +92,9 @@ class Plan:
     now: datetime
     dispatches: list[DispatchRecord] = field(default_factory=list)
 
-    def send(self, *, endpoint: str, spawn_fresh: bool = False) -> DispatchRecord:
+    def send(
+        self, *, endpoint: str, spawn_fresh: bool = False, repository: str = ""
+    ) -> DispatchRecord:
         """Queue the event for ``endpoint``: a delivery into its live session, or a spawn (a
         resume when a session existed and ended) carrying the event as its first prompt."""
         session = self.item.sessions.get(endpoint)
@@ -107,6 +109,7 @@ class Plan:
             harness=self.policy.harness,
             runner_kind=self.policy.runner_kind,
             interaction=self.policy.interaction.mode,
+            repository=repository or (session.repository if session else ""),
             runner_id=session.runner_id if session and session.status == "terminated" else None,
         )
         self._set_session(fresh)
@@ -142,7 +145,7 @@ class Plan:
             endpoint=session.endpoint,
             seq=self.item.next_seq,
             kind=kind,
-            repository=self.item.repository,
+            repository=session.repository or self.item.repository,
             session_name=session.session_name,
             session_id=session.session_id,
             harness=session.harness,
