@@ -4,11 +4,11 @@ and progress on GitHub (🎉 delivered, 😕 failed, one attach comment after a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from looprelay.besteffort import best_effort
-from looprelay.core.policy import mark
+from looprelay.comments import post_once
 from looprelay.core.render import render_comment
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
 from looprelay.records import DispatchRecord, EventRecord, RunnerRecord, WorkItemRecord
@@ -32,12 +32,13 @@ class Progress:
         store: Store,
         github: GitHub | None,
         clock: Clock,
-        tmux_socket_hint: str = "looprelay",
+        bot_logins: Collection[str] = (),
     ) -> None:
         self._items = work_items
         self._store = store
         self._github = github
         self._clock = clock
+        self._bot_logins = tuple(bot_logins)
 
     def record(
         self,
@@ -174,11 +175,15 @@ class Progress:
                 "session_name": result.tmux_target or dispatch.session_name,
             },
         )
-        self._github.create_comment(
+        post_once(
+            self._github,
             installation_id=dispatch.installation_id,
             repository=item.repository,
             number=item.number,
-            body=mark(body, kind="attach", id=dispatch.dispatch_id),
+            body=body,
+            kind="attach",
+            marker_id=dispatch.dispatch_id,
+            bot_logins=self._bot_logins,
         )
 
     def _event(self, name: str, dispatch: DispatchRecord, data: dict[str, object]) -> None:

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 
 from looprelay.besteffort import best_effort
+from looprelay.comments import post_once
 from looprelay.core.control import Command, find_commands
 from looprelay.core.decide import CommentPost, Decision, Situation, decide
 from looprelay.core.envelope import Envelope
 from looprelay.core.plan import RoutingPolicy
-from looprelay.core.policy import mark
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
@@ -206,37 +206,18 @@ class Router:
             if post.kind == "checklist"
             else envelope.delivery_id
         )
-        body = mark(post.body, kind=post.kind, id=marker_id)
-        needle = body[len(post.body) :].strip()
-        existing = self._github.find_comment_with(
+        comment_id = post_once(
+            self._github,
             installation_id=envelope.installation_id,
             repository=item.repository,
             number=item.number,
-            needle=needle,
+            body=post.body,
+            kind=post.kind,
+            marker_id=marker_id,
+            bot_logins=self._policy.bot_logins,
         )
-        comment_id = existing if existing and self._ours(envelope, item, existing) else None
-        if comment_id is None:
-            comment_id = self._github.create_comment(
-                installation_id=envelope.installation_id,
-                repository=item.repository,
-                number=item.number,
-                body=body,
-            )
         if post.kind == "checklist":
             self._remember_checklist(item.ref, comment_id)
-
-    def _ours(self, envelope: Envelope, item: WorkItemRecord, comment_id: int) -> bool:
-        """Only a comment our own bot wrote may stand for ours (predecessor discrepancy 3)."""
-        assert self._github is not None
-        if not self._policy.bot_logins:
-            return False
-        text = self._github.get_comment(
-            installation_id=envelope.installation_id,
-            repository=item.repository,
-            comment_id=comment_id,
-        )
-        bots = {login.lower() for login in self._policy.bot_logins}
-        return text is not None and text.author_login.lower() in bots
 
     def _remember_checklist(self, ref: str, comment_id: int) -> None:
         for _ in range(MAX_SAVE_ROUNDS):

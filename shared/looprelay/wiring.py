@@ -65,7 +65,13 @@ def build_runner_api(
     """The runner API with its lease desk."""
     registry = open_runner_registry(config, data_dir=data_dir)
     work_items = open_work_item_store(config, data_dir=data_dir)
-    progress = Progress(work_items=work_items, store=store, github=github, clock=clock)
+    progress = Progress(
+        work_items=work_items,
+        store=store,
+        github=github,
+        clock=clock,
+        bot_logins=config.routing.bot_logins,
+    )
     desk = LeaseDesk(
         registry=registry,
         work_items=work_items,
