@@ -9,7 +9,11 @@ reactions", "Generating an installation access token for a GitHub App"):
 - ``POST|GET /repos/{o}/{r}/issues/{n}/comments`` creates (201) or lists comments, paginated
   with ``per_page``/``page`` and a ``Link`` header;
 - ``GET /repos/{o}/{r}/issues/comments/{id}`` reads one;
-- ``POST /repos/{o}/{r}/{issues|pulls}/comments/{id}/reactions``: 201 new, 200 existing.
+- ``POST /repos/{o}/{r}/{issues|pulls}/comments/{id}/reactions``: 201 new, 200 existing;
+- ``GET /app/hook/deliveries`` lists ``app_deliveries`` newest first, ``per_page`` at a time,
+  with a ``Link: <...&cursor=...>; rel="next"`` header, and ``POST
+  /app/hook/deliveries/{id}/attempts`` records the id in ``redelivered`` (202); both need the
+  App's JWT, as on GitHub (docs: "REST API endpoints for GitHub App webhooks").
 
 Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
 chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
@@ -53,6 +57,10 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         "_react",
     ),
 ]
+_APP_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(r"/app/hook/deliveries"), "_list_deliveries"),
+    ("POST", re.compile(r"/app/hook/deliveries/(?P<id>\d+)/attempts"), "_redeliver"),
+]
 _KINDS = {"issues": "issue", "pulls": "review"}
 Answer = tuple[int, dict[str, str], Any]
 
@@ -79,6 +87,18 @@ class FakeComment:
     body: str
     kind: str = "issue"
     reactions: list[tuple[str, str]] = field(default_factory=list)  # (login, content)
+
+
+@dataclass(frozen=True)
+class FakeDelivery:
+    """One attempt in the App's delivery log; ``status_code`` 2xx is GitHub's "OK"."""
+
+    id: int
+    guid: str
+    delivered_at: datetime
+    status_code: int
+    event: str = "issue_comment"
+    redelivery: bool = False
 
 
 @dataclass
@@ -113,6 +133,8 @@ class FakeGitHub:
         self.app_login = APP_LOGIN
         self.app_public_key: rsa.RSAPublicKey | None = None
         self.installations = {INSTALLATION_ID}
+        self.app_deliveries: list[FakeDelivery] = []  # any order; listed newest first
+        self.redelivered: list[int] = []  # attempt ids of every accepted redelivery request
         self.token_ttl_seconds = 3600.0
         self.clock: Callable[[], float] = time.time
         self._script: list[_Scripted] = []
@@ -205,6 +227,10 @@ class FakeGitHub:
         return None
 
     def _route(self, request: RecordedRequest) -> Answer:
+        for method, pattern, name in _APP_ROUTES:
+            match = pattern.fullmatch(request.path)
+            if match and method == request.method:
+                return self._as_app(request, name, match.groupdict())
         for method, pattern, name in _ROUTES:
             match = pattern.fullmatch(request.path)
             if match and method == request.method:
@@ -218,6 +244,13 @@ class FakeGitHub:
                 handler: Callable[..., Answer] = getattr(self, name)
                 return handler(request, login, **match.groupdict())
         return _error(404, "Not Found")
+
+    def _as_app(self, request: RecordedRequest, name: str, args: dict[str, str]) -> Answer:
+        _, _, token = request.headers.get("authorization", "").partition(" ")
+        if self._verify_jwt(token) is None:  # an installation token is refused too
+            return _error(401, "A JSON web token could not be decoded")
+        handler: Callable[..., Answer] = getattr(self, name)
+        return handler(request, **args)
 
     def _login(self, headers: dict[str, str]) -> str | None:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -301,6 +334,23 @@ class FakeGitHub:
         comment.reactions.append((login, content))
         return 201, {}, reaction
 
+    def _list_deliveries(self, request: RecordedRequest) -> Answer:
+        per_page = min(int(request.query.get("per_page", ["30"])[0]), 100)
+        start = int(request.query.get("cursor", ["v1_0"])[0].removeprefix("v1_"))
+        ordered = sorted(self.app_deliveries, key=lambda d: (d.delivered_at, d.id), reverse=True)
+        chunk = ordered[start : start + per_page]
+        headers = {}
+        if start + per_page < len(ordered):
+            query = urlencode({"per_page": per_page, "cursor": f"v1_{start + per_page}"})
+            headers["Link"] = f'<{self.url}{request.path}?{query}>; rel="next"'
+        return 200, headers, [_render_delivery(d) for d in chunk]
+
+    def _redeliver(self, request: RecordedRequest, id: str) -> Answer:
+        if all(d.id != int(id) for d in self.app_deliveries):
+            return _error(404, "Not Found")
+        self.redelivered.append(int(id))
+        return 202, {}, {}
+
     def _store(
         self, repo: str, number: int, author: str | None, body: str, kind: str
     ) -> FakeComment:
@@ -319,6 +369,24 @@ class FakeGitHub:
             "user": user,
             "author_association": "NONE",
         }
+
+
+def _render_delivery(delivery: FakeDelivery) -> dict[str, Any]:
+    ok = 200 <= delivery.status_code < 300
+    return {
+        "id": delivery.id,
+        "guid": delivery.guid,
+        "delivered_at": delivery.delivered_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "redelivery": delivery.redelivery,
+        "duration": 0.27,
+        "status": "OK" if ok else f"Invalid HTTP Response: {delivery.status_code}",
+        "status_code": delivery.status_code,
+        "event": delivery.event,
+        "action": "created",
+        "installation_id": INSTALLATION_ID,
+        "repository_id": 1296269,
+        "throttled_at": None,
+    }
 
 
 def _error(status: int, message: str) -> Answer:

@@ -1,19 +1,23 @@
 """Build the Cloud Functions' handlers from the environment.
 
-Each builder imports only what its function needs: the webhook must stay light on cold start
-(no Firestore client, no Jinja2, no tmux).
+Each builder imports only what its function needs, and this module imports none of it: the
+webhook must stay light on cold start (no Firestore client, no Jinja2, no tmux);
+``tests/infra/test_coldstart.py`` keeps it so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from looprelay.config import Config, load_config
 from looprelay.errors import ConfigError
-from looprelay.ingress import Ingress
-from looprelay.runnerapi import RunnerApi
-from looprelay.secrets_env import webhook_secrets_from_env
-from looprelay.worker import Worker
+
+if TYPE_CHECKING:
+    from looprelay.ingress import Ingress
+    from looprelay.runnerapi import RunnerApi
+    from looprelay.sweeper import SweepHandler
+    from looprelay.worker import Worker
 
 CONFIG_ENV = "LOOPRELAY_CONFIG"
 
@@ -34,7 +38,9 @@ def build_ingress(config: Config, environ: Mapping[str, str]) -> Ingress:
             "github.webhookSecrets is empty: a cloud deployment needs at least one secret "
             "(the name of an environment variable wired from Secret Manager)"
         )
+    from looprelay.ingress import Ingress
     from looprelay.queues import open_queue
+    from looprelay.secrets_env import webhook_secrets_from_env
 
     return Ingress(
         secrets=webhook_secrets_from_env(config.github, environ),
@@ -58,6 +64,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
     from looprelay.stores import open_store
     from looprelay.wiring import build_router, github_client
+    from looprelay.worker import Worker
 
     store = open_store(config, data_dir=None)
     clock = SystemClock()
@@ -74,6 +81,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         authenticator=OidcTaskAuthenticator(
             audience=config.worker.oidc.audience,
             service_account_email=config.worker.oidc.service_account_email,
+            platform_verifies_signature=config.worker.oidc.platform_verifies_signature,
         ),
         clock=clock,
         handler=router,
@@ -95,4 +103,21 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
         data_dir=None,
         github=github_client(config, environ),
         waker=None,
+    )
+
+
+def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
+    """The sweeper's handler: redelivers the App's failed deliveries the ledger lacks.
+
+    Raises ``ConfigError`` when GitHub App auth is not configured (``sweeper.app_github``):
+    a cloud deployment refuses to start rather than fail every scheduled run.
+    """
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.stores import open_store
+    from looprelay.sweeper import SweepHandler, app_github
+
+    return SweepHandler(
+        github=app_github(config.github, environ),
+        store=open_store(config, data_dir=None),
+        clock=SystemClock(),
     )

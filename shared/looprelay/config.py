@@ -121,6 +121,12 @@ class OidcConfig(_Section):
         description="Service account Cloud Tasks signs its OIDC token as."
     )
     audience: str = Field(description="Audience of the token: the worker's URL.")
+    platform_verifies_signature: bool = Field(
+        default=False,
+        description="Set only when Cloud Run's IAM invoker check guards the worker: Google "
+        "then verifies the token itself and strips its signature, and looprelay checks the "
+        "claims of such a token.",
+    )
 
 
 class WorkerConfig(_Section):

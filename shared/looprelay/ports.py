@@ -225,8 +225,23 @@ class CommentText:
     body: str
 
 
+@dataclass(frozen=True)
+class AppDelivery:
+    """One attempt GitHub made to deliver a webhook to the App (docs: "REST API endpoints for
+    GitHub App webhooks"); a redelivery is a new attempt with the same ``guid``."""
+
+    id: int
+    guid: str
+    """The ``X-GitHub-Delivery`` header: the ledger's key."""
+    delivered_at: datetime
+    status_code: int
+    redelivery: bool
+    event: str
+
+
 class GitHub(Protocol):
-    """The few GitHub REST calls the worker makes, on behalf of one App installation.
+    """The few GitHub REST calls looprelay makes: the worker's on behalf of one App
+    installation, the sweeper's as the App itself.
 
     ``installation_id`` is None with token auth. Every method raises ``Transient`` on 5xx,
     rate limits and network errors (after its own short retry budget) and ``Permanent`` on
@@ -263,6 +278,16 @@ class GitHub(Protocol):
     ) -> None:
         """React to an ``issue`` comment or a ``review`` comment (content: ``eyes``,
         ``hooray``, ``confused``, ...); reacting twice is harmless."""
+        ...
+
+    def list_app_deliveries(self, *, since: datetime, max_pages: int) -> list[AppDelivery]:
+        """List the App's webhook delivery attempts, newest first, back to ``since`` (aware),
+        reading at most ``max_pages`` pages. Needs App auth: raises ``Permanent`` without it."""
+        ...
+
+    def redeliver(self, *, delivery_id: int) -> None:
+        """Ask GitHub to deliver the attempt ``delivery_id`` (an ``AppDelivery.id``) again; a
+        retried request may deliver it twice, which the ledger absorbs. Needs App auth."""
         ...
 
 

@@ -314,3 +314,68 @@ class TestCertificatesUnavailable:
         certs[1].status, certs[1].body = status, body
         with pytest.raises(Transient):
             authenticator.authenticate(_bearer(_token(key.signer)))
+
+
+def _stripped(token: str) -> str:
+    """The token as Cloud Run's IAM check forwards it: verified, signature replaced."""
+    header, payload, _ = token.split(".")
+    return f"{header}.{payload}.SIGNATURE_REMOVED_BY_GOOGLE"
+
+
+class TestBehindCloudRunIam:
+    """Cloud Run verifies the invoker's token and strips its signature before the worker."""
+
+    @pytest.fixture
+    def behind_iam(self, certs: tuple[str, _CertsScript]) -> OidcTaskAuthenticator:
+        return OidcTaskAuthenticator(
+            audience=AUDIENCE,
+            service_account_email=ACCOUNT,
+            certs_url=certs[0],
+            platform_verifies_signature=True,
+        )
+
+    def test_a_stripped_token_is_accepted_on_its_claims(
+        self, behind_iam: OidcTaskAuthenticator, key: _Key, certs: tuple[str, _CertsScript]
+    ) -> None:
+        behind_iam.authenticate(_bearer(_stripped(_token(key.signer))))
+        assert certs[1].hits == []  # nothing to verify: the platform did
+
+    def test_a_stripped_token_is_refused_unless_configured(
+        self, authenticator: OidcTaskAuthenticator, key: _Key
+    ) -> None:
+        with pytest.raises(Unauthorized) as caught:
+            authenticator.authenticate(_bearer(_stripped(_token(key.signer))))
+        assert caught.value.status == 401
+
+    @pytest.mark.parametrize(
+        ("overrides", "status"),
+        [
+            ({"aud": "https://elsewhere.example.test/worker"}, 401),
+            ({"iat": -7200, "exp": -3600}, 401),
+            ({"aud": None}, 401),
+            ({"iss": "https://evil.example.test"}, 401),
+            ({"email": "someone-else@project.iam.gserviceaccount.com"}, 403),
+            ({"email_verified": False}, 403),
+        ],
+        ids=["audience", "expired", "no-audience", "issuer", "email", "unverified"],
+    )
+    def test_the_claims_of_a_stripped_token_are_still_checked(
+        self,
+        behind_iam: OidcTaskAuthenticator,
+        key: _Key,
+        overrides: dict[str, Any],
+        status: int,
+    ) -> None:
+        with pytest.raises(Unauthorized) as caught:
+            behind_iam.authenticate(_bearer(_stripped(_token(key.signer, **overrides))))
+        assert caught.value.status == status
+
+    def test_a_signed_token_is_still_fully_verified(
+        self, behind_iam: OidcTaskAuthenticator, stranger_key: _Key
+    ) -> None:
+        with pytest.raises(Unauthorized):
+            behind_iam.authenticate(_bearer(_token(stranger_key.signer, key_id=KID)))
+
+    def test_a_garbage_payload_is_refused(self, behind_iam: OidcTaskAuthenticator) -> None:
+        with pytest.raises(Unauthorized):
+            behind_iam.authenticate(_bearer("a.%%%.SIGNATURE_REMOVED_BY_GOOGLE"))

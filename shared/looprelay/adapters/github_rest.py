@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.exceptions import ChunkedEncodingError
 
-from looprelay.adapters import github_auth
+from looprelay.adapters import github_app_hooks, github_auth
 from looprelay.config import GitHubConfig
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import CommentText
@@ -34,7 +34,7 @@ _HINTS = {
 }
 
 
-class GitHubRest:
+class GitHubRest(github_app_hooks.AppHookCalls):
     """The ``GitHub`` port over HTTPS. Every method raises ``ValueError`` for a ``repository``
     not ``owner/name``, ``Permanent`` (naming method, path, status) on a 4xx that is no rate
     limit, and ``Transient`` when its retry budget is spent: ``max_attempts`` (4) attempts per
@@ -56,8 +56,7 @@ class GitHubRest:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Configure the client; ``sleep`` and ``clock`` (epoch seconds) are test switches."""
-        self._api_url = api_url.rstrip("/")
-        self._auth = auth
+        self._api_url, self._auth = api_url.rstrip("/"), auth
         self._timeout, self._max_wait = timeout_seconds, max_wait_seconds
         self._max_attempts = max(1, max_attempts)
         self._sleep, self._clock = sleep, clock
@@ -142,12 +141,13 @@ class GitHubRest:
         payload: Any = None,
         *,
         missing_ok: bool = False,
+        as_app: bool = False,
     ) -> requests.Response:
-        """Make the call within the class's retry budget; return a 404 when ``missing_ok``."""
+        """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``."""
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
             try:
-                headers = self._auth.headers(installation)
+                headers = self._app_headers() if as_app else self._auth.headers(installation)
                 response = self._session.request(
                     method, url, headers=headers, json=payload, timeout=self._timeout
                 )

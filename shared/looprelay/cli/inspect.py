@@ -1,8 +1,9 @@
-"""Reading state: ``deliveries`` (the ledger, replay), ``events``, ``queue``."""
+"""Reading state: ``deliveries`` (the ledger, replay, sweep), ``events``, ``queue``."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -55,6 +56,39 @@ def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) ->
     config_path, data_dir = obj
     replay_delivery(load(config_path), data_dir=data_path(data_dir), delivery_id=delivery_id)
     click.echo(f"{delivery_id}: queued again")
+
+
+@deliveries.command("sweep")
+@state_options
+@click.option("--limit", type=int, default=50, show_default=True, help="Most redeliveries.")
+@click.option("--dry-run", is_flag=True, help="Show what would be redelivered; ask for nothing.")
+@click.pass_obj
+def deliveries_sweep(
+    obj: tuple[Path | None, Path | None],
+    config_path: Path | None,
+    data_dir: Path | None,
+    limit: int,
+    dry_run: bool,
+) -> None:
+    """Ask GitHub to redeliver the App's failed deliveries of the last 3 days that the ledger
+    lacks (GitHub never retries them itself). Needs github.appId and github.privateKeyEnv."""
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.stores import open_store
+    from looprelay.sweeper import app_github, sweep
+
+    config = load(config_path or obj[0])
+    store = open_store(config, data_dir=data_path(data_dir or obj[1]))
+    github = app_github(config.github, os.environ)
+    report = sweep(github, store, SystemClock(), limit=limit, dry_run=dry_run)
+    for delivery, outcome in report.picked:
+        stamp = delivery.delivered_at.isoformat()
+        click.echo(f"{outcome}  {delivery.guid}  attempt {delivery.id}  {delivery.event}  {stamp}")
+    click.echo(
+        f"listed {report.listed}, failed {report.failed}, already in the ledger "
+        f"{report.in_ledger}, redelivered {report.redelivered}, errors {report.errors}"
+    )
+    if report.errors:
+        raise click.ClickException(f"{report.errors} redelivery request(s) failed; see above")
 
 
 @click.command()

@@ -1,0 +1,212 @@
+"""Cold start of each Cloud Functions entry point, measured with ``python -X importtime``.
+
+Each case runs ``python -X importtime -c "import main"`` in ``functions/`` with ``shared/`` on
+``PYTHONPATH``, several times, and reports the median total import time next to a bare
+``import functions_framework`` (the floor: functions-framework itself loads it, and Flask, before
+it loads ``main``). Cases:
+
+- ``main``: ``FUNCTION_TARGET`` unset, so ``import main`` builds nothing: what every entry point
+  shares;
+- ``webhook``, ``worker``, ``runners``, ``sweeper``: ``FUNCTION_TARGET`` set, as Cloud Functions
+  sets it, so ``main`` builds that target's handler at import with a cloud-shaped config
+  (Cloud Tasks queue, Firestore store, GitHub App auth). No Google service is reached: the
+  queue's endpoint and ``FIRESTORE_EMULATOR_HOST`` point at a closed loopback port, and clients
+  connect lazily.
+
+Then it lists the webhook's 10 heaviest imports (self time) and checks that the webhook path
+loads no Firestore client, no libtmux and no Jinja2 beyond what Flask itself loads (Flask imports
+``jinja2`` for its own templates; looprelay's renderer would add ``jinja2.sandbox``). A
+``WARNING`` line says when it does. Nothing here asserts; tests/infra/test_coldstart.py does.
+
+    .venv/bin/python bench/coldstart.py [--runs 9] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+ROOT = Path(__file__).resolve().parents[1]
+FUNCTIONS = ROOT / "functions"
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper")
+CLOSED_PORT = "127.0.0.1:9"  # discard: nothing listens, and nothing is sent at import
+FORBIDDEN_ON_WEBHOOK = ("google.cloud.firestore", "libtmux", "jinja2.sandbox")
+TOP = 10
+
+
+@dataclass(frozen=True)
+class ImportLine:
+    """One line of ``-X importtime``: microseconds spent in the module alone and with children."""
+
+    module: str
+    depth: int
+    self_us: int
+    cumulative_us: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured process."""
+
+    lines: tuple[ImportLine, ...]
+    wall_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        """Every top-level import's cumulative time, startup's included."""
+        return sum(line.cumulative_us for line in self.lines if line.depth == 0) / 1000
+
+    @property
+    def modules(self) -> frozenset[str]:
+        """Every module the process imported."""
+        return frozenset(line.module for line in self.lines)
+
+
+def parse_importtime(stderr: str) -> tuple[ImportLine, ...]:
+    """Read ``import time: self [us] | cumulative | imported package`` lines; skip the rest."""
+    lines = []
+    for raw in stderr.splitlines():
+        if not raw.startswith("import time:") or "imported package" in raw:
+            continue
+        self_us, cumulative_us, name = raw.removeprefix("import time:").split("|", 2)
+        stripped = name.lstrip(" ")
+        depth = (len(name) - len(stripped) - 1) // 2
+        lines.append(ImportLine(stripped.strip(), depth, int(self_us), int(cumulative_us)))
+    return tuple(lines)
+
+
+def cloud_env(case: str, key_pem: str, data: Path) -> dict[str, str]:
+    """The environment a deployed ``case`` gets: ours minus Python and looprelay settings, plus
+    a cloud-shaped config that builds offline."""
+    drop = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "FUNCTION_TARGET", "LOOPRELAY_CONFIG")
+    env = {k: v for k, v in os.environ.items() if k not in drop and "LOOPRELAY__" not in k}
+    env["PYTHONPATH"] = str(ROOT / "shared")
+    if case not in ENTRY_POINTS:
+        return env
+    queue = {"project": "bench", "location": "us-central1", "queue": "work"}
+    queue |= {"workerUrl": "https://worker.example/", "apiEndpoint": f"http://{CLOSED_PORT}"}
+    oidc = {"serviceAccountEmail": "tasks@bench.iam.gserviceaccount.com", "audience": "x"}
+    return env | {
+        "FUNCTION_TARGET": case,
+        "FIRESTORE_EMULATOR_HOST": CLOSED_PORT,
+        "BENCH_WEBHOOK_SECRET": "bench-secret",
+        "BENCH_APP_KEY": key_pem,
+        "LOOPRELAY__github__webhookSecrets": "[BENCH_WEBHOOK_SECRET]",
+        "LOOPRELAY__github__appId": "1",
+        "LOOPRELAY__github__privateKeyEnv": "BENCH_APP_KEY",
+        "LOOPRELAY__queue__backend": "cloudtasks",
+        "LOOPRELAY__queue__cloudtasks": json.dumps(queue),
+        "LOOPRELAY__store__backend": "firestore",
+        "LOOPRELAY__store__firestore__project": "bench",
+        "LOOPRELAY__worker__oidc": json.dumps(oidc),
+        "HOME": str(data),
+    }
+
+
+def measure(case: str, env: dict[str, str]) -> Run:
+    """Run one process for ``case`` and parse its import times; raises when it fails."""
+    statement = "import functions_framework" if case == "baseline" else "import main"
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", statement],
+        cwd=FUNCTIONS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    wall_ms = (time.perf_counter() - started) * 1000
+    if result.returncode != 0:
+        tail = "\n".join(line for line in result.stderr.splitlines() if "import time:" not in line)
+        raise SystemExit(f"{case}: `{statement}` failed:\n{tail[-2000:]}")
+    return Run(parse_importtime(result.stderr), wall_ms)
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run whose total is the median one (for the listing of heavy imports)."""
+    ordered = sorted(runs, key=lambda run: run.total_ms)
+    return ordered[len(ordered) // 2]
+
+
+def _key_pem() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def _warnings(webhook: Run, baseline: Run) -> list[str]:
+    found = [
+        f"WARNING: the webhook imports {module}"
+        for module in sorted(webhook.modules)
+        if module.startswith(FORBIDDEN_ON_WEBHOOK) or module == "looprelay.core.render"
+    ]
+    extra_jinja = sorted(
+        m for m in webhook.modules - baseline.modules if m == "jinja2" or m.startswith("jinja2.")
+    )
+    found += [f"WARNING: the webhook imports {m} beyond what Flask loads" for m in extra_jinja]
+    return sorted(set(found))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="measured runs per case (median)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = parser.parse_args()
+
+    key_pem = _key_pem()
+    cases = ("baseline", "main", *ENTRY_POINTS)
+    results: dict[str, list[Run]] = {case: [] for case in cases}
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as data:
+        envs = {case: cloud_env(case, key_pem, Path(data)) for case in cases}
+        for case in cases:
+            measure(case, envs[case])  # warm-up: writes the .pyc files a deployment ships
+        # Round-robin, so a burst of load elsewhere on the machine hits every case alike.
+        for run in range(1, args.runs + 1):
+            print(f"run {run} of {args.runs}", file=sys.stderr)
+            for case in cases:
+                results[case].append(measure(case, envs[case]))
+
+    medians = {case: statistics.median(r.total_ms for r in runs) for case, runs in results.items()}
+    walls = {case: statistics.median(r.wall_ms for r in runs) for case, runs in results.items()}
+    webhook, baseline = median_run(results["webhook"]), median_run(results["baseline"])
+    heaviest = sorted(webhook.lines, key=lambda line: line.self_us, reverse=True)[:TOP]
+    warnings = _warnings(webhook, baseline)
+    if args.json:
+        print(json.dumps({"runs": args.runs, "import_ms": medians, "process_ms": walls}))
+        return
+    floor = medians["baseline"]
+    print(f"{'case':<22}{'import ms':>10}{'x floor':>9}{'+ms':>8}{'process ms':>12}")
+    for case in cases:
+        label = "functions_framework" if case == "baseline" else case
+        ms = medians[case]
+        print(f"{label:<22}{ms:>10.1f}{ms / floor:>9.2f}{ms - floor:>8.1f}{walls[case]:>12.1f}")
+    print(f"\nwebhook: {TOP} heaviest imports (self ms, cumulative ms)")
+    for line in heaviest:
+        print(f"  {line.self_us / 1000:>7.1f} {line.cumulative_us / 1000:>8.1f}  {line.module}")
+    print()
+    for warning in warnings:
+        print(warning)
+    if not warnings:
+        print(
+            "ok: the webhook imports no google.cloud.firestore, no libtmux and no Jinja2 module "
+            "beyond what Flask loads"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+# The Cloud Tasks queue between the webhook and the worker. Every value is explicit; none is
+# left to Cloud Tasks' defaults (100 attempts, 0.1 s to 3600 s backoff, 500 dispatches/s).
+
+resource "google_cloud_tasks_queue" "deliveries" {
+  project  = var.project
+  name     = "${var.name_prefix}-deliveries"
+  location = var.region
+
+  # The worker answers 503 for what a retry can fix and 2xx for everything settled (including
+  # dead letters, recorded in the ledger), so only transient failures are retried here.
+  retry_config {
+    max_attempts       = var.queue_max_attempts
+    min_backoff        = "${var.queue_min_backoff_seconds}s"
+    max_backoff        = "${var.queue_max_backoff_seconds}s"
+    max_doublings      = var.queue_max_doublings
+    max_retry_duration = "${var.queue_max_retry_duration_seconds}s"
+  }
+
+  rate_limits {
+    max_dispatches_per_second = var.queue_max_dispatches_per_second
+    max_concurrent_dispatches = var.queue_max_concurrent_dispatches
+  }
+
+  # Every attempt in Cloud Logging, for reading a delivery's retries next to its delivery_id.
+  stackdriver_logging_config {
+    sampling_ratio = 1.0
+  }
+
+  depends_on = [google_project_service.enabled]
+}

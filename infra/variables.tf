@@ -1,0 +1,275 @@
+# Every value a deployment chooses. Only project, github_app_id and source_archive have no
+# default; docs/deploy.md walks through each one.
+
+variable "project" {
+  type        = string
+  description = "Google Cloud project id to deploy into."
+}
+
+variable "region" {
+  type        = string
+  default     = "us-central1"
+  description = "Region of the functions, the queue, the scheduler job and the source bucket."
+}
+
+variable "name_prefix" {
+  type        = string
+  default     = "looprelay"
+  description = "Prefix of every resource name (functions, service accounts, queue, secrets)."
+
+  validation {
+    # Service account ids are 6-30 characters; the longest suffix added is "-scheduler".
+    condition     = can(regex("^[a-z][a-z0-9-]{1,18}[a-z0-9]$", var.name_prefix))
+    error_message = "name_prefix must be 3-20 characters of a-z, 0-9 and -, starting with a letter."
+  }
+}
+
+variable "labels" {
+  type        = map(string)
+  default     = {}
+  description = "Labels put on the functions, the bucket and the secrets."
+}
+
+variable "source_archive" {
+  type        = string
+  description = "Path of the functions source zip built by functions/build.sh (uploaded to the source bucket)."
+}
+
+variable "python_runtime" {
+  type        = string
+  default     = "python312"
+  description = "Cloud Functions runtime of the four functions."
+}
+
+variable "build_service_account" {
+  type        = string
+  default     = null
+  description = "Full resource name of the service account Cloud Build uses to build the functions (projects/P/serviceAccounts/EMAIL); null means the project's default."
+}
+
+# --- GitHub ---------------------------------------------------------------------------------
+
+variable "github_app_id" {
+  type        = number
+  description = "The GitHub App's numeric id (App settings, General, \"App ID\")."
+}
+
+variable "github_api_url" {
+  type        = string
+  default     = "https://api.github.com"
+  description = "GitHub REST API base URL (GitHub Enterprise Server: https://HOST/api/v3)."
+}
+
+variable "github_app_key_env" {
+  type        = string
+  default     = "GITHUB_APP_PRIVATE_KEY"
+  description = "Environment variable the App's private key is wired into; its Secret Manager secret is {name_prefix}-{lower-cased name with _ as -}."
+
+  validation {
+    condition     = can(regex("^[A-Z][A-Z0-9_]*$", var.github_app_key_env))
+    error_message = "github_app_key_env must be an upper-case environment-variable name."
+  }
+}
+
+variable "webhook_secret_names" {
+  type        = list(string)
+  default     = ["GITHUB_WEBHOOK_SECRET"]
+  description = "Environment variables holding webhook secrets, primary first (github.webhookSecrets). Each gets a Secret Manager secret {name_prefix}-{lower-cased name with _ as -}; list two during a rotation (docs/operations.md)."
+
+  validation {
+    condition = (
+      length(var.webhook_secret_names) > 0
+      && length(distinct(var.webhook_secret_names)) == length(var.webhook_secret_names)
+      && alltrue([for name in var.webhook_secret_names : can(regex("^[A-Z][A-Z0-9_]*$", name))])
+    )
+    error_message = "webhook_secret_names must list at least one distinct upper-case environment-variable name."
+  }
+}
+
+# --- Routing --------------------------------------------------------------------------------
+
+variable "authorized_users" {
+  type        = list(string)
+  default     = []
+  description = "GitHub logins or numeric user ids whose events and commands count (routing.authorizedUsers). Empty means nobody."
+}
+
+variable "bot_logins" {
+  type        = list(string)
+  default     = []
+  description = "Logins of this App's own bot, e.g. [\"my-looprelay[bot]\"] (routing.botLogins); their events are dropped."
+}
+
+variable "extra_config_env" {
+  type        = map(string)
+  default     = {}
+  description = "More config overrides for every function, as LOOPRELAY__section__key = YAML value (docs/config.md), e.g. { LOOPRELAY__routing__interaction__mode = \"cli\" }."
+
+  validation {
+    condition     = alltrue([for key in keys(var.extra_config_env) : can(regex("^LOOPRELAY__[A-Za-z]+(__[A-Za-z]+)*$", key))])
+    error_message = "extra_config_env keys must look like LOOPRELAY__section__key."
+  }
+}
+
+# --- Firestore ------------------------------------------------------------------------------
+
+variable "firestore_database" {
+  type        = string
+  default     = "(default)"
+  description = "Firestore database id (created here, native mode)."
+}
+
+variable "firestore_location" {
+  type        = string
+  default     = null
+  description = "Firestore location (a region such as us-central1, or a multi-region such as nam5); null means var.region."
+}
+
+variable "collection_prefix" {
+  type        = string
+  default     = ""
+  description = "Prefix of every collection name (store.firestore.collectionPrefix), to share a database."
+}
+
+variable "retention_days" {
+  type        = number
+  default     = 7
+  description = "Days ledger records and events are kept before Firestore's TTL deletes them (store.retentionDays)."
+
+  validation {
+    # GitHub lets an App redeliver deliveries of the past 3 days; the ledger must outlive that.
+    condition     = var.retention_days >= 3
+    error_message = "retention_days must be at least 3, GitHub's redelivery window."
+  }
+}
+
+# --- Cloud Tasks ----------------------------------------------------------------------------
+
+variable "queue_max_attempts" {
+  type        = number
+  default     = 25
+  description = "Attempts of one task before Cloud Tasks gives up (also queue.retry.maxAttempts)."
+}
+
+variable "queue_min_backoff_seconds" {
+  type        = number
+  default     = 1
+  description = "Wait before the first retry of a task."
+}
+
+variable "queue_max_backoff_seconds" {
+  type        = number
+  default     = 300
+  description = "Longest wait between two attempts of a task."
+}
+
+variable "queue_max_doublings" {
+  type        = number
+  default     = 16
+  description = "Times the wait doubles before it grows linearly."
+}
+
+variable "queue_max_retry_duration_seconds" {
+  type        = number
+  default     = 86400
+  description = "Retrying stops only once both this age and queue_max_attempts are reached."
+
+  validation {
+    # Past GitHub's 3-day window neither a retry nor the sweeper can still help.
+    condition     = var.queue_max_retry_duration_seconds > 0 && var.queue_max_retry_duration_seconds <= 259200
+    error_message = "queue_max_retry_duration_seconds must be between 1 and 259200 (3 days)."
+  }
+}
+
+variable "queue_max_dispatches_per_second" {
+  type        = number
+  default     = 20
+  description = "Tasks the queue starts per second (Cloud Tasks allows at most 500)."
+
+  validation {
+    condition     = var.queue_max_dispatches_per_second > 0 && var.queue_max_dispatches_per_second <= 500
+    error_message = "queue_max_dispatches_per_second must be in (0, 500]."
+  }
+}
+
+variable "queue_max_concurrent_dispatches" {
+  type        = number
+  default     = 20
+  description = "Tasks in flight at once (Cloud Tasks allows at most 5,000)."
+
+  validation {
+    condition     = var.queue_max_concurrent_dispatches >= 1 && var.queue_max_concurrent_dispatches <= 5000
+    error_message = "queue_max_concurrent_dispatches must be in [1, 5000]."
+  }
+}
+
+variable "worker_dispatch_deadline_seconds" {
+  type        = number
+  default     = 60
+  description = "How long a task waits for the worker (queue.cloudtasks.dispatchDeadlineSeconds); below worker_timeout_seconds."
+
+  validation {
+    condition     = var.worker_dispatch_deadline_seconds >= 15 && var.worker_dispatch_deadline_seconds <= 1800
+    error_message = "worker_dispatch_deadline_seconds must be in [15, 1800] (Cloud Tasks' bounds)."
+  }
+}
+
+# --- Function sizing ------------------------------------------------------------------------
+
+variable "worker_timeout_seconds" {
+  type        = number
+  default     = 120
+  description = "Request timeout of the worker; longer than worker_dispatch_deadline_seconds so the queue gives up first."
+}
+
+variable "max_instances" {
+  type = object({
+    webhook = number
+    worker  = number
+    runners = number
+    sweeper = number
+  })
+  default = {
+    webhook = 20
+    worker  = 20
+    runners = 10
+    sweeper = 1
+  }
+  description = "Most instances of each function."
+}
+
+variable "request_concurrency" {
+  type = object({
+    webhook = number
+    worker  = number
+    runners = number
+  })
+  default = {
+    webhook = 16
+    worker  = 8
+    runners = 40
+  }
+  description = "Requests one instance serves at once (runner long polls mostly wait); the sweeper serves one."
+}
+
+# --- Sweeper --------------------------------------------------------------------------------
+
+variable "sweeper_schedule" {
+  type        = string
+  default     = "*/15 * * * *"
+  description = "Cron schedule of the redelivery sweep."
+}
+
+variable "sweeper_time_zone" {
+  type        = string
+  default     = "Etc/UTC"
+  description = "Time zone of sweeper_schedule."
+}
+
+# --- Operators ------------------------------------------------------------------------------
+
+variable "operator_members" {
+  type        = list(string)
+  default     = []
+  description = "IAM members (user:, group:, serviceAccount:) who run the looprelay CLI against the cloud: Firestore access, and enqueue + act-as for `looprelay deliveries replay`."
+}

@@ -1,0 +1,351 @@
+"""The Cloud Functions source archive: reproducible, complete, and deployable.
+
+``functions/build.sh`` builds it; here it is built twice, unpacked, its requirements installed
+into a clean venv (no looprelay, no project venv on the path), and every entry point served
+through the real ``functions-framework`` command, as Cloud Functions runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import requests
+
+from looprelay.core.signature import sign_body
+from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
+from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
+from tests.samples import payload_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "functions" / "build.sh"
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper")
+SECRET = "archive-test-secret"
+START_SECONDS = 60.0
+INSTALL_SECONDS = 600
+INSTALL_BUDGET_SECONDS = 180
+# What the surrounding test run sets that a deployed function would not have.
+_FOREIGN_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "FUNCTION_TARGET", "LOOPRELAY_CONFIG")
+
+
+def _build(out: Path, **env: str) -> Path:
+    subprocess.run(
+        ["bash", str(BUILD), str(out)],
+        check=True,
+        capture_output=True,
+        env=os.environ | {"PYTHON": sys.executable} | env,
+        timeout=60,
+    )
+    return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archive, built once for the module."""
+    return _build(tmp_path_factory.mktemp("archive") / "functions-source.zip")
+
+
+class TestBuild:
+    def test_two_builds_are_byte_identical(self, archive: Path, tmp_path: Path) -> None:
+        assert _sha256(_build(tmp_path / "again.zip")) == _sha256(archive)
+
+    def test_file_times_and_the_checkout_path_do_not_change_a_byte(
+        self, archive: Path, tmp_path: Path
+    ) -> None:
+        copy = tmp_path / "elsewhere"
+        for part in ("functions", "shared/looprelay", "templates"):
+            shutil.copytree(ROOT / part, copy / part, copy_function=shutil.copy)
+        for path in copy.rglob("*"):
+            os.utime(path, (1_900_000_000, 1_900_000_000))
+        (copy / "shared/looprelay/__pycache__").mkdir(exist_ok=True)
+        (copy / "shared/looprelay/__pycache__/cloud.cpython-311.pyc").write_bytes(b"stale")
+
+        subprocess.run(
+            ["bash", str(copy / "functions/build.sh")],
+            check=True,
+            capture_output=True,
+            env=os.environ | {"PYTHON": sys.executable},
+        )
+
+        assert _sha256(copy / "build/functions-source.zip") == _sha256(archive)
+
+    def test_it_holds_main_requirements_and_the_package_with_its_templates(
+        self, archive: Path
+    ) -> None:
+        with zipfile.ZipFile(archive) as opened:
+            names = opened.namelist()
+            contents = {name: opened.read(name) for name in names}
+        package = ROOT / "shared" / "looprelay"
+        expected = {"main.py", "requirements.txt", "looprelay/templates/__init__.py"}
+        expected |= {f"looprelay/templates/{p.name}" for p in (ROOT / "templates").glob("*.j2")}
+        expected |= {
+            f"looprelay/{p.relative_to(package).as_posix()}"
+            for p in package.rglob("*.py")
+            if "__pycache__" not in p.parts
+        }
+        assert expected <= set(names)
+        assert any(name.endswith(".j2") for name in names)
+        assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".pyo"))]
+        assert names == sorted(names)
+        assert contents["main.py"] == (ROOT / "functions/main.py").read_bytes()
+        assert contents["looprelay/cloud.py"] == (package / "cloud.py").read_bytes()
+
+    def test_every_entry_is_dated_and_moded_alike(self, archive: Path, tmp_path: Path) -> None:
+        with zipfile.ZipFile(archive) as opened:
+            infos = opened.infolist()
+        assert {info.date_time for info in infos} == {(1980, 1, 1, 0, 0, 0)}
+        assert {info.external_attr >> 16 for info in infos} == {0o100644}
+
+        epoch = 1_700_000_000
+        with zipfile.ZipFile(_build(tmp_path / "dated.zip", SOURCE_DATE_EPOCH=str(epoch))) as z:
+            assert {info.date_time for info in z.infolist()} == {time.gmtime(epoch)[:6]}
+
+    def test_requirements_are_the_project_dependencies_minus_the_agents(self) -> None:
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        lines = (ROOT / "functions/requirements.txt").read_text().splitlines()
+        required = {line for line in lines if line and not line.startswith("#")}
+
+        assert required == {d for d in project["dependencies"] if not d.startswith("libtmux")}
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The unpacked archive and a clean venv holding only its requirements."""
+
+    source: Path
+    bin: Path
+    install_seconds: float
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment a deployed function gets: ours minus the test run's Python setup."""
+        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_ENV}
+        env = {k: v for k, v in env.items() if not k.startswith("LOOPRELAY__")}
+        return env | {"PATH": f"{self.bin}{os.pathsep}{env.get('PATH', '')}"} | extra
+
+
+@pytest.fixture(scope="module")
+def deployed(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
+    """Unpack the archive and install its requirements.txt into a fresh venv, once a module.
+
+    The install uses pip's cache, so reruns download nothing; the venv has no pip of its own
+    (the test run's pip installs into it with ``--python``), which saves ensurepip's seconds.
+    """
+    base = tmp_path_factory.mktemp("deployed")
+    source, venv = base / "source", base / "venv"
+    with zipfile.ZipFile(archive) as opened:
+        opened.extractall(source)
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
+    requirements = str(source / "requirements.txt")
+    result = subprocess.run(
+        [*install, "--quiet", "--no-compile", "--disable-pip-version-check", "-r", requirements],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_SECONDS,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Deployed(source, venv / "bin", install_seconds=time.monotonic() - started)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    """One ``functions-framework`` process serving one target."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def serve(deployed: Deployed, tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """Start ``functions-framework --target T`` from the unpacked archive, as Cloud Functions
+    does (``FUNCTION_TARGET`` set too); every process started is stopped after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(target: str, **env: str) -> Served:
+        port = _free_port()
+        log = tmp_path / f"{target}-{len(started)}.log"
+        command = ["functions-framework", "--source", "main.py", "--target", target]
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                [*command, "--host", "127.0.0.1", "--port", str(port)],
+                cwd=deployed.source,
+                env=deployed.env(FUNCTION_TARGET=target, **env),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(process)
+        return Served(process, f"http://127.0.0.1:{port}", log)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+
+def _wait_until_listening(served: Served) -> None:
+    port = int(served.url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if served.process.poll() is not None:
+            pytest.fail(f"functions-framework exited early:\n{served.output()[-3000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail(f"functions-framework did not listen within {START_SECONDS} s:\n{served.output()}")
+
+
+def _post(served: Served, path: str = "/", **kwargs: object) -> requests.Response:
+    _wait_until_listening(served)
+    return requests.post(served.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+
+
+class TestFromACleanVenv:
+    def test_every_entry_point_imports_from_the_archive_alone(self, deployed: Deployed) -> None:
+        script = (
+            "import json, sys, main, looprelay\n"
+            f"print(json.dumps([main.__file__, looprelay.__file__, "
+            f"[callable(getattr(main, n)) for n in {list(ENTRY_POINTS)!r}]]))"
+        )
+        result = subprocess.run(
+            [str(deployed.bin / "python"), "-c", script],
+            cwd=deployed.source,
+            env=deployed.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+        assert result.returncode == 0, result.stderr
+        main_file, package_file, callables = json.loads(result.stdout)
+        assert Path(main_file).parent == deployed.source
+        assert Path(package_file).is_relative_to(deployed.source)  # not the project's install
+        assert callables == [True] * len(ENTRY_POINTS)
+
+    def test_the_webhook_queues_a_signed_delivery(
+        self, serve: Callable[..., Served], cloudtasks_recorder: CloudTasksRecorder
+    ) -> None:
+        queue = recorder_config(cloudtasks_recorder).model_dump(by_alias=True)
+        served = serve(
+            "webhook",
+            TEST_WEBHOOK_SECRET=SECRET,
+            LOOPRELAY__github__webhookSecrets="[TEST_WEBHOOK_SECRET]",
+            LOOPRELAY__queue__backend="cloudtasks",
+            LOOPRELAY__queue__cloudtasks=json.dumps(queue),
+        )
+        body, delivery = payload_bytes("issue_comment.created"), str(uuid.uuid4())
+        headers = {
+            "Content-Type": "application/json",
+            "X-GitHub-Event": "issue_comment",
+            "X-GitHub-Delivery": delivery,
+            "X-Hub-Signature-256": sign_body(body, SECRET.encode()),
+        }
+
+        response = _post(served, headers=headers, data=body)
+
+        assert response.status_code == 202, served.output()
+        [task] = cloudtasks_recorder.held().values()
+        assert json.loads(task)["delivery_id"] == delivery
+
+    def test_the_webhook_without_a_secret_refuses_to_start(
+        self, serve: Callable[..., Served]
+    ) -> None:
+        served = serve("webhook")
+
+        assert served.process.wait(timeout=START_SECONDS) != 0
+        assert "github.webhookSecrets" in served.output()
+
+    def test_the_worker_refuses_a_request_without_a_token(
+        self, serve: Callable[..., Served], tmp_path: Path
+    ) -> None:
+        oidc = {"serviceAccountEmail": "tasks@demo.iam.gserviceaccount.com", "audience": "x"}
+        served = serve(
+            "worker",
+            LOOPRELAY__worker__oidc=json.dumps(oidc),
+            LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"),
+        )
+
+        response = _post(served, json={"delivery_id": "d-1", "event": "issues"})
+
+        assert response.status_code == 401, served.output()
+
+    def test_the_runner_api_refuses_a_request_without_credentials(
+        self, serve: Callable[..., Served], tmp_path: Path
+    ) -> None:
+        served = serve("runners", LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"))
+
+        response = _post(served, "/runner/v1/heartbeat", json={"version": "t", "capacity": 1})
+
+        assert response.status_code == 401, served.output()
+
+    def test_the_sweeper_redelivers_a_failed_delivery(
+        self,
+        serve: Callable[..., Served],
+        tmp_path: Path,
+        fake_github: FakeGitHub,
+        github_app_key: AppKey,
+    ) -> None:
+        fake_github.app_public_key = github_app_key.public_key
+        failed_at = datetime.now(UTC) - timedelta(minutes=5)
+        fake_github.app_deliveries = [FakeDelivery(31, "lost", failed_at, status_code=502)]
+        served = serve(
+            "sweeper",
+            TEST_GH_APP_KEY=github_app_key.private_pem,
+            LOOPRELAY__github__apiUrl=fake_github.url,
+            LOOPRELAY__github__appId=str(APP_ID),
+            LOOPRELAY__github__privateKeyEnv="TEST_GH_APP_KEY",
+            LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"),
+        )
+
+        response = _post(served)
+
+        assert response.status_code == 200, served.output()
+        assert response.json()["redelivered"] == 1
+        assert fake_github.redelivered == [31]
+
+
+def test_the_clean_install_stays_within_its_budget(deployed: Deployed) -> None:
+    """Every requirement installs from a wheel: about 15 s from pip's cache, about 60 s when
+    it downloads everything. A requirement built from source would take minutes. ``pytest -rP``
+    shows the figure."""
+    print(f"clean venv: pip install -r requirements.txt took {deployed.install_seconds:.1f} s")
+    assert deployed.install_seconds < INSTALL_BUDGET_SECONDS

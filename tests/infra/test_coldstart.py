@@ -1,0 +1,92 @@
+"""The webhook's cold start stays light: importing the functions module builds nothing and loads
+no store, template or tmux code, and the webhook's builder loads only ingress and its queue.
+
+Each check runs in a fresh interpreter (``sys.modules`` of this test run is full of everything).
+Flask, which functions-framework imports before it loads ``main``, itself imports ``jinja2``; so
+for ``main`` the check is "no Jinja2 module beyond Flask's", and ``jinja2.sandbox`` (looprelay's
+renderer) never. The builder is checked without functions-framework, where no Jinja2 at all may
+load. ``bench/coldstart.py`` measures the times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NEVER_ON_IMPORT = ("google.cloud.firestore", "google.cloud.tasks_v2", "libtmux", "jinja2.sandbox")
+NEVER_FOR_THE_WEBHOOK = ("google.cloud.firestore", "jinja2", "libtmux")
+LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.worker")
+_PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
+
+
+def _modules_after(code: str, **env: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code`` in ``functions/``."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FUNCTION_TARGET", "LOOPRELAY_CONFIG") and not k.startswith("LOOPRELAY__")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{_PRINT_MODULES}"],
+        cwd=ROOT / "functions",
+        env=base | {"PYTHONPATH": str(ROOT / "shared")} | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    modules: list[str] = json.loads(result.stdout.splitlines()[-1])
+    return set(modules)
+
+
+def _matching(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(f"{p}.") for p in prefixes))
+
+
+class TestImportingTheFunctionsModule:
+    def test_loads_no_store_queue_template_or_tmux_library(self) -> None:
+        modules = _modules_after("import main")
+
+        assert "main" in modules
+        assert _matching(modules, NEVER_ON_IMPORT) == []
+        assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
+
+    def test_loads_no_jinja2_module_beyond_what_flask_loads(self) -> None:
+        flask_only = _modules_after("import functions_framework")
+
+        modules = _modules_after("import main")
+
+        assert _matching(modules - flask_only, ("jinja2",)) == []
+
+
+class TestTheWebhookBuilder:
+    def test_loads_the_queue_client_and_no_store_template_or_tmux_library(self) -> None:
+        queue = {
+            "project": "p",
+            "location": "us-central1",
+            "queue": "q",
+            "workerUrl": "https://worker.example/",
+            "apiEndpoint": "http://127.0.0.1:9",  # nothing is sent while building
+        }
+        code = (
+            "import os\n"
+            "from looprelay.cloud import build_ingress, cloud_config\n"
+            "build_ingress(cloud_config(os.environ), os.environ)"
+        )
+
+        modules = _modules_after(
+            code,
+            TEST_WEBHOOK_SECRET="s",
+            LOOPRELAY__github__webhookSecrets="[TEST_WEBHOOK_SECRET]",
+            LOOPRELAY__queue__backend="cloudtasks",
+            LOOPRELAY__queue__cloudtasks=json.dumps(queue),
+        )
+
+        assert "google.cloud.tasks_v2" in modules  # the builder really built the cloud queue
+        assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
+        assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
