@@ -18,11 +18,20 @@ from urllib.parse import urlencode
 import pytest
 import requests
 
-from looprelay.config import Config, ServerConfig, WebhookConfig
+from looprelay.adapters.embedded_queue import EmbeddedQueue
+from looprelay.config import (
+    Config,
+    EmbeddedQueueConfig,
+    RetryConfig,
+    ServerConfig,
+    WebhookConfig,
+)
 from looprelay.core.envelope import Envelope
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.embedded import EmbeddedStack
+from looprelay.httpmsg import Request
+from looprelay.ingress import Ingress
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
 from tests.samples import payload_bytes
 
@@ -322,3 +331,29 @@ class TestEmbeddedServerEdges:
 
     def test_health(self, stack: EmbeddedStack) -> None:
         assert requests.get(stack.base_url + "/healthz", timeout=10).json() == {"status": "ok"}
+
+
+class TestTaskSize:
+    def test_text_that_escaping_inflates_is_shrunk_until_the_task_fits_one_megabyte(
+        self, tmp_path: Path
+    ) -> None:
+        queue = EmbeddedQueue(
+            tmp_path / "queue.db", retry=RetryConfig(), settings=EmbeddedQueueConfig()
+        )
+        ingress = Ingress(
+            secrets=[SECRET], queue=queue, config=WebhookConfig(max_text_chars=200_000)
+        )
+        body_dict = json.loads(COMMENT)
+        body_dict["comment"]["body"] = "\u0001" * 200_000  # six bytes each once JSON-escaped
+        body = json.dumps(body_dict).encode()
+        headers = {k.lower(): v for k, v in _headers(body, delivery="d-huge").items()}
+        response = ingress.handle(
+            Request(method="POST", path="/webhook", headers=headers, body=body)
+        )
+        assert response.status == 202
+        [task] = queue.list_tasks()
+        assert len(task.body) <= 1_000_000
+        envelope = Envelope.model_validate_json(task.body)
+        assert envelope.comment is not None and 0 < len(envelope.comment.body) < 200_000
+        assert "comment.body" in envelope.truncated
+        queue.close()

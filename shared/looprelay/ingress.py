@@ -100,8 +100,8 @@ class Ingress:
                 extra={"delivery_id": delivery_id},
             )
             return json_response(202, {"status": "ignored", "delivery": delivery_id})
-        envelope = self._project(event, delivery_id, payload)
-        queued = self._enqueue(delivery_id, envelope)
+        envelope, body = self._project(event, delivery_id, payload)
+        queued = self._enqueue(delivery_id, body)
         log.info(
             "delivery %s",
             "queued" if queued else "duplicate",
@@ -141,20 +141,23 @@ class Ingress:
         if not verify_signature(request.body, header, self._secrets):
             raise BadDelivery("signature does not match any configured secret", status=401)
 
-    def _project(self, event: str, delivery_id: str, payload: dict[str, Any]) -> Envelope:
-        # A Cloud Task holds 1 MB; escaping can inflate text up to six-fold, so shrink the
-        # per-field cap until the envelope fits rather than refuse a legitimate delivery.
+    def _project(
+        self, event: str, delivery_id: str, payload: dict[str, Any]
+    ) -> tuple[Envelope, bytes]:
+        # A Cloud Task holds 1 MB; escaping and UTF-8 can inflate text up to six-fold, so
+        # shrink the per-field cap until the encoded envelope fits rather than refuse it.
         cap = self._config.max_text_chars
         while True:
             envelope = project_envelope(
                 event=event, delivery_id=delivery_id, payload=payload, max_text_chars=cap
             )
-            if len(envelope.model_dump_json()) <= MAX_TASK_BYTES or cap <= 1:
-                return envelope
+            body = envelope.model_dump_json().encode()
+            if len(body) <= MAX_TASK_BYTES or cap <= 1:
+                return envelope, body
             cap //= 2
 
-    def _enqueue(self, delivery_id: str, envelope: Envelope) -> bool:
-        task = Task(name=delivery_task_name(delivery_id), body=envelope.model_dump_json().encode())
+    def _enqueue(self, delivery_id: str, body: bytes) -> bool:
+        task = Task(name=delivery_task_name(delivery_id), body=body)
         try:
             return self._queue.enqueue(task)
         except Permanent as exc:
