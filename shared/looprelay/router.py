@@ -15,7 +15,8 @@ from collections.abc import Callable
 from looprelay.besteffort import best_effort
 from looprelay.comments import post_once
 from looprelay.core.control import Command, find_commands
-from looprelay.core.decide import CommentPost, Decision, Situation, decide
+from looprelay.core.decide import decide
+from looprelay.core.decision import CommentPost, Decision, Situation
 from looprelay.core.envelope import Envelope
 from looprelay.core.plan import RoutingPolicy
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items

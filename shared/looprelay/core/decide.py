@@ -13,11 +13,6 @@ forwarded. Anything looprelay wrote itself, or anyone unlisted wrote, goes nowhe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-
-from looprelay.core.checklist import freeze_selection, render_checklist
 from looprelay.core.control import (
     Action,
     Command,
@@ -30,61 +25,17 @@ from looprelay.core.control import (
     read_command,
     read_signal,
 )
-from looprelay.core.envelope import Envelope
+from looprelay.core.decision import CommentPost, Decision, Note, Situation
+from looprelay.core.gate import checklist_body, freeze_graph
 from looprelay.core.plan import LIVE_STATUSES, Plan, RoutingPolicy, Templates
 from looprelay.core.policy import Authorization, authorize, drop_reason, event_actor
 from looprelay.core.prsessions import choose_endpoint, effective_session_per_pr
-from looprelay.core.render import render_comment
-from looprelay.core.workitems import WorkItemRef, WorkItems
 from looprelay.records import (
     MAX_COMMANDS,
     MAX_LINKED_PULL_REQUESTS,
     CommandLog,
-    DispatchRecord,
-    GraphRecord,
     WorkItemRecord,
 )
-
-
-@dataclass(frozen=True)
-class Situation:
-    """What the worker loaded for one delivery before deciding."""
-
-    envelope: Envelope
-    names: WorkItems
-    target: WorkItemRef | None
-    work_item: WorkItemRecord | None
-    now: datetime
-    recorded_checklist_body: str | None = None
-    pr_checkout_available: bool = False
-
-
-@dataclass(frozen=True)
-class CommentPost:
-    """A comment looprelay posts on the work item (the caller adds the marker)."""
-
-    kind: str
-    body: str
-
-
-@dataclass(frozen=True)
-class Note:
-    """One structured event for the log."""
-
-    name: str
-    data: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Everything one delivery changes: ledger outcome, state, dispatches, comments, notes."""
-
-    outcome: str
-    detail: str = ""
-    work_item: WorkItemRecord | None = None
-    dispatches: tuple[DispatchRecord, ...] = ()
-    comments: tuple[CommentPost, ...] = ()
-    notes: tuple[Note, ...] = ()
 
 
 def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives them
@@ -234,7 +185,7 @@ def _apply(
     if action is Action.SPAWN:
         plan.send(endpoint=plan.item.ref, spawn_fresh=True)
         if plan.item.checklist_comment_id is None:
-            comments.append(CommentPost("checklist", _checklist_body(plan)))
+            comments.append(CommentPost("checklist", checklist_body(plan)))
     elif action is Action.TERMINATE:
         plan.control("terminate", statuses=LIVE_STATUSES, becomes="terminated")
     elif action in (Action.PAUSE, Action.RESUME):
@@ -247,62 +198,8 @@ def _apply(
         )
     elif action is Action.EXECUTE:
         if plan.item.graph is None:
-            _freeze(plan, situation, comments, notes)
+            freeze_graph(plan, situation, comments, notes)
         _route_into(plan, situation, notes)
-
-
-def _checklist_body(plan: Plan) -> str:
-    rows = render_checklist(
-        phases=plan.policy.phases,
-        default_session_per_pr=plan.policy.session_per_pr,
-        execute_keyword=_execute_keyword(plan),
-    )
-    return render_comment(
-        plan.templates.checklist_comment,
-        {"work_item": plan.item.ref, "execute_keyword": _execute_keyword(plan), "checklist": rows},
-    )
-
-
-def _execute_keyword(plan: Plan) -> str:
-    return dict(plan.policy.keywords.by_command).get(Command.EXECUTE, "the-loop execute")
-
-
-def _freeze(
-    plan: Plan, situation: Situation, comments: list[CommentPost], notes: list[Note]
-) -> None:
-    comment = situation.envelope.comment
-    actor = event_actor(situation.envelope)
-    selection = freeze_selection(
-        reply_body=comment.body if comment else "",
-        recorded_body=situation.recorded_checklist_body,
-        phases=plan.policy.phases,
-        default_session_per_pr=plan.policy.session_per_pr,
-        actor=actor.login if actor else "unknown",
-        at=situation.now,
-    )
-    graph = GraphRecord(
-        phases_selected=list(selection.phases_selected),
-        phases_skipped=list(selection.phases_skipped),
-        surface=selection.surface,
-        session_per_pr=selection.session_per_pr,
-        actor=selection.actor,
-        at=selection.at,
-        source=str(selection.source),
-        notes=list(selection.notes),
-    )
-    plan.item = plan.item.model_copy(update={"graph": graph})
-    notes.append(Note("graph.frozen", graph.model_dump(mode="json")))
-    source = {"reply": "reply", "recorded-comment": "checklist comment"}.get(
-        graph.source, "defaults"
-    )
-    comments.append(
-        CommentPost(
-            "confirmation",
-            render_comment(
-                plan.templates.confirmation_comment, graph.model_dump() | {"source": source}
-            ),
-        )
-    )
 
 
 def _close(plan: Plan, situation: Situation, authorization: Authorization) -> Decision:
