@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
 """The only session names the agent touches (the-loop E6: never signal anything else)."""
 POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 2.0  # how long a SIGKILLed harness may take to be reaped
+READY_WAIT_SECONDS = 10.0
+"""Longest a paste waits for a just-started harness to take its terminal raw (see paste)."""
 MAX_INLINE_COMMAND_BYTES = 12_000
 """tmux refuses a command over ~16 KiB ("command too long"); past this budget the prompt goes
 through a file that a tiny launcher reads, unlinks and hands to the harness as its last arg."""
@@ -49,21 +52,30 @@ class _Pane:
     pane_id: str
     dead: bool
     pid: int
+    tty: str
 
 
 class TmuxTerminal:
     """The agent's tmux server, on the private socket ``socket_name`` (never the default one).
 
     The server is started with ``config_file`` (``/dev/null`` by default, so an operator's
-    ``~/.tmux.conf`` cannot change window numbering or exit behaviour).
+    ``~/.tmux.conf`` cannot change window numbering or exit behaviour). A paste waits up to
+    ``ready_wait_seconds`` for a harness that is still starting.
     """
 
-    def __init__(self, socket_name: str, *, config_file: str = os.devnull) -> None:
+    def __init__(
+        self,
+        socket_name: str,
+        *,
+        config_file: str = os.devnull,
+        ready_wait_seconds: float = READY_WAIT_SECONDS,
+    ) -> None:
         if not _SOCKET_NAME.fullmatch(socket_name):
             raise ConfigError(
                 f"tmux socket name {socket_name[:80]!r} must be 1-64 letters, digits, '_.-'"
             )
         self.socket_name = socket_name
+        self._ready_wait_seconds = ready_wait_seconds
         self._server = libtmux.Server(socket_name=socket_name, config_file=config_file)
 
     def has_session(self, name: str) -> bool:
@@ -107,6 +119,11 @@ class TmuxTerminal:
     def paste(self, name: str, text: str) -> None:
         """Paste ``text`` into the harness pane of ``name`` as one bracketed paste, then submit.
 
+        A harness spawned a moment ago may not read its terminal yet: until its TUI takes the
+        terminal raw (and asks for bracketed paste) a paste is echoed as typed lines or flushed
+        away when it does. So the paste waits, up to ``ready_wait_seconds``, for the pane's
+        terminal to leave canonical mode; a program that never does gets the paste after that.
+
         ``load-buffer`` from a private temp file (always unlinked), ``paste-buffer -p -d``, then
         ``send-keys Enter``. CR and CRLF become LF and control characters other than tab and LF are
         dropped, so a hostile text cannot close the bracket (``ESC [201~``) and type keys. Empty
@@ -119,6 +136,9 @@ class TmuxTerminal:
         pane = self._first_pane(name)
         if pane is None:
             raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
+        deadline = time.monotonic() + self._ready_wait_seconds
+        while _canonical(pane.tty) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
         buffer = f"looprelay-{name}"
         fd, path = tempfile.mkstemp(prefix="looprelay-paste-")
         try:
@@ -177,12 +197,14 @@ class TmuxTerminal:
     def _first_pane(self, name: str) -> _Pane | None:
         _check_name(name)
         lines = self._query(
-            "list-panes", "-s", "-t", f"={name}:", "-F", "#{pane_id} #{pane_dead} #{pane_pid}"
+            "list-panes",
+            *("-s", "-t", f"={name}:"),
+            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_tty}"),
         )
         if not lines:
             return None
-        pane_id, dead, pid = lines[0].split(" ")
-        return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0))
+        pane_id, dead, pid, tty = lines[0].split(" ", 3)
+        return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
 
     def wait_dead(self, name: str, seconds: float) -> bool:
         """Tell whether ``name``'s pane dies (or its session goes) within ``seconds``.
@@ -239,6 +261,20 @@ def _boot_command(argv: list[str]) -> tuple[list[str], str | None]:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(argv[-1])
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, path, *argv[:-1]], path
+
+
+def _canonical(tty: str) -> bool:
+    """Tell whether terminal ``tty`` is in canonical (line) mode; False when it cannot be read."""
+    try:
+        fd = os.open(tty, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return bool(termios.tcgetattr(fd)[3] & termios.ICANON)
+    except termios.error:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _signal(pid: int, signum: signal.Signals) -> None:

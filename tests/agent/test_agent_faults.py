@@ -1,0 +1,723 @@
+"""The runner agent under faults: real agents, a real runner API over real HTTP, real tmux.
+
+Each test serves ``/runner/v1/...`` from an EmbeddedHttpServer on 127.0.0.1 (the lease desk as
+``looprelay.wiring.build_runner_api`` builds it, on stores of each backend) and runs agents
+either in threads or as ``looprelay runner run`` processes, when a real SIGKILL or SIGTERM is
+the point, on a private tmux socket with the fake ``claude`` first on PATH.
+
+Time on the server is a clock the test moves, so a lease lapses when the test says so, not after
+a real wait. Where a fault must land at one exact point (a runner killed while its lease is on
+the wire, or between applying and reporting), a test-side wrapper around the runner API holds
+that one call at the server until the test lets it go; the agent itself is never patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.agent.apply import Applier
+from looprelay.agent.checkouts import Checkouts
+from looprelay.agent.client import RunnerClient
+from looprelay.agent.credentials import Credentials, write_credentials
+from looprelay.agent.ledger import Ledger
+from looprelay.agent.register import register
+from looprelay.agent.run import Agent, AgentState
+from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
+from looprelay.agent.tmux import TmuxTerminal
+from looprelay.config import RunnersConfig
+from looprelay.core.prsessions import tmux_session_name
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.leases import DispatchWaker, LeaseDesk
+from looprelay.ports import RunnerRegistry, Store, WorkItemStore
+from looprelay.progress import Progress
+from looprelay.records import DispatchRecord, RunnerRecord, SessionRecord, WorkItemRecord
+from looprelay.runnerapi import RunnerApi, mint_registration_token
+from looprelay.runnerapi_models import API_PREFIX
+from tests.fake_harness import FakeHarness, wait_until
+
+REPOSITORY = "octo/repo"
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+CONFIG = RunnersConfig(lease_seconds=10, poll_wait_seconds=1, heartbeat_seconds=5)
+POLL_WAIT_SECONDS = 1.0
+DEADLINE = 20.0
+"""How long a test waits for the agent, the server or the fake: generous for a loaded machine."""
+LOOPRELAY = [sys.executable, "-m", "looprelay.cli"]
+STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
+SETTLED = ("succeeded", "failed")
+
+
+def _ref(number: int) -> str:
+    return f"github:{REPOSITORY}#{number}"
+
+
+def _bracketed(text: str) -> str:
+    """What the fake reads for one paste of ``text`` and its Enter (raw mode: LF arrives as CR)."""
+    return PASTE_START + text.replace("\n", "\r") + PASTE_END + "\r"
+
+
+def _eventually_equal(read: Callable[[], object], expected: object) -> None:
+    """Wait until ``read()`` equals ``expected``; at the deadline assert it, showing the diff."""
+    deadline = time.monotonic() + DEADLINE
+    while read() != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert read() == expected
+
+
+class SteppingClock:
+    """The server's clock; it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.current = T0
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+
+class Stall:
+    """Holds the first call to one runner API endpoint at the server until the test decides.
+
+    ``after_lease``: the call is served (a poll leases its dispatch) and only its answer is held,
+    as when a runner dies while its lease is on the wire. Otherwise the call is held before it
+    is served; released with ``deliver=False`` it is answered 503 and never served, as when the
+    runner that made it died.
+    """
+
+    def __init__(self, endpoint: str, *, after_lease: bool = False) -> None:
+        self.endpoint = endpoint
+        self.after_lease = after_lease
+        self.caught = threading.Event()
+        self._released = threading.Event()
+        self._deliver = True
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def take(self) -> bool:
+        """Tell whether this call is the one to hold (the first only)."""
+        with self._lock:
+            first, self._taken = not self._taken, True
+            return first
+
+    def hold(self) -> bool:
+        """Block the calling server thread until released; whether to serve the call."""
+        self.caught.set()
+        self._released.wait(2 * DEADLINE)
+        return self._deliver
+
+    def release(self, *, deliver: bool) -> None:
+        self._deliver = deliver
+        self._released.set()
+
+
+@dataclass(frozen=True)
+class Stores:
+    registry: RunnerRegistry
+    work_items: WorkItemStore
+    events: Store
+
+
+@dataclass
+class Relay:
+    """The runner API on a loopback port, its stores, its clock and its waker."""
+
+    stores: Stores
+    clock: SteppingClock
+    waker: DispatchWaker
+    api: RunnerApi
+    port: int = 0
+    stall: Stall | None = None
+    _server: EmbeddedHttpServer | None = None
+    _in_flight: int = 0
+    _calls: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def serve(self) -> None:
+        """Start serving; after :meth:`shut_down`, on the same port again."""
+        self._server = EmbeddedHttpServer(host="127.0.0.1", port=self.port, max_body_bytes=1 << 20)
+        self.port = self._server.address[1]
+        self._server.start(Routes({}, {"/runner/": self._handle}))
+
+    def shut_down(self) -> None:
+        """Stop listening: calls are refused until :meth:`serve` runs again."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def quiesce(self) -> None:
+        """Wait for calls still being served (a stopped agent's last long poll) to end."""
+        with self._calls:
+            self._calls.wait_for(lambda: self._in_flight == 0, DEADLINE)
+
+    def _handle(self, request: Request) -> Response:
+        with self._calls:
+            self._in_flight += 1
+        try:
+            return self._serve(request)
+        finally:
+            with self._calls:
+                self._in_flight -= 1
+                self._calls.notify_all()
+
+    def _serve(self, request: Request) -> Response:
+        stall = self.stall
+        if stall is None or request.path != API_PREFIX + stall.endpoint:
+            return self.api.handle(request)
+        if not stall.after_lease and stall.take() and not stall.hold():
+            return json_response(503, {"error": "dropped by the test"})
+        response = self.api.handle(request)
+        if stall.after_lease and response.status == 200 and stall.take():
+            stall.hold()
+        return response
+
+    def register(self, name: str) -> Credentials:
+        """Register a runner over HTTP with a freshly minted token, as `runner register` does."""
+        token = mint_registration_token(
+            self.stores.registry, now=self.clock.now(), ttl=timedelta(hours=1)
+        )
+        return register(
+            server=self.url, token=token, name=name, labels={}, version="test", capacity=1
+        )
+
+    def runner(self, runner_id: str) -> RunnerRecord:
+        found = self.stores.registry.get_runner(runner_id)
+        assert found is not None
+        return found
+
+    def dispatch(self, number: int, seq: int = 1, **changes: Any) -> DispatchRecord:
+        """A pending spawn for work item ``number``'s own session; ``changes`` override."""
+        ref = _ref(number)
+        base = DispatchRecord(
+            dispatch_id=f"dp-{number}-{seq}",
+            delivery_id=f"d-{number}-{seq}",
+            work_item=ref,
+            endpoint=ref,
+            seq=seq,
+            kind="spawn",
+            repository=REPOSITORY,
+            session_name=tmux_session_name(ref),
+            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
+            prompt=f"event {seq} of #{number}",
+            created_at=self.clock.now() + timedelta(milliseconds=seq),
+        )
+        return base.model_copy(update=changes)
+
+    def seed(
+        self,
+        number: int,
+        *dispatches: DispatchRecord,
+        session_status: str = "pending",
+        session_runner: str | None = None,
+    ) -> None:
+        """Save work item ``number`` with ``dispatches`` and ring the waker, as the router does."""
+        ref = _ref(number)
+        session = SessionRecord(
+            endpoint=ref,
+            session_name=tmux_session_name(ref),
+            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
+            harness="claude",
+            runner_kind="tmux",
+            interaction="work-item",
+            status=session_status,
+            runner_id=session_runner,
+        )
+
+        def save() -> bool:
+            # The desk may be recording a result on the same work item: read again and retry.
+            current = self.stores.work_items.get_work_item(ref)
+            item = current or WorkItemRecord(ref=ref, repository=REPOSITORY, number=number)
+            item = item.model_copy(
+                update={"sessions": {**item.sessions, ref: session}, "updated_at": self.clock.now()}
+            )
+            version = current.version if current else 0
+            return self.stores.work_items.save_work_item(
+                item, expected_version=version, dispatches=dispatches
+            )
+
+        wait_until(save, seconds=DEADLINE)
+        self.waker.notify()
+
+    def stored(self, dispatch_id: str) -> DispatchRecord:
+        found = self.stores.work_items.get_dispatch(dispatch_id)
+        assert found is not None
+        return found
+
+    def settled(self, dispatch_id: str) -> DispatchRecord | None:
+        found = self.stored(dispatch_id)
+        return found if found.status in SETTLED else None
+
+    def wait_settled(self, *dispatch_ids: str) -> list[DispatchRecord]:
+        """Wait until every dispatch named has its final status; return them."""
+        wait_until(lambda: all(self.settled(d) for d in dispatch_ids), seconds=DEADLINE)
+        return [self.stored(d) for d in dispatch_ids]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.stores.events.list_events(name=name)]
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    """The three stores the runner API uses, all of one backend."""
+    if request.param == "sqlite":
+        path = tmp_path / "store.db"
+        opened = (SqliteRunnerRegistry(path), SqliteWorkItemStore(path), SqliteStore(path))
+        yield Stores(*opened)
+        for store in opened:
+            store.close()
+    else:
+        yield Stores(
+            request.getfixturevalue("firestore_runner_registry"),
+            request.getfixturevalue("firestore_work_item_store"),
+            request.getfixturevalue("firestore_store"),
+        )
+
+
+@pytest.fixture
+def relay(stores: Stores) -> Iterator[Relay]:
+    """The runner API with its lease desk, as ``build_runner_api`` wires it, serving."""
+    clock, waker = SteppingClock(), DispatchWaker()
+    progress = Progress(work_items=stores.work_items, store=stores.events, github=None, clock=clock)
+    desk = LeaseDesk(
+        registry=stores.registry,
+        work_items=stores.work_items,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        progress=progress,
+        waker=waker,
+    )
+    api = RunnerApi(
+        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
+    )
+    served = Relay(stores, clock, waker, api)
+    served.serve()
+    yield served
+    if served.stall is not None:
+        served.stall.release(deliver=False)
+    served.quiesce()  # nothing may touch the stores once they are closed
+    served.shut_down()
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    path = tmp_path / "checkout"
+    path.mkdir()
+    return path
+
+
+@dataclass
+class LocalAgent:
+    """An agent running in a thread of the test process."""
+
+    agent: Agent
+    ledger: Ledger
+    thread: threading.Thread
+
+    @property
+    def runner_id(self) -> str:
+        return self.agent.client.runner_id
+
+    def stop(self) -> None:
+        self.agent.stop.set()
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive(), "the agent did not stop"
+        self.ledger.close()
+
+
+@pytest.fixture
+def start_agent(
+    relay: Relay, terminal: TmuxTerminal, checkout: Path, tmp_path: Path
+) -> Iterator[Callable[..., LocalAgent]]:
+    """Start in-process agents on the test's tmux socket; all are stopped at teardown."""
+    started: list[LocalAgent] = []
+
+    def start(name: str, *, capacity: int = 1) -> LocalAgent:
+        state = tmp_path / f"agent-{name}"
+        state.mkdir()
+        ledger = Ledger(state / LEDGER_FILE)
+        applier = Applier(
+            terminal,
+            ledger,
+            Checkouts(configured={REPOSITORY: checkout}),
+            kill_grace_seconds=0.3,
+            resume_probe_seconds=0.3,
+        )
+
+        def describe() -> dict[str, Any]:
+            return {
+                "version": "test",
+                "capacity": capacity,
+                "repositories": [REPOSITORY],
+                "sessions": ledger.session_count(),
+            }
+
+        agent = Agent(
+            client=RunnerClient(relay.register(name)),
+            applier=applier,
+            state=AgentState(state / STATUS_FILE),
+            describe=describe,
+            tmux_socket=terminal.socket_name,
+            capacity=capacity,
+            poll_wait_seconds=POLL_WAIT_SECONDS,
+            lease_renew_seconds=2.0,
+        )
+        local = LocalAgent(
+            agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
+        )
+        local.thread.start()
+        started.append(local)
+        return local
+
+    yield start
+    for local in started:
+        local.stop()
+
+
+class RunnerProcess:
+    """A `looprelay runner run` process; the same credentials and state make a restart."""
+
+    def __init__(
+        self, *, credentials: Path, state: Path, socket_name: str, checkout: Path, capacity: int
+    ) -> None:
+        self.state = state
+        self.runner_id = json.loads(credentials.read_text())["runner_id"]
+        self.log_path = state.parent / f"{state.name}-{uuid.uuid4().hex[:6]}.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *LOOPRELAY,
+                    "runner",
+                    "run",
+                    *("--credentials", str(credentials), "--state", str(state)),
+                    *("--checkout", f"{REPOSITORY}={checkout}", "--tmux-socket", socket_name),
+                    *("--capacity", str(capacity), "--poll-wait", str(POLL_WAIT_SECONDS)),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def wait(self) -> int:
+        """Wait for the agent to exit (at most the deadline); its exit code."""
+        try:
+            return self.proc.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the agent did not exit in {DEADLINE} s:\n{self.output()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no handler runs, nothing is reported, the lease stays behind."""
+        self.signal(signal.SIGKILL)
+        self.proc.wait(DEADLINE)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self) -> dict[str, Any]:
+        """What `looprelay runner status` reads: the note and the dispatches held."""
+        path = self.state / STATUS_FILE
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def ledger_state(self, dispatch_id: str) -> str | None:
+        with sqlite3.connect(self.state / LEDGER_FILE) as db:
+            row = db.execute(
+                "SELECT state FROM dispatches WHERE dispatch_id = ?", (dispatch_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+
+@pytest.fixture
+def launch(
+    relay: Relay, terminal: TmuxTerminal, checkout: Path, tmp_path: Path
+) -> Iterator[Callable[..., RunnerProcess]]:
+    """Start `looprelay runner run` processes; a name seen before restarts that runner (same
+    credentials, ledger and state). All are SIGKILLed at teardown."""
+    launched: list[RunnerProcess] = []
+
+    def start(name: str, *, capacity: int = 1) -> RunnerProcess:
+        credentials = tmp_path / f"{name}.json"
+        if not credentials.exists():
+            write_credentials(credentials, relay.register(name))
+        runner = RunnerProcess(
+            credentials=credentials,
+            state=tmp_path / f"runner-{name}",
+            socket_name=terminal.socket_name,
+            checkout=checkout,
+            capacity=capacity,
+        )
+        launched.append(runner)
+        return runner
+
+    yield start
+    for runner in launched:
+        if runner.proc.poll() is None:
+            runner.kill()
+
+
+def _pid_of_first_start(fake: FakeHarness) -> int:
+    start = wait_until(fake.starts, seconds=DEADLINE)[0]
+    return int(start["pid"])
+
+
+class TestOrder:
+    def test_three_quick_events_of_one_work_item_are_applied_in_seq_order(
+        self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
+    ) -> None:
+        # Two workers poll, so only the server's per-work-item order keeps seq 2 and 3 back
+        # until the event before them is settled.
+        texts = ["Start on #1", "Second comment:\nplease also", "Third comment;\nand docs"]
+        relay.seed(
+            1,
+            relay.dispatch(1, 1, prompt=texts[0]),
+            relay.dispatch(1, 2, kind="deliver", prompt=texts[1]),
+            relay.dispatch(1, 3, kind="deliver", prompt=texts[2]),
+        )
+        start_agent("laptop", capacity=2)
+
+        spawn, first, second = relay.wait_settled("dp-1-1", "dp-1-2", "dp-1-3")
+        assert [d.status for d in (spawn, first, second)] == ["succeeded"] * 3
+        assert [d.result for d in (spawn, first, second)] == ["spawned", "delivered", "delivered"]
+        [start] = fake_harness.starts()
+        assert start["argv"][-1] == texts[0]
+        # One paste after the other, each whole: the second began after the first one's Enter.
+        _eventually_equal(
+            lambda: fake_harness.received(start["pid"]), _bracketed(texts[1]) + _bracketed(texts[2])
+        )
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
+
+
+class TestParallelism:
+    def test_one_agent_applies_two_work_items_spawns_at_once(
+        self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
+    ) -> None:
+        # The server holds the first result it gets until both harnesses have started. An agent
+        # applying one dispatch at a time could never start the second while the first is not
+        # reported, so it fails at the deadline; no timing guess is involved.
+        relay.stall = Stall("results")
+        relay.seed(1, relay.dispatch(1))
+        relay.seed(2, relay.dispatch(2))
+        agent = start_agent("laptop", capacity=2)
+
+        assert relay.stall.caught.wait(DEADLINE), "no result was reported"
+        wait_until(lambda: len(fake_harness.starts()) == 2, seconds=DEADLINE)
+        relay.stall.release(deliver=True)
+
+        one, two = relay.wait_settled("dp-1-1", "dp-2-1")
+        assert (one.status, two.status) == ("succeeded", "succeeded")
+        assert {one.lease_holder, two.lease_holder} == {agent.runner_id}
+        assert sorted(s["argv"][-1] for s in fake_harness.starts()) == [
+            "event 1 of #1",
+            "event 1 of #2",
+        ]
+
+
+class TestKilledRunner:
+    def test_a_runner_killed_with_its_lease_on_the_wire_leaves_the_dispatch_to_a_survivor(
+        self,
+        relay: Relay,
+        launch: Callable[..., RunnerProcess],
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+    ) -> None:
+        relay.stall = Stall("poll", after_lease=True)
+        doomed = launch("doomed")
+        relay.seed(1, relay.dispatch(1))
+        assert relay.stall.caught.wait(DEADLINE), "the runner leased nothing"
+        leased = relay.stored("dp-1-1")
+        assert (leased.status, leased.lease_holder) == ("leased", doomed.runner_id)
+        doomed.kill()
+        relay.stall.release(deliver=True)  # to a dead socket
+
+        relay.clock.advance(CONFIG.lease_seconds + 1)
+        survivor = start_agent("survivor")
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.result, done.attempts) == ("succeeded", "spawned", 2)
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
+        assert relay.events("lease.expired") == [
+            {"dispatch_id": "dp-1-1", "from": doomed.runner_id, "to": survivor.runner_id}
+        ]
+
+    def test_a_runner_killed_mid_apply_and_restarted_does_not_apply_it_again(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        # A respawn stays in hand for the resume probe (3 s in `runner run`) after the harness
+        # started: the kill lands after the side effect and before the ledger has a result.
+        relay.seed(1, relay.dispatch(1, resume=True))
+        box = launch("box")
+        _pid_of_first_start(fake_harness)
+        box.kill()
+        assert box.ledger_state("dp-1-1") == "applying", "the kill came after the apply ended"
+        assert relay.stored("dp-1-1").status == "leased"
+
+        relay.clock.advance(CONFIG.lease_seconds + 1)
+        launch("box")
+        [done] = relay.wait_settled("dp-1-1")
+        # At most once: the half-done apply is reported, not redone.
+        assert (done.status, done.result, done.attempts) == ("failed", "interrupted", 2)
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
+        assert [e["from"] for e in relay.events("lease.expired")] == [box.runner_id]
+
+
+class TestCrashBetweenApplyAndReport:
+    def test_the_restarted_agent_reports_the_recorded_result_without_pasting_again(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box")
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        pid = _pid_of_first_start(fake_harness)
+        fake_harness.wait_ready()
+
+        relay.stall = Stall("results")
+        text = "New comment:\nship it"
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt=text, runner_id=box.runner_id),
+            session_status="live",
+            session_runner=box.runner_id,
+        )
+        _eventually_equal(lambda: fake_harness.received(pid), _bracketed(text))
+        assert relay.stall.caught.wait(DEADLINE), "the result was not reported"
+        box.kill()
+        relay.stall.release(deliver=False)  # the result never reaches the desk
+        assert relay.stored("dp-1-2").status == "leased"
+        assert box.ledger_state("dp-1-2") == "recorded"
+
+        relay.clock.advance(CONFIG.lease_seconds + 1)
+        launch("box")
+        [done] = relay.wait_settled("dp-1-2")
+        assert (done.status, done.result) == ("succeeded", "delivered")
+        # Pasted once: a later paste arrives after anything pasted before it.
+        relay.seed(1, relay.dispatch(1, 3, kind="deliver", prompt="sentinel"))
+        _eventually_equal(
+            lambda: fake_harness.received(pid), _bracketed(text) + _bracketed("sentinel")
+        )
+        relay.wait_settled("dp-1-3")
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
+        _eventually_equal(  # each counted once; the event follows the settled status
+            lambda: [e["dispatch_id"] for e in relay.events("dispatch.succeeded")],
+            ["dp-1-1", "dp-1-2", "dp-1-3"],
+        )
+
+
+class TestDrain:
+    def test_the_first_sigterm_finishes_and_reports_what_is_in_hand_and_takes_nothing_new(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        # Capacity 2: while one worker applies a respawn (held for the 3 s resume probe), the
+        # other is polling, so a dispatch that arrives during the drain reaches the agent.
+        box = launch("box", capacity=2)
+        relay.seed(1, relay.dispatch(1, resume=True))
+        _pid_of_first_start(fake_harness)
+        box.signal(signal.SIGTERM)
+        wait_until(
+            lambda: box.status().get("note") == "draining" and "dp-1-1" in box.status()["holding"],
+            seconds=DEADLINE,
+        )
+        relay.seed(2, relay.dispatch(2))
+
+        assert box.wait() == 0, box.output()
+        assert relay.stored("dp-1-1").status == "succeeded"
+        # Never taken, or handed back untouched by the worker whose poll was in flight.
+        assert relay.stored("dp-2-1").status == "pending"
+        assert {e["reason"] for e in relay.events("dispatch.failed")} <= {"draining"}
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
+        assert box.status()["note"] == "stopped" and box.status()["holding"] == {}
+
+    def test_a_second_sigterm_stops_at_once(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        # A headless turn that hangs for 60 s: only the second signal can end the agent soon.
+        fake_harness.mark("headless-hang")
+        relay.seed(1, relay.dispatch(1, runner_kind="process"))
+        box = launch("box")
+        harness_pid = _pid_of_first_start(fake_harness)
+        try:
+            box.signal(signal.SIGTERM)
+            wait_until(lambda: box.status().get("note") == "draining", seconds=DEADLINE)
+            assert box.proc.poll() is None
+            box.signal(signal.SIGTERM)
+            started = time.monotonic()
+            assert box.wait() == 0, box.output()
+            assert time.monotonic() - started < DEADLINE / 2
+            # Left as it was: the lease lapses, and the ledger reports it on the next start.
+            assert relay.stored("dp-1-1").status == "leased"
+            assert box.ledger_state("dp-1-1") == "applying"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(harness_pid, signal.SIGKILL)
+
+
+class TestRevokedRunner:
+    def test_a_revoked_runner_stops_with_exit_code_1_and_says_to_register_again(
+        self, relay: Relay, launch: Callable[..., RunnerProcess]
+    ) -> None:
+        box = launch("old-box")
+        wait_until(lambda: relay.runner(box.runner_id).repositories, seconds=DEADLINE)
+        relay.stores.registry.revoke_runner(box.runner_id, at=relay.clock.now())
+        assert box.wait() == 1
+        assert "old-box was revoked; register it again with `looprelay runner register`" in (
+            box.output()
+        )
+
+
+class TestServerDown:
+    def test_the_agent_backs_off_while_the_server_is_down_and_takes_work_once_it_is_back(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="looprelay.agent")
+        agent = start_agent("laptop")
+        wait_until(lambda: relay.runner(agent.runner_id).repositories, seconds=DEADLINE)
+        port = relay.port
+        relay.shut_down()
+
+        def backoffs() -> list[int]:
+            found = (
+                re.match(r"poll failed, retrying in about (\d+)s", record.getMessage())
+                for record in caplog.records
+                if record.name == "looprelay.agent"
+            )
+            return [int(match.group(1)) for match in found if match]
+
+        wait_until(lambda: len(backoffs()) >= 2, seconds=DEADLINE)
+        assert backoffs()[:2] == [1, 2]  # doubling, each wait jittered
+        relay.seed(1, relay.dispatch(1))  # saved while the runner API is down
+        relay.serve()
+        assert relay.port == port
+
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
+        _eventually_equal(lambda: len(fake_harness.starts()), 1)
