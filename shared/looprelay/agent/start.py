@@ -35,6 +35,7 @@ def build_agent(
     tmux_socket: str,
     capacity: int,
     poll_wait_seconds: float,
+    keep_session_on_terminate: bool = True,
 ) -> Agent:
     """Assemble the agent. Raises ``ConfigError`` for bad credentials, checkouts or socket."""
     credentials = read_credentials(credentials_path)
@@ -55,7 +56,9 @@ def build_agent(
 
     return Agent(
         client=RunnerClient(credentials),
-        applier=Applier(terminal, ledger, checkouts),
+        applier=Applier(
+            terminal, ledger, checkouts, keep_session_on_terminate=keep_session_on_terminate
+        ),
         state=AgentState(state_dir / STATUS_FILE),
         describe=describe,
         tmux_socket=tmux_socket,

@@ -58,20 +58,26 @@ def runners_openapi() -> None:
 @state_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
-    """List registered runners (never their secrets)."""
+    """List registered runners (never their secrets): live, lost (silent longer than
+    runners.lostAfterSeconds) or revoked."""
+    from datetime import UTC, datetime, timedelta
+
+    from looprelay.core.scheduling import is_live
     from looprelay.stores import open_runner_registry
 
-    registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))
-    rows = [r.model_copy(update={"secret_hash": ""}) for r in registry.list_runners()]
-    for runner in rows:
+    config = load(config_path)
+    registry = open_runner_registry(config, data_dir=data_path(data_dir))
+    now, lost_after = datetime.now(UTC), timedelta(seconds=config.runners.lost_after_seconds)
+    for runner in registry.list_runners():
         data = runner.model_dump(mode="json", exclude={"secret_hash"})
+        live = is_live(runner, now=now, lost_after=lost_after)
+        data["status"] = "revoked" if runner.revoked else "live" if live else "lost"
         if as_json:
             click.echo(json.dumps(data))
         else:
-            status = "revoked" if runner.revoked else "active"
             labels = ",".join(f"{k}={v}" for k, v in sorted(runner.labels.items())) or "-"
             click.echo(
-                f"{runner.runner_id}  {runner.name}  {status}  {labels}  "
+                f"{runner.runner_id}  {runner.name}  {data['status']}  {labels}  "
                 f"last seen {data['last_seen_at'] or '-'}"
             )
 
@@ -214,6 +220,12 @@ def runner_register(
     show_default=True,
     help="Seconds one long poll may wait.",
 )
+@click.option(
+    "--keep-session-on-terminate/--kill-session-on-terminate",
+    default=True,
+    show_default=True,
+    help="After `stop`, keep the tmux session (the pane shows how the harness ended) or kill it.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def runner_run(
     credentials_path: Path | None,
@@ -223,6 +235,7 @@ def runner_run(
     capacity: int,
     state_dir: Path | None,
     poll_wait: float,
+    keep_session_on_terminate: bool,
     log_level: str,
 ) -> None:
     """Run the agent in the foreground; first SIGTERM drains, a second stops at once."""
@@ -239,6 +252,7 @@ def runner_run(
         tmux_socket=tmux_socket,
         capacity=capacity,
         poll_wait_seconds=poll_wait,
+        keep_session_on_terminate=keep_session_on_terminate,
     )
 
     def _signal(signum: int, frame: FrameType | None) -> None:
