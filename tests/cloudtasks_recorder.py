@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,7 @@ import pytest
 
 from looprelay.adapters.cloudtasks_queue import CloudTasksQueue
 from looprelay.config import CloudTasksConfig
+from tests.loopback import LoopbackServer
 
 PROJECT = "demo-lab"
 LOCATION = "us-central1"
@@ -67,16 +68,12 @@ class CloudTasksRecorder:
         self._failures: list[int] = []
         self._stalls: list[float] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        self._loopback = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT``, the ``api_endpoint`` to give the client."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._loopback.url
 
     def fail_next(self, count: int, *, status: int) -> None:
         """Answer the next ``count`` calls with an error of HTTP ``status``."""
@@ -103,13 +100,11 @@ class CloudTasksRecorder:
 
     def start(self) -> None:
         """Serve in a background thread."""
-        self._thread.start()
+        self._loopback.start()
 
     def stop(self) -> None:
         """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._loopback.stop()
 
     def answer(self, request: RecordedRequest) -> tuple[int, dict[str, Any]]:
         """Record ``request`` and decide the response, as Cloud Tasks' CreateTask would."""

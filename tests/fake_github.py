@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -37,6 +37,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.loopback import LoopbackServer
 
 REPOSITORY = "octo/widgets"
 APP_ID = 4242
@@ -140,16 +142,12 @@ class FakeGitHub:
         self._script: list[_Scripted] = []
         self._next_id = 1000
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        self._loopback = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT``, the ``api_url`` to give the client."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._loopback.url
 
     def add_comment(
         self,
@@ -199,13 +197,11 @@ class FakeGitHub:
 
     def start(self) -> None:
         """Serve in a background thread."""
-        self._thread.start()
+        self._loopback.start()
 
     def stop(self) -> None:
         """Stop serving and release the port (hanging handlers are daemon threads)."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._loopback.stop()
 
     def answer(self, request: RecordedRequest) -> Answer:
         """Record ``request`` and answer it: as scripted, or as GitHub would."""

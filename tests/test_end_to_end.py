@@ -21,15 +21,9 @@ import pytest
 
 from tests.fake_harness import FakeHarness, wait_until
 from tests.samples import payload
-from tests.test_up import LOOPRELAY, UpProcess
+from tests.test_up import LOOPRELAY, UpProcess, cli
 
 PASTE_START = "\x1b[200~"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*LOOPRELAY, *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 @pytest.fixture
@@ -51,7 +45,7 @@ def stack(tmp_path: Path, fake_harness: FakeHarness) -> Iterator[UpProcess]:
 def _send(up: UpProcess, tmp_path: Path, event: str, body: dict[str, Any]) -> None:
     path = tmp_path / f"{uuid.uuid4().hex}.json"
     path.write_text(json.dumps(body))
-    sent = _cli(
+    sent = cli(
         "send", str(path), "--event", event, "--url", up.webhook_url, "--data", str(up.data_dir)
     )
     assert sent.returncode == 0 and sent.stdout.startswith("202 "), sent.stdout + sent.stderr
@@ -61,10 +55,10 @@ class TestOneMachine:
     def test_a_start_comment_spawns_a_session_and_the_next_comment_is_pasted_into_it(
         self, stack: UpProcess, tmp_path: Path, fake_harness: FakeHarness, socket_name: str
     ) -> None:
-        token = _cli("runners", "token", "--data", str(stack.data_dir)).stdout.strip()
+        token = cli("runners", "token", "--data", str(stack.data_dir)).stdout.strip()
         server = stack.webhook_url.removesuffix("/webhook")
         credentials = tmp_path / "runner.json"
-        registered = _cli(
+        registered = cli(
             "runner",
             "register",
             "--server",
@@ -136,7 +130,7 @@ class TestOneMachine:
                 check=True,
             ).stdout.split()
             assert len(sessions) == 1 and sessions[0].startswith("loop-github-codertocat")
-            status = _cli(
+            status = cli(
                 "runner", "status", "--state", str(state), "--tmux-socket", socket_name, "--json"
             )
             [session] = json.loads(status.stdout)["sessions"]
@@ -148,9 +142,7 @@ class TestOneMachine:
             if runner.poll() is None:
                 runner.kill()
                 runner.wait(10)
-        events = _cli(
-            "events", "--data", str(stack.data_dir), "--json", "--name", "session.spawned"
-        )
+        events = cli("events", "--data", str(stack.data_dir), "--json", "--name", "session.spawned")
         [spawn_event] = [json.loads(line) for line in events.stdout.splitlines()]
         assert spawn_event["data"]["interaction"] == "work-item"
         assert spawn_event["data"]["tmux_target"] == sessions[0]
@@ -166,7 +158,7 @@ class TestOneMachine:
         _send(stack, tmp_path, "issue_comment", start)
 
         def waiting() -> list[dict[str, Any]]:
-            listed = _cli("dispatches", "--data", str(stack.data_dir), "--json")
+            listed = cli("dispatches", "--data", str(stack.data_dir), "--json")
             return [json.loads(line) for line in listed.stdout.splitlines()]
 
         [row] = wait_until(waiting)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import PollBody
 from looprelay.runnerauth import runner_bearer
+from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -151,46 +151,33 @@ class Desk:
     ) -> WorkItemRecord:
         """Save work item ``number`` (its own session in ``session_status``) with
         ``dispatches``, as the router would."""
-        ref = _ref(number)
-        session = SessionRecord(
-            endpoint=ref,
-            session_name=tmux_session_name(ref),
-            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
-            harness="claude",
-            runner_kind="tmux",
-            interaction="work-item",
-            status=session_status,
-            runner_id=session_runner,
+        item = save_with_own_session(
+            self.stores.work_items,
+            repository=REPOSITORY,
+            number=number,
+            dispatches=dispatches,
+            now=self.clock.now(),
+            session_status=session_status,
+            session_runner=session_runner,
         )
-        current = self.stores.work_items.get_work_item(ref)
-        version = current.version if current else 0
-        item = current or WorkItemRecord(ref=ref, repository=REPOSITORY, number=number)
-        sessions = dict(item.sessions) | {ref: session}
-        item = item.model_copy(update={"sessions": sessions, "updated_at": self.clock.now()})
-        assert self.stores.work_items.save_work_item(
-            item, expected_version=version, dispatches=dispatches
-        )
+        assert item is not None
         return item
 
     def dispatch(self, number: int, seq: int = 1, **changes: Any) -> DispatchRecord:
         """A pending spawn for work item ``number`` with a comment to react on."""
-        ref = _ref(number)
-        base = DispatchRecord(
-            dispatch_id=f"dp-{number}-{seq}",
-            delivery_id=f"d-{number}-{seq}",
-            work_item=ref,
-            endpoint=ref,
-            seq=seq,
-            kind="spawn",
+        comment_id = self.github.add_comment(f"@looprelay go {seq}", number=number)
+        return make_dispatch(
             repository=REPOSITORY,
-            session_name=tmux_session_name(ref),
-            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
-            prompt=f"work on {ref}",
+            number=number,
+            seq=seq,
             created_at=self.clock.now() + timedelta(milliseconds=seq),
-            comment_id=self.github.add_comment(f"@looprelay go {seq}", number=number),
-            comment_kind="issue",
+            **{
+                "prompt": f"work on {_ref(number)}",
+                "comment_id": comment_id,
+                "comment_kind": "issue",
+                **changes,
+            },
         )
-        return base.model_copy(update=changes)
 
     def stored(self, dispatch_id: str) -> DispatchRecord:
         record = self.stores.work_items.get_dispatch(dispatch_id)

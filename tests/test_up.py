@@ -60,20 +60,21 @@ class UpProcess:
         return code
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``looprelay *args`` to completion (60 s at most) and capture its output."""
     return subprocess.run(
         [*LOOPRELAY, *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 
 def _ledger(data_dir: Path) -> list[dict[str, Any]]:
-    result = _cli("deliveries", "--data", str(data_dir), "--json", "--limit", "100000")
+    result = cli("deliveries", "--data", str(data_dir), "--json", "--limit", "100000")
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def _settled_events(data_dir: Path) -> Counter[str]:
-    result = _cli("events", "--data", str(data_dir), "--json", "--name", "delivery.settled")
+    result = cli("events", "--data", str(data_dir), "--json", "--name", "delivery.settled")
     assert result.returncode == 0, result.stderr
     return Counter(json.loads(line)["delivery_id"] for line in result.stdout.splitlines())
 
@@ -129,7 +130,7 @@ class TestUpAndSend:
             "--delivery",
             "d-send-1",
         ]
-        first = _cli(*args)
+        first = cli(*args)
         assert first.returncode == 0, first.stderr
         assert first.stdout.startswith("202 ") and '"queued"' in first.stdout
         [row] = _wait_settled(data_dir, 1)
@@ -138,7 +139,7 @@ class TestUpAndSend:
             "issue_comment",
             1,
         )
-        again = _cli(*args)
+        again = cli(*args)
         assert again.returncode == 0 and '"duplicate"' in again.stdout
         time.sleep(0.5)
         assert _ledger(data_dir) == [row]
@@ -171,7 +172,7 @@ class TestUpAndSend:
     def test_a_second_up_on_the_same_data_directory_is_refused(
         self, up: UpProcess, data_dir: Path
     ) -> None:
-        result = _cli("up", "--data", str(data_dir), "--port", "0")
+        result = cli("up", "--data", str(data_dir), "--port", "0")
         assert result.returncode == 1
         assert "another `looprelay up` is using" in result.stderr
 
@@ -230,13 +231,13 @@ class TestRunnerRegistration:
     def test_an_operator_mints_a_token_and_a_runner_registers_with_it(
         self, up: UpProcess, data_dir: Path, tmp_path: Path
     ) -> None:
-        minted = _cli("runners", "token", "--data", str(data_dir), "--ttl", "10m")
+        minted = cli("runners", "token", "--data", str(data_dir), "--ttl", "10m")
         assert minted.returncode == 0, minted.stderr
         token = minted.stdout.strip()
         assert token.startswith("lrreg_") and "\n" not in token
         server = up.webhook_url.removesuffix("/webhook")
         credentials = tmp_path / "runner.json"
-        registered = _cli(
+        registered = cli(
             "runner",
             "register",
             "--server",
@@ -255,8 +256,9 @@ class TestRunnerRegistration:
         saved = json.loads(credentials.read_text())
         assert saved["server"] == server and saved["name"] == "ci-box"
 
-        listed = _cli("runners", "list", "--data", str(data_dir), "--json")
+        listed = cli("runners", "list", "--data", str(data_dir), "--json")
         [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert row["status"] == "live"
         assert (row["runner_id"], row["labels"], row["revoked_at"]) == (
             saved["runner_id"],
             {"os": "linux"},
@@ -264,7 +266,7 @@ class TestRunnerRegistration:
         )
         assert saved["secret"] not in listed.stdout
 
-        reused = _cli(
+        reused = cli(
             "runner",
             "register",
             "--server",
@@ -280,8 +282,6 @@ class TestRunnerRegistration:
         assert "already used" in reused.stderr
         assert not (tmp_path / "other.json").exists()
 
-        assert (
-            _cli("runners", "revoke", "--data", str(data_dir), saved["runner_id"]).returncode == 0
-        )
-        again = _cli("runners", "list", "--data", str(data_dir))
+        assert cli("runners", "revoke", "--data", str(data_dir), saved["runner_id"]).returncode == 0
+        again = cli("runners", "list", "--data", str(data_dir))
         assert "revoked" in again.stdout

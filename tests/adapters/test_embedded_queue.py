@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import pytest
 from looprelay.adapters.embedded_queue import EmbeddedQueue, QueuedTask
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
 from looprelay.ports import Task
+from tests.loopback import LoopbackServer
 
 TOKEN = "queue-to-worker-secret"
 QUEUE_NAME = "relay-test"
@@ -74,15 +75,11 @@ class RecordingWorker:
         self._scripts: dict[str, list[Answer]] = {}
         self._lock = threading.Lock()
         self._released = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._loopback = LoopbackServer(_handler_for(self), poll_interval=0.05)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/worker"
+        return f"{self._loopback.url}/worker"
 
     def script(self, name: str, *answers: int | Answer) -> None:
         """Answer the next requests for task ``name`` in this order (a bare int is a status)."""
@@ -119,13 +116,11 @@ class RecordingWorker:
         self._released.set()
 
     def start(self) -> None:
-        self._thread.start()
+        self._loopback.start()
 
     def stop(self) -> None:
         self.release()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._loopback.stop()
 
 
 def _handler_for(worker: RecordingWorker) -> type[BaseHTTPRequestHandler]:

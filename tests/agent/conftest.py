@@ -20,6 +20,7 @@ from looprelay.agent.checkouts import Checkouts
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.records import DispatchRecord
+from tests import dispatches
 
 
 @pytest.fixture
@@ -44,20 +45,14 @@ SESSION = "loop-github-octo-repo-15"
 
 def make_dispatch(**fields: Any) -> DispatchRecord:
     """A dispatch for ``github:octo/repo#15``'s own session; ``fields`` override any part."""
-    base: dict[str, Any] = {
+    defaults: dict[str, Any] = {
         "dispatch_id": f"d-{uuid.uuid4().hex[:8]}",
         "delivery_id": "delivery-1",
-        "work_item": WORK_ITEM,
-        "endpoint": WORK_ITEM,
-        "seq": 1,
-        "kind": "spawn",
-        "repository": "octo/repo",
-        "session_name": SESSION,
         "session_id": SESSION_ID,
         "prompt": "Work on github:octo/repo#15",
         "created_at": datetime.now(UTC),
     }
-    return DispatchRecord(**{**base, **fields})
+    return dispatches.make_dispatch(repository="octo/repo", number=15, **{**defaults, **fields})
 
 
 @dataclass

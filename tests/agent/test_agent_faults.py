@@ -47,14 +47,14 @@ from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.config import RunnersConfig
-from looprelay.core.prsessions import tmux_session_name
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.leases import DispatchWaker, LeaseDesk
 from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
-from looprelay.records import DispatchRecord, RunnerRecord, SessionRecord, WorkItemRecord
+from looprelay.records import DispatchRecord, RunnerRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import API_PREFIX
+from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_harness import FakeHarness, wait_until
 
 REPOSITORY = "octo/repo"
@@ -213,21 +213,13 @@ class Relay:
 
     def dispatch(self, number: int, seq: int = 1, **changes: Any) -> DispatchRecord:
         """A pending spawn for work item ``number``'s own session; ``changes`` override."""
-        ref = _ref(number)
-        base = DispatchRecord(
-            dispatch_id=f"dp-{number}-{seq}",
-            delivery_id=f"d-{number}-{seq}",
-            work_item=ref,
-            endpoint=ref,
-            seq=seq,
-            kind="spawn",
+        return make_dispatch(
             repository=REPOSITORY,
-            session_name=tmux_session_name(ref),
-            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
-            prompt=f"event {seq} of #{number}",
+            number=number,
+            seq=seq,
             created_at=self.clock.now() + timedelta(milliseconds=seq),
+            **{"prompt": f"event {seq} of #{number}", **changes},
         )
-        return base.model_copy(update=changes)
 
     def seed(
         self,
@@ -237,29 +229,19 @@ class Relay:
         session_runner: str | None = None,
     ) -> None:
         """Save work item ``number`` with ``dispatches`` and ring the waker, as the router does."""
-        ref = _ref(number)
-        session = SessionRecord(
-            endpoint=ref,
-            session_name=tmux_session_name(ref),
-            session_id=str(uuid.uuid5(uuid.NAMESPACE_URL, ref)),
-            harness="claude",
-            runner_kind="tmux",
-            interaction="work-item",
-            status=session_status,
-            runner_id=session_runner,
-        )
 
         def save() -> bool:
             # The desk may be recording a result on the same work item: read again and retry.
-            current = self.stores.work_items.get_work_item(ref)
-            item = current or WorkItemRecord(ref=ref, repository=REPOSITORY, number=number)
-            item = item.model_copy(
-                update={"sessions": {**item.sessions, ref: session}, "updated_at": self.clock.now()}
+            saved = save_with_own_session(
+                self.stores.work_items,
+                repository=REPOSITORY,
+                number=number,
+                dispatches=dispatches,
+                now=self.clock.now(),
+                session_status=session_status,
+                session_runner=session_runner,
             )
-            version = current.version if current else 0
-            return self.stores.work_items.save_work_item(
-                item, expected_version=version, dispatches=dispatches
-            )
+            return saved is not None
 
         wait_until(save, seconds=DEADLINE)
         self.waker.notify()
