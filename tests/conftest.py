@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
 from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from tests.queue_harness import QueueHarness
+from tests.rigs import Stores
 
 pytest_plugins = [
     "tests.firestore_emulator",
@@ -24,37 +26,53 @@ pytest_plugins = [
 STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
 
 
-@pytest.fixture(params=STORE_BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A fresh, empty store of each backend."""
+def _backend(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    make_sqlite: Callable[[Path], Any],
+    firestore_fixture: str,
+) -> Iterator[Any]:
     if request.param == "sqlite":
-        sqlite = SqliteStore(tmp_path / "store.db")
+        sqlite = make_sqlite(tmp_path / "store.db")
         yield sqlite
         sqlite.close()
     else:
-        yield request.getfixturevalue("firestore_store")
+        yield request.getfixturevalue(firestore_fixture)
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh, empty store of each backend."""
+    yield from _backend(request, tmp_path, SqliteStore, "firestore_store")
 
 
 @pytest.fixture(params=STORE_BACKENDS)
 def runner_registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunnerRegistry]:
     """A fresh, empty runner registry of each backend."""
-    if request.param == "sqlite":
-        sqlite = SqliteRunnerRegistry(tmp_path / "store.db")
-        yield sqlite
-        sqlite.close()
-    else:
-        yield request.getfixturevalue("firestore_runner_registry")
+    yield from _backend(request, tmp_path, SqliteRunnerRegistry, "firestore_runner_registry")
 
 
 @pytest.fixture(params=STORE_BACKENDS)
 def work_item_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkItemStore]:
     """A fresh, empty work-item store of each backend."""
+    yield from _backend(request, tmp_path, SqliteWorkItemStore, "firestore_work_item_store")
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    """The three stores the runner API uses, all of one backend, sharing one SQLite file."""
     if request.param == "sqlite":
-        sqlite = SqliteWorkItemStore(tmp_path / "store.db")
-        yield sqlite
-        sqlite.close()
+        path = tmp_path / "store.db"
+        opened = (SqliteRunnerRegistry(path), SqliteWorkItemStore(path), SqliteStore(path))
+        yield Stores(*opened)
+        for adapter in opened:
+            adapter.close()
     else:
-        yield request.getfixturevalue("firestore_work_item_store")
+        yield Stores(
+            request.getfixturevalue("firestore_runner_registry"),
+            request.getfixturevalue("firestore_work_item_store"),
+            request.getfixturevalue("firestore_store"),
+        )
 
 
 QUEUE_BACKENDS = ["embedded", "cloudtasks"]

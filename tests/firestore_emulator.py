@@ -9,6 +9,7 @@ where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -78,12 +79,10 @@ def _wait_until_ready(host: str, process: subprocess.Popen[bytes]) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the Firestore emulator exited with {process.returncode} on start")
-        try:
+        with contextlib.suppress(OSError):  # refused while the JVM is still starting
             status, body = _request(host, "GET", "/")
             if status == 200 and body.strip() == b"Ok":
                 return
-        except OSError:
-            pass  # not listening yet
         time.sleep(0.1)
     pytest.fail(f"the Firestore emulator at {host} was not ready in {START_DEADLINE_SECONDS} s")
 

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,9 +20,6 @@ import requests
 from looprelay.adapters.github_auth import TokenAuth
 from looprelay.adapters.github_rest import GitHubRest
 from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
 from looprelay.config import RunnersConfig
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.leases import (
@@ -32,7 +28,6 @@ from looprelay.leases import (
     DispatchWaker,
     LeaseDesk,
 )
-from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
 from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
@@ -40,33 +35,12 @@ from looprelay.runnerapi_models import PollBody
 from looprelay.runnerauth import runner_bearer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
+from tests.rigs import SteppingClock, Stores
 
-T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 CONFIG = RunnersConfig()  # lease 60 s, lost after 120 s, long poll at most 25 s
 GITHUB_TOKEN = "ghp_looprelay_test"
 SHORT_WAIT = 0.2
 HTTP_TIMEOUT = 30.0
-STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
-
-
-class SteppingClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.current = T0
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, seconds: float) -> None:
-        self.current += timedelta(seconds=seconds)
-
-
-@dataclass(frozen=True)
-class Stores:
-    registry: RunnerRegistry
-    work_items: WorkItemStore
-    events: Store
 
 
 @dataclass(frozen=True)
@@ -201,27 +175,6 @@ class Desk:
 
 def _ref(number: int) -> str:
     return f"github:{REPOSITORY}#{number}"
-
-
-@pytest.fixture(params=STORE_BACKENDS)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    """The three stores the runner API uses, all of one backend."""
-    if request.param == "sqlite":
-        path = tmp_path / "store.db"
-        registry, work_items, events = (
-            SqliteRunnerRegistry(path),
-            SqliteWorkItemStore(path),
-            SqliteStore(path),
-        )
-        yield Stores(registry, work_items, events)
-        for opened in (registry, work_items, events):
-            opened.close()
-    else:
-        yield Stores(
-            request.getfixturevalue("firestore_runner_registry"),
-            request.getfixturevalue("firestore_work_item_store"),
-            request.getfixturevalue("firestore_store"),
-        )
 
 
 def _lease_desk(

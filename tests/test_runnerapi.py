@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +18,7 @@ from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.config import RunnersConfig
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerauth import runner_bearer
-
-T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
-
-
-class SteppingClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.current = T0
-
-    def now(self) -> datetime:
-        return self.current
+from tests.rigs import T0, SteppingClock
 
 
 @dataclass

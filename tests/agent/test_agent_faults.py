@@ -27,16 +27,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
 from looprelay.agent.apply import Applier
 from looprelay.agent.checkouts import Checkouts
 from looprelay.agent.client import RunnerClient
@@ -49,22 +46,20 @@ from looprelay.agent.tmux import TmuxTerminal
 from looprelay.config import RunnersConfig
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.leases import DispatchWaker, LeaseDesk
-from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
 from looprelay.records import DispatchRecord, RunnerRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import API_PREFIX
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_harness import FakeHarness, wait_until
+from tests.rigs import SteppingClock, Stores
 
 REPOSITORY = "octo/repo"
-T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 CONFIG = RunnersConfig(lease_seconds=10, poll_wait_seconds=1, heartbeat_seconds=5)
 POLL_WAIT_SECONDS = 1.0
 DEADLINE = 20.0
 """How long a test waits for the agent, the server or the fake: generous for a loaded machine."""
 LOOPRELAY = [sys.executable, "-m", "looprelay.cli"]
-STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 SETTLED = ("succeeded", "failed")
 
@@ -84,19 +79,6 @@ def _eventually_equal(read: Callable[[], object], expected: object) -> None:
     while read() != expected and time.monotonic() < deadline:
         time.sleep(0.02)
     assert read() == expected
-
-
-class SteppingClock:
-    """The server's clock; it moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.current = T0
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, seconds: float) -> None:
-        self.current += timedelta(seconds=seconds)
 
 
 class Stall:
@@ -132,13 +114,6 @@ class Stall:
     def release(self, *, deliver: bool) -> None:
         self._deliver = deliver
         self._released.set()
-
-
-@dataclass(frozen=True)
-class Stores:
-    registry: RunnerRegistry
-    work_items: WorkItemStore
-    events: Store
 
 
 @dataclass
@@ -262,23 +237,6 @@ class Relay:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e.data for e in self.stores.events.list_events(name=name)]
-
-
-@pytest.fixture(params=STORE_BACKENDS)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    """The three stores the runner API uses, all of one backend."""
-    if request.param == "sqlite":
-        path = tmp_path / "store.db"
-        opened = (SqliteRunnerRegistry(path), SqliteWorkItemStore(path), SqliteStore(path))
-        yield Stores(*opened)
-        for store in opened:
-            store.close()
-    else:
-        yield Stores(
-            request.getfixturevalue("firestore_runner_registry"),
-            request.getfixturevalue("firestore_work_item_store"),
-            request.getfixturevalue("firestore_store"),
-        )
 
 
 @pytest.fixture

@@ -1,0 +1,32 @@
+"""Test doubles shared by the runner API and agent suites: a hand-moved clock, the store trio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from looprelay.ports import RunnerRegistry, Store, WorkItemStore
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+class SteppingClock:
+    """The ``Clock`` port; it moves only when the test moves it."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.current = start
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The three stores the runner API uses, all of one backend."""
+
+    registry: RunnerRegistry
+    work_items: WorkItemStore
+    events: Store
