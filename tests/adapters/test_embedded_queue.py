@@ -339,7 +339,7 @@ class TestRetries:
         task = _wait_for_state(queue, "gh-nobody", "dead")
         assert task.attempts == FAST_RETRY.max_attempts
         assert task.last_status is None
-        assert "ConnectionError" in (task.last_error or "")
+        assert "Connection refused" in (task.last_error or "")
 
 
 class TestDeadLetters:

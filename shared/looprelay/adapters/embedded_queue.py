@@ -8,6 +8,7 @@ delivery ledger turns that second delivery into a no-op.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import sqlite3
@@ -16,8 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import requests
+from urllib.parse import urlsplit
 
 from looprelay.adapters.sqlite_common import SqliteDatabase
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
@@ -86,7 +86,14 @@ class EmbeddedQueue:
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Enqueues are acked to GitHub, so they are fully synced (and share fsyncs). The
+        # dispatch bookkeeping is not: a lost "leased" or "done" only sends a task again,
+        # which the worker's ledger turns into a no-op, and it is written after the
+        # worker's own synced commit.
         self._db = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
+        self._books = SqliteDatabase(
+            path, schema=_SCHEMA, what="embedded queue", synchronous="NORMAL"
+        )
 
     # -- the Queue port -------------------------------------------------------------------
 
@@ -95,7 +102,7 @@ class EmbeddedQueue:
         _validate(task)
         now = self._now()
         window_start = now - self._settings.dedup_window_seconds
-        inserted = self._db.execute(
+        inserted = self._db.execute_grouped(
             "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
             " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
             " attempts = 0, executions = 0, eta = excluded.eta,"
@@ -103,7 +110,7 @@ class EmbeddedQueue:
             " last_status = NULL, last_error = NULL"
             " WHERE tasks.state = 'done' AND tasks.finished_at < ?",
             (task.name, task.body, "pending", now, now, window_start),
-        ).rowcount
+        )
         if inserted:
             with self._wake:
                 self._wake.notify()
@@ -120,7 +127,7 @@ class EmbeddedQueue:
         """
         self._worker_url = worker_url
         self._auth_token = auth_token
-        self._db.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        self._books.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
         self._stopping.clear()
         for index in range(self._settings.concurrency):
             thread = threading.Thread(
@@ -146,6 +153,7 @@ class EmbeddedQueue:
     def close(self) -> None:
         """Stop and close the database."""
         self.stop()
+        self._books.close()
         self._db.close()
 
     # -- operator views ---------------------------------------------------------------------
@@ -156,11 +164,11 @@ class EmbeddedQueue:
         sql += " FROM tasks" + (" WHERE state = ?" if state else "")
         sql += " ORDER BY created_at, name LIMIT ?"
         params = (state, limit) if state else (limit,)
-        return [QueuedTask(*row) for row in self._db.rows(sql, params)]
+        return [QueuedTask(*row) for row in self._books.rows(sql, params)]
 
     def retry_dead(self, name: str) -> bool:
         """Put a dead task back in line for another full set of attempts."""
-        changed = self._db.execute(
+        changed = self._books.execute(
             "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
             " WHERE name = ? AND state = 'dead'",
             (self._now(), name),
@@ -172,14 +180,14 @@ class EmbeddedQueue:
     def purge_finished(self) -> int:
         """Forget done tasks whose dedup window has passed; return how many."""
         cutoff = self._now() - self._settings.dedup_window_seconds
-        return self._db.execute(
+        return self._books.execute(
             "DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,)
         ).rowcount
 
     # -- dispatching ------------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
-        session = requests.Session()
+        worker = _WorkerConnection(self._worker_url, self._settings.dispatch_deadline_seconds)
         while not self._stopping.is_set():
             try:
                 claimed = self._claim()
@@ -190,16 +198,16 @@ class EmbeddedQueue:
                         if not self._stopping.is_set():
                             self._wake.wait(self._seconds_until_due())
                     continue
-                self._deliver(session, claimed)
+                self._deliver(worker, claimed)
             except (sqlite3.Error, Transient):
                 # A busy or failing database must not kill the dispatcher; a claimed task stays
                 # leased and is recovered on the next start.
                 log.exception("embedded queue database error; dispatcher pauses and goes on")
                 self._stopping.wait(_IDLE_WAIT_SECONDS)
-        session.close()
+        worker.close()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
-        rows = self._db.rows(
+        rows = self._books.rows(
             "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
             " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
             " RETURNING name, body, attempts, executions, eta",
@@ -208,14 +216,14 @@ class EmbeddedQueue:
         return (rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
 
     def _seconds_until_due(self) -> float:
-        [row] = self._db.rows("SELECT MIN(eta) FROM tasks WHERE state = 'pending'")
+        [row] = self._books.rows("SELECT MIN(eta) FROM tasks WHERE state = 'pending'")
         due: float | None = row[0]
         if due is None:
             return _IDLE_WAIT_SECONDS
         return max(0.0, min(_IDLE_WAIT_SECONDS, due - self._now()))
 
     def _deliver(
-        self, session: requests.Session, claimed: tuple[str, bytes, int, int, float]
+        self, worker: _WorkerConnection, claimed: tuple[str, bytes, int, int, float]
     ) -> None:
         name, body, attempts, executions, eta = claimed
         headers = {
@@ -231,16 +239,10 @@ class EmbeddedQueue:
         retry_after: float | None = None
         error = ""
         try:
-            response = session.post(
-                self._worker_url,
-                data=body,
-                headers=headers,
-                timeout=self._settings.dispatch_deadline_seconds,
-            )
-            status = response.status_code
-            retry_after = _retry_after(response.headers.get("Retry-After"))
-            error = "" if status < 300 else response.text[:500]
-        except requests.RequestException as exc:
+            status, retry_header, text = worker.post(body, headers)
+            retry_after = _retry_after(retry_header)
+            error = "" if status < 300 else text[:500]
+        except (OSError, http.client.HTTPException) as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
         if status is not None and 200 <= status < 300:
             self._finish(name, status)
@@ -255,7 +257,7 @@ class EmbeddedQueue:
             )
 
     def _finish(self, name: str, status: int) -> None:
-        self._db.execute(
+        self._books.execute(
             "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
             " attempts = attempts + 1 WHERE name = ?",
             (self._now(), status, name),
@@ -281,7 +283,7 @@ class EmbeddedQueue:
             max_doublings=self._retry.max_doublings,
         )
         wait = max(wait, retry_after or 0.0)
-        self._db.execute(
+        self._books.execute(
             "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
             " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
             (
@@ -305,6 +307,44 @@ class EmbeddedQueue:
             " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
             extra={"task": name, "fields": {"error": error}},
         )
+
+
+class _WorkerConnection:
+    """One dispatcher's keep-alive connection to the worker, reopened after any failure."""
+
+    def __init__(self, url: str, deadline_seconds: float) -> None:
+        split = urlsplit(url)
+        self._https = split.scheme == "https"
+        self._host = split.hostname or "127.0.0.1"
+        self._port = split.port
+        self._path = (split.path or "/") + (f"?{split.query}" if split.query else "")
+        self._deadline = deadline_seconds
+        self._connection: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, str]:
+        """POST ``body``; return the status, the Retry-After header and the body text.
+
+        Raises ``OSError`` or ``http.client.HTTPException`` when no answer came in time.
+        """
+        if self._connection is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._connection = kind(self._host, self._port, timeout=self._deadline)
+        try:
+            self._connection.request("POST", self._path, body=body, headers=headers)
+            response = self._connection.getresponse()
+            text = response.read().decode("utf-8", "replace")
+        except BaseException:
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        return response.status, response.getheader("Retry-After"), text
+
+    def close(self) -> None:
+        """Drop the connection; the next POST opens a new one."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
 def _validate(task: Task) -> None:

@@ -1,5 +1,10 @@
 """One SQLite database as every embedded adapter uses it: WAL, fully synced commits, a
-busy timeout, and ``sqlite3.OperationalError`` translated to ``Transient`` once, here."""
+busy timeout, and ``sqlite3.OperationalError`` translated to ``Transient`` once, here.
+
+Writes that must be durable before an answer goes out (a webhook's enqueue) can share one
+commit: :meth:`SqliteDatabase.execute_grouped` batches the statements of every thread waiting
+at that moment into one transaction and one fsync (group commit), so durable acks are not
+capped at one per fsync."""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from looprelay.errors import Transient
 
@@ -27,20 +33,47 @@ def parse_utc_text(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+Synchronous = Literal["FULL", "NORMAL"]
+
+
+@dataclass
+class _Grouped:
+    """One statement waiting for a group commit, and what became of it."""
+
+    sql: str
+    params: tuple[Any, ...]
+    rowcount: int = 0
+    error: Exception | None = None
+    committed: bool = False
+    done: bool = False
+
+
 class SqliteDatabase:
     """A thread-safe connection to one database file, with the tables of ``schema``."""
 
-    def __init__(self, path: str | Path, *, schema: str, what: str) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        schema: str,
+        what: str,
+        synchronous: Synchronous = "FULL",
+    ) -> None:
         """Open (creating tables) the file; ``what`` names it in errors.
 
-        Raises ``Transient`` when the file cannot be opened.
+        ``synchronous="NORMAL"`` is for writes whose loss in a power cut is harmless (WAL mode
+        keeps them safe from a process crash, and the next fully synced commit on the file
+        makes them durable too). Raises ``Transient`` when the file cannot be opened.
         """
         self._what = what
         self._lock = threading.Lock()
+        self._group = threading.Condition()
+        self._pending: list[_Grouped] = []
+        self._leading = False
         try:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             self._db.executescript(schema)
         except sqlite3.Error as exc:
@@ -75,6 +108,53 @@ class SqliteDatabase:
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
+    def execute_grouped(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """Run one write in a transaction shared with the other threads waiting now, and
+        return its row count once the transaction is committed.
+
+        The first thread to arrive leads: it commits everything queued so far while later
+        arrivals queue up for the next leader, so a lone writer never waits and a crowd
+        pays one fsync per batch. A statement's own error (a constraint) reaches its caller
+        only; a failed commit reaches every caller in the batch as ``Transient``.
+        """
+        mine = _Grouped(sql, params)
+        with self._group:
+            self._pending.append(mine)
+            while not mine.done and self._leading:
+                self._group.wait()
+            if mine.done:
+                return _outcome(mine)
+            self._leading = True
+            batch, self._pending = self._pending, []
+        try:
+            self._commit_batch(batch)
+        finally:
+            with self._group:
+                self._leading = False
+                for grouped in batch:
+                    grouped.done = True
+                self._group.notify_all()
+        return _outcome(mine)
+
+    def _commit_batch(self, batch: list[_Grouped]) -> None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for grouped in batch:
+                    try:
+                        grouped.rowcount = self._db.execute(grouped.sql, grouped.params).rowcount
+                    except sqlite3.IntegrityError as exc:
+                        grouped.error = exc
+                self._db.execute("COMMIT")
+                for grouped in batch:
+                    grouped.committed = True
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                failure = Transient(f"{self._what} busy or unavailable: {exc}")
+                for grouped in batch:
+                    grouped.error, grouped.rowcount = failure, 0
+
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """Run a query and return its rows, addressable by column name."""
         with self._lock:
@@ -84,3 +164,11 @@ class SqliteDatabase:
                 return list(cursor.fetchall())
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
+
+
+def _outcome(grouped: _Grouped) -> int:
+    if grouped.error is not None:
+        raise grouped.error
+    if not grouped.committed:  # the leader died mid-batch: nothing may claim success
+        raise Transient("the group commit carrying this write did not finish")
+    return grouped.rowcount
