@@ -27,7 +27,7 @@ from looprelay.httpmsg import Request, Response, json_response
 from looprelay.ingress import Ingress
 from looprelay.leases import DispatchWaker
 from looprelay.secrets_env import webhook_secrets_from_env
-from looprelay.stores import open_store
+from looprelay.stores import open_stores
 from looprelay.wiring import build_router, build_runner_api, github_client
 from looprelay.worker import Worker
 
@@ -80,7 +80,8 @@ class EmbeddedStack:
         )
         host, port = self._server.address
         self.base_url = f"http://{_url_host(host)}:{port}"
-        self.store = open_store(config, data_dir=self.data_dir)
+        self._stores = open_stores(config, data_dir=self.data_dir)
+        self.store = self._stores.store
         self._worker_url = self._loopback_url(host, port) + WORKER_PATH
         self._worker_token = worker_token
         self.queue = EmbeddedQueue(
@@ -99,6 +100,8 @@ class EmbeddedStack:
             data_dir=self.data_dir,
             github=github,
             waker=waker,
+            work_items=self._stores.work_items,
+            runners=self._stores.runners,
         )
         self.worker = Worker(
             store=self.store,
@@ -111,6 +114,8 @@ class EmbeddedStack:
                 data_dir=self.data_dir,
                 github=github,
                 waker=waker,
+                work_items=self._stores.work_items,
+                runners=self._stores.runners,
             ),
         )
 
@@ -137,9 +142,7 @@ class EmbeddedStack:
         """Stop taking requests, let in-flight tasks finish, close files, release the lock."""
         self._server.stop()
         self.queue.close()
-        close = getattr(self.store, "close", None)
-        if callable(close):
-            close()
+        self._stores.close()
         self._lock.close()
 
     def _webhook_secrets(self, environ: Mapping[str, str]) -> tuple[list[bytes], SecretSource]:

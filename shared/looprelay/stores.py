@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from looprelay.config import Config
@@ -61,3 +62,42 @@ def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemSt
     from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
 
     return SqliteWorkItemStore(_sqlite_path(config, data_dir))
+
+
+@dataclass(frozen=True)
+class OpenStores:
+    """The ledger and event store, the work-item store and the runner registry of one
+    backend, as one process uses them all (``looprelay up``)."""
+
+    store: Store
+    work_items: WorkItemStore
+    runners: RunnerRegistry
+
+    def close(self) -> None:
+        """Close every connection the three hold."""
+        for adapter in (self.store, self.work_items, self.runners):
+            close = getattr(adapter, "close", None)
+            if callable(close):
+                close()
+
+
+def open_stores(config: Config, *, data_dir: Path | None) -> OpenStores:
+    """Open all three; on SQLite they share one connection to the one file.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        return OpenStores(
+            open_store(config, data_dir=data_dir),
+            open_work_item_store(config, data_dir=data_dir),
+            open_runner_registry(config, data_dir=data_dir),
+        )
+    from looprelay.adapters.sqlite_common import SqliteDatabase
+    from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
+    from looprelay.adapters.sqlite_store import SqliteStore
+    from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+
+    database = SqliteDatabase(_sqlite_path(config, data_dir), schema="", what="SQLite store")
+    return OpenStores(
+        SqliteStore(database), SqliteWorkItemStore(database), SqliteRunnerRegistry(database)
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from looprelay.config import Config
 from looprelay.leases import DispatchWaker, LeaseDesk
-from looprelay.ports import Clock, GitHub, Store
+from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
 from looprelay.router import Router
 from looprelay.routingpolicy import TemplateSource, routing_policy
@@ -39,12 +39,15 @@ def build_router(
     data_dir: Path | None,
     github: GitHub | None,
     waker: DispatchWaker | None,
+    work_items: WorkItemStore | None = None,
+    runners: RunnerRegistry | None = None,
 ) -> Router:
-    """The worker's delivery handler. Raises ``ConfigError`` for an unusable routing section."""
+    """The worker's delivery handler; the work-item store and runner registry are opened
+    unless given. Raises ``ConfigError`` for an unusable routing section."""
     return Router(
         store=store,
-        work_items=open_work_item_store(config, data_dir=data_dir),
-        runners=open_runner_registry(config, data_dir=data_dir),
+        work_items=work_items or open_work_item_store(config, data_dir=data_dir),
+        runners=runners or open_runner_registry(config, data_dir=data_dir),
         github=github,
         policy=routing_policy(config.routing),
         templates=TemplateSource(config.routing),
@@ -61,10 +64,12 @@ def build_runner_api(
     data_dir: Path | None,
     github: GitHub | None,
     waker: DispatchWaker | None,
+    work_items: WorkItemStore | None = None,
+    runners: RunnerRegistry | None = None,
 ) -> RunnerApi:
-    """The runner API with its lease desk."""
-    registry = open_runner_registry(config, data_dir=data_dir)
-    work_items = open_work_item_store(config, data_dir=data_dir)
+    """The runner API with its lease desk; stores are opened unless given."""
+    registry = runners or open_runner_registry(config, data_dir=data_dir)
+    work_items = work_items or open_work_item_store(config, data_dir=data_dir)
     progress = Progress(
         work_items=work_items,
         store=store,

@@ -66,6 +66,7 @@ class SqliteDatabase:
         makes them durable too). Raises ``Transient`` when the file cannot be opened.
         """
         self._what = what
+        self._synchronous = synchronous
         self._lock = threading.Lock()
         self._group = threading.Condition()
         self._pending: list[_Grouped] = []
@@ -79,24 +80,44 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise Transient(f"cannot open the {what} at {path}: {exc}") from exc
 
+    def ensure_schema(self, schema: str) -> None:
+        """Create the tables of another adapter sharing this connection (idempotent)."""
+        with self._lock:
+            try:
+                self._db.executescript(schema)
+            except sqlite3.Error as exc:
+                raise Transient(f"cannot create tables in the {self._what}: {exc}") from exc
+
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (again is harmless: adapters sharing it each close it)."""
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, synced: bool = True) -> Iterator[sqlite3.Connection]:
         """Run a read-check-write atomically: ``BEGIN IMMEDIATE`` takes the write lock up
-        front, and anything left open (an exception, a failed COMMIT) is rolled back."""
+        front, and anything left open (an exception, a failed COMMIT) is rolled back.
+
+        ``synced=False`` skips the fsync for a write whose loss in a power cut is harmless
+        because a later synced commit stands behind it (in WAL mode that commit makes every
+        earlier one durable too); a process crash loses nothing either way.
+        """
+        relaxed = not synced and self._synchronous == "FULL"
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                if relaxed:
+                    self._db.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    yield self._db
-                    self._db.execute("COMMIT")
+                    self._db.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield self._db
+                        self._db.execute("COMMIT")
+                    finally:
+                        if self._db.in_transaction:
+                            self._db.execute("ROLLBACK")
                 finally:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
+                    if relaxed:
+                        self._db.execute("PRAGMA synchronous=FULL")
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
@@ -164,6 +185,16 @@ class SqliteDatabase:
                 return list(cursor.fetchall())
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
+
+
+def open_database(source: str | Path | SqliteDatabase, *, schema: str, what: str) -> SqliteDatabase:
+    """Open the file at ``source`` with ``schema``'s tables, or add them to a database that
+    another adapter already opened, so adapters on one file share one connection and lock
+    (separate connections would contend through SQLite's sleeping busy handler)."""
+    if isinstance(source, SqliteDatabase):
+        source.ensure_schema(schema)
+        return source
+    return SqliteDatabase(source, schema=schema, what=what)
 
 
 def _outcome(grouped: _Grouped) -> int:

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from looprelay.adapters.sqlite_common import SqliteDatabase, utc_text
+from looprelay.adapters.sqlite_common import SqliteDatabase, open_database, utc_text
 from looprelay.ports import RunnerStatus
 from looprelay.records import RegistrationToken, RunnerRecord
 
@@ -30,9 +30,9 @@ CREATE TABLE IF NOT EXISTS runners (
 class SqliteRunnerRegistry:
     """The ``RunnerRegistry`` port on SQLite; one small JSON document per runner."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path | SqliteDatabase) -> None:
         """Open (creating) the tables in the database at ``path``; ``Transient`` on failure."""
-        self._db = SqliteDatabase(path, schema=_SCHEMA, what="SQLite runner registry")
+        self._db = open_database(path, schema=_SCHEMA, what="SQLite runner registry")
 
     def close(self) -> None:
         """Close the connection."""

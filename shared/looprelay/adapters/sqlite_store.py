@@ -7,7 +7,7 @@ import sqlite3
 from datetime import datetime
 from pathlib import Path
 
-from looprelay.adapters.sqlite_common import SqliteDatabase, parse_utc_text, utc_text
+from looprelay.adapters.sqlite_common import SqliteDatabase, open_database, parse_utc_text, utc_text
 from looprelay.records import (
     MAX_DETAIL_CHARS,
     RECEIVED,
@@ -46,12 +46,12 @@ CREATE INDEX IF NOT EXISTS events_by_delivery ON events (delivery_id);
 class SqliteStore:
     """Ledger and event log in one SQLite database; safe across threads and processes."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path | SqliteDatabase) -> None:
         """Open (creating if needed) the database at ``path``.
 
         Raises ``Transient`` when the file cannot be opened.
         """
-        self._db = SqliteDatabase(path, schema=_SCHEMA, what="SQLite store")
+        self._db = open_database(path, schema=_SCHEMA, what="SQLite store")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -59,7 +59,8 @@ class SqliteStore:
 
     def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
         """See ``Store.begin_delivery``."""
-        with self._db.transaction() as db:
+        # Unsynced: the settle that ends this delivery is synced and makes it durable.
+        with self._db.transaction(synced=False) as db:
             inserted = db.execute(
                 "INSERT OR IGNORE INTO deliveries (delivery_id, event, action, outcome, detail,"
                 " attempts, received_at, settled_at, envelope) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -145,7 +146,7 @@ class SqliteStore:
 
     def append_event(self, event: EventRecord) -> None:
         """See ``Store.append_event``."""
-        with self._db.transaction() as db:
+        with self._db.transaction(synced=False) as db:  # diagnostics; see begin_delivery
             _insert_event(db, event)
 
     def list_events(

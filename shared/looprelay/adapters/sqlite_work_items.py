@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from looprelay.adapters.sqlite_common import SqliteDatabase, utc_text
+from looprelay.adapters.sqlite_common import SqliteDatabase, open_database, utc_text
 from looprelay.records import DispatchRecord, WorkItemRecord
 
 _SCHEMA = """
@@ -51,12 +51,12 @@ def _opt_utc_text(moment: datetime | None) -> str | None:
 class SqliteWorkItemStore:
     """Work items and dispatches in one SQLite database; safe across threads and processes."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path | SqliteDatabase) -> None:
         """Open (creating the tables if needed) the database at ``path``.
 
         Raises ``Transient`` when the file cannot be opened.
         """
-        self._db = SqliteDatabase(path, schema=_SCHEMA, what="SQLite work-item store")
+        self._db = open_database(path, schema=_SCHEMA, what="SQLite work-item store")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -85,7 +85,9 @@ class SqliteWorkItemStore:
     ) -> bool:
         """See ``WorkItemStore.save_work_item``."""
         stored = record.model_copy(update={"version": expected_version + 1})
-        with self._db.transaction() as db:
+        # Unsynced: before anything acts on it, a synced commit stands behind it (the lease
+        # a runner takes, the delivery's settle), and in WAL mode that makes it durable.
+        with self._db.transaction(synced=False) as db:
             current = db.execute(
                 "SELECT version FROM work_items WHERE ref = ?", (stored.ref,)
             ).fetchone()
