@@ -84,6 +84,7 @@ class EmbeddedQueue:
         self._queue_name = queue_name
         self._now = now
         self._wake = threading.Condition()
+        self._arrivals = 0  # counts enqueues, so a dispatcher never sleeps through one
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         # Enqueues are acked to GitHub, so they are fully synced (and share fsyncs). The
@@ -112,8 +113,7 @@ class EmbeddedQueue:
             (task.name, task.body, "pending", now, now, window_start),
         )
         if inserted:
-            with self._wake:
-                self._wake.notify()
+            self._arrived()
         return bool(inserted)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -173,8 +173,7 @@ class EmbeddedQueue:
             " WHERE name = ? AND state = 'dead'",
             (self._now(), name),
         ).rowcount
-        with self._wake:
-            self._wake.notify()
+        self._arrived()
         return bool(changed)
 
     def purge_finished(self) -> int:
@@ -190,13 +189,13 @@ class EmbeddedQueue:
         worker = _WorkerConnection(self._worker_url, self._settings.dispatch_deadline_seconds)
         while not self._stopping.is_set():
             try:
+                seen = self._arrivals
                 claimed = self._claim()
                 if claimed is None:
-                    # Nothing due: sleep until woken by an enqueue or the next due task. The
-                    # check under the lock keeps a stop() just before the wait from being missed.
-                    with self._wake:
-                        if not self._stopping.is_set():
-                            self._wake.wait(self._seconds_until_due())
+                    # Nothing due: sleep until the next due task or an arrival since the look
+                    # (the counter catches one that came between the look and the wait).
+                    timeout = self._seconds_until_due()
+                    self._wait_for_arrival(seen, timeout)
                     continue
                 self._deliver(worker, claimed)
             except (sqlite3.Error, Transient):
@@ -205,6 +204,15 @@ class EmbeddedQueue:
                 log.exception("embedded queue database error; dispatcher pauses and goes on")
                 self._stopping.wait(_IDLE_WAIT_SECONDS)
         worker.close()
+
+    def _wait_for_arrival(self, seen: int, timeout: float) -> None:
+        with self._wake:
+            self._wake.wait_for(lambda: self._arrivals != seen or self._stopping.is_set(), timeout)
+
+    def _arrived(self) -> None:
+        with self._wake:
+            self._arrivals += 1
+            self._wake.notify()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
         rows = self._books.rows(
