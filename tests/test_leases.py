@@ -547,7 +547,8 @@ class TestOrderAndAffinity:
         assert desk.polled_id(second) is None
         assert desk.stored("dp-1-2").status == "pending"
         assert desk.report(first, "dp-1-1", status="spawned").status_code == 200
-        assert desk.polled_id(second) == "dp-1-2"
+        # Now it may go, to the runner its session lives on (see the next test).
+        assert desk.polled_id(first) == "dp-1-2"
 
     def test_a_session_stays_with_its_runner_until_that_runner_is_lost(self, desk: Desk) -> None:
         holder, other = desk.runner("holder"), desk.runner("other")
@@ -576,3 +577,15 @@ class TestOrderAndAffinity:
         assert desk.polled_id(other) is None
         assert desk.polled_id(holder) == "dp-1-1"
         assert desk.events("runner.lost") == []
+
+    def test_a_delivery_routed_before_the_spawn_was_reported_stays_with_the_spawner(
+        self, desk: Desk
+    ) -> None:
+        spawner, other = desk.runner("spawner"), desk.runner("other")
+        # Routed while the session was pending: the deliver names no runner yet.
+        desk.seed(1, desk.dispatch(1, 1), desk.dispatch(1, 2, kind="deliver"))
+        assert desk.polled_id(spawner) == "dp-1-1"
+        assert desk.report(spawner, "dp-1-1", status="spawned").status_code == 200
+        assert desk.session(1).runner_id == spawner.runner_id
+        assert desk.polled_id(other) is None
+        assert desk.polled_id(spawner) == "dp-1-2"

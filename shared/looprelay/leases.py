@@ -17,7 +17,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from looprelay.config import RunnersConfig
-from looprelay.core.scheduling import choose_dispatch, heads_of_line, is_live
+from looprelay.core.scheduling import (
+    choose_dispatch,
+    heads_of_line,
+    is_live,
+    needs_session_pin,
+    pin_to_sessions,
+)
 from looprelay.httpmsg import Response, json_response
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import Progress
@@ -67,6 +73,14 @@ class DispatchWaker:
         with self._changed:
             seen = self._generation if since is None else since
             self._changed.wait_for(lambda: self._generation != seen, seconds)
+
+
+def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
+    """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
+    heads = heads_of_line(items.list_dispatches(statuses=DISPATCH_OPEN), now=now)
+    refs = {d.work_item for d in heads if needs_session_pin(d)}
+    work_items = {ref: item for ref in refs if (item := items.get_work_item(ref)) is not None}
+    return pin_to_sessions(heads, work_items)
 
 
 class LeaseDesk:
@@ -120,7 +134,7 @@ class LeaseDesk:
             for r in self._registry.list_runners()
             if is_live(r, now=now, lost_after=lost_after)
         ]
-        candidates = heads_of_line(self._items.list_dispatches(statuses=DISPATCH_OPEN), now=now)
+        candidates = leasable_heads(self._items, now=now)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live)
             if pick is None:

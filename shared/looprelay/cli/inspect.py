@@ -184,7 +184,8 @@ def dispatches(
     """List dispatches; an open one no runner may take says why it waits."""
     from datetime import UTC, datetime, timedelta
 
-    from looprelay.core.scheduling import heads_of_line, is_live, waiting_reasons
+    from looprelay.core.scheduling import is_live, waiting_reasons
+    from looprelay.leases import leasable_heads
     from looprelay.records import DISPATCH_OPEN
     from looprelay.stores import open_runner_registry, open_work_item_store
 
@@ -195,7 +196,7 @@ def dispatches(
     lost_after = timedelta(seconds=config.runners.lost_after_seconds)
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
-    heads = heads_of_line(rows, now=now)
+    heads = leasable_heads(items, now=now)
     waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
     head_ids = {d.dispatch_id for d in heads}
     for dispatch in rows:

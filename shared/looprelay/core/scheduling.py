@@ -10,11 +10,11 @@ a runner skips what it may not take and gets the oldest thing it may.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from looprelay.records import DISPATCH_OPEN, DispatchRecord, RunnerRecord
+from looprelay.records import DISPATCH_OPEN, DispatchRecord, RunnerRecord, WorkItemRecord
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,29 @@ def heads_of_line(
             first[dispatch.work_item] = dispatch
     ready = [d for d in first.values() if _leasable(d, now)]
     return sorted(ready, key=lambda d: (d.created_at, d.seq, d.dispatch_id))
+
+
+def needs_session_pin(dispatch: DispatchRecord) -> bool:
+    """Whether ``dispatch`` goes to an existing session but was routed before that session's
+    runner was known (while its spawn was still pending)."""
+    return dispatch.runner_id is None and dispatch.kind != "spawn"
+
+
+def pin_to_sessions(
+    candidates: Sequence[DispatchRecord], work_items: Mapping[str, WorkItemRecord]
+) -> list[DispatchRecord]:
+    """Give each candidate that :func:`needs_session_pin` the runner its endpoint's session
+    now lives on, so it follows the session instead of going to whoever polls first (which
+    would start a second harness for one work item)."""
+    pinned = []
+    for dispatch in candidates:
+        item = work_items.get(dispatch.work_item)
+        session = item.sessions.get(dispatch.endpoint) if item else None
+        if needs_session_pin(dispatch) and session is not None and session.runner_id:
+            pinned.append(dispatch.model_copy(update={"runner_id": session.runner_id}))
+        else:
+            pinned.append(dispatch)
+    return pinned
 
 
 def _leasable(dispatch: DispatchRecord, now: datetime) -> bool:
