@@ -1,8 +1,14 @@
-"""Webhook ack latency and throughput: ``looprelay up`` against a bare stdlib receiver (the floor).
+"""Webhook ack latency and throughput: ``looprelay up``, the predecessor and a bare floor.
 
-Both run in one invocation, one after the other, driven by wrk and ``bench/webhook.lua`` (one
-signed ``issue_comment`` payload, a unique delivery id per request) at 1 and 8 connections; any
-response but 202 fails the run. After each looprelay shape the queue is drained and counted."""
+In one invocation, one after the other, wrk and ``bench/webhook.lua`` (one signed
+``issue_comment`` payload, a unique delivery id per request) drive at 1 and 8 connections:
+
+- ``floor``: ``bench/bare_receiver.py``, a stdlib receiver that checks the HMAC and answers;
+- ``the-loop``: the predecessor's receiver, ``the-loopy-one`` from ``bench/.peer`` (``peer.py``);
+- ``looprelay``: ``looprelay up``, whose queue is drained and counted after each shape.
+
+Each receiver has one expected ack status; any other status, a socket error or a timeout fails
+the run. The table ends with looprelay's ratios to the others and the issue's targets at c=8."""
 
 from __future__ import annotations
 
@@ -22,23 +28,36 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import peer
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "github" / "issue_comment.created.json"
 EVENT = "issue_comment"
 LOOPRELAY = ROOT / ".venv" / "bin" / "looprelay"
+FLOOR, PEER, OURS = "floor", "the-loop", "looprelay"
+RECEIVERS = (FLOOR, PEER, OURS)
 SHAPES = ((1, 1), (2, 8))  # (wrk threads, connections)
+ACK_STATUS = 202  # looprelay's and bare_receiver.py's
 WARMUP_SECONDS = 1
 READY_SECONDS = 30.0
-DRAIN_SECONDS = 60.0
+DRAIN_SECONDS = 600.0
+DRAIN_STALL_SECONDS = 20.0
 STOP_SECONDS = 15.0
+# Issue 6, "Targets": at 8 connections, looprelay against (receiver, figure, bound).
+TARGET_CONNECTIONS = 8
+TARGETS = ((PEER, "rps", 2.0), (PEER, "p99", 0.5), (FLOOR, "rps", 0.6))
 QUEUE_NOTE = (
     "looprelay up also runs its embedded queue in the same process: each acked delivery is "
     "POSTed to its own /worker and settled in the SQLite ledger, competing for the same CPU."
+)
+PEER_NOTE = (
+    "the-loop answers HTTP/1.0 (a new connection per request) and, with routing off, only "
+    "appends its event log (no fsync) before the 202: its ack is not durable."
 )
 _RESULT = re.compile(r"^RESULT (.+)$", re.MULTILINE)
 _NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
@@ -75,17 +94,46 @@ class Ledger:
 
 @dataclass(frozen=True)
 class Target:
-    """A running receiver: where to post and the payload's signature for its secret."""
+    """A running receiver: where to post, the payload's signature and the status it acks with."""
 
     name: str
     url: str
     signature: str
+    status: int
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """looprelay's figures divided by another receiver's, at one connection count."""
+
+    versus: str
+    connections: int
+    rps: float
+    p99: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One of the issue's targets: looprelay's ratio ``figure`` to ``versus`` against ``bound``."""
+
+    versus: str
+    figure: str  # "rps" must reach the bound, "p99" must stay at or under it
+    bound: float
+    ratio: float
+    met: bool
 
 
 def _seconds(text: str) -> int:
     if not re.fullmatch(r"[1-9]\d*s?", text):
         raise argparse.ArgumentTypeError(f"{text!r}: give whole seconds, e.g. 10s")
     return int(text.rstrip("s"))
+
+
+def _receivers(text: str) -> tuple[str, ...]:
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if not names or names - set(RECEIVERS):
+        raise argparse.ArgumentTypeError(f"{text!r}: name some of {','.join(RECEIVERS)}")
+    return tuple(name for name in RECEIVERS if name in names)
 
 
 def _sign(secret: str) -> str:
@@ -99,23 +147,43 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _serving(cmd: list[str], log: Path, port: int) -> Iterator[None]:
-    """Run ``cmd`` until ``/healthz`` answers 200 (BenchError if not within READY_SECONDS).
+def _serving(
+    cmd: list[str],
+    log: Path,
+    port: int,
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    kill_only: bool = False,
+) -> Iterator[None]:
+    """Run ``cmd`` in its own process group until ``/healthz`` answers 200.
 
-    On exit, SIGINT it and SIGKILL it if it is still alive STOP_SECONDS later."""
+    Raises BenchError if it exits or is not healthy within READY_SECONDS. On exit, even on
+    errors: with ``kill_only`` the whole group gets SIGKILL at once (for a receiver that ignores
+    SIGTERM); otherwise SIGINT, then SIGKILL if it is still alive STOP_SECONDS later."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True
+        )
     try:
         _wait_healthy(proc, log, f"http://127.0.0.1:{port}/healthz")
         yield
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc, kill_only=kill_only)
+
+
+def _stop(proc: subprocess.Popen[bytes], *, kill_only: bool) -> None:
+    if kill_only:
+        # The leader is not reaped yet, so its pid still names the group: children go too.
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    elif proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], log: Path, url: str) -> None:
@@ -133,10 +201,14 @@ def _wait_healthy(proc: subprocess.Popen[bytes], log: Path, url: str) -> None:
 
 
 def _wrk(target: Target, *, threads: int, connections: int, seconds: int, phase: str) -> Run:
-    """Run wrk once; raises BenchError unless every response was a 202 without socket errors."""
+    """Run wrk once, allowing ``seconds`` + 60 s; each request may take 10 s.
+
+    Raises BenchError unless every response had ``target.status`` and there was no socket error
+    or timeout; subprocess.TimeoutExpired if wrk overruns."""
     run_id = f"{target.name}-c{connections}-{phase}-{uuid.uuid4().hex[:12]}"
     env = os.environ | {"WEBHOOK_BODY_FILE": str(FIXTURE), "WEBHOOK_EVENT": EVENT}
     env |= {"WEBHOOK_SIGNATURE": target.signature, "WEBHOOK_RUN_ID": run_id}
+    env |= {"WEBHOOK_EXPECT_STATUS": str(target.status)}
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
     cmd += ["-s", str(BENCH / "webhook.lua"), target.url]
     limit = seconds + 60
@@ -145,10 +217,10 @@ def _wrk(target: Target, *, threads: int, connections: int, seconds: int, phase:
     if done.returncode != 0 or result is None:
         raise BenchError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     fields = {key: float(value) for key, value in re.findall(r"(\w+)=([\d.]+)", result[1])}
-    bad = {key: fields[key] for key in ("non202", "connect", "read", "write", "timeout")}
+    bad = {key: fields[key] for key in ("unexpected", "connect", "read", "write", "timeout")}
     if any(bad.values()) or _NON_2XX.search(done.stdout) or not fields["requests"]:
         raise BenchError(
-            f"{target.name} c={connections} {phase}: not every response was a 202 "
+            f"{target.name} c={connections} {phase}: not every response was a {target.status} "
             f"(first bad status {fields['first_bad']:.0f}, {bad}):\n{done.stdout}"
         )
     rps = fields["requests"] / (fields["duration_us"] / 1e6)
@@ -170,10 +242,18 @@ def _settled(store: Path) -> int:
 
 
 def _drain(store: Path, acked: int) -> float:
-    """Wait (at most DRAIN_SECONDS) until the ledger has settled ``acked`` deliveries."""
-    start = time.monotonic()
-    while _settled(store) < acked and time.monotonic() - start < DRAIN_SECONDS:
+    """Wait until the ledger has settled ``acked`` deliveries; return the seconds waited.
+
+    Gives up when the settled count has not moved for DRAIN_STALL_SECONDS, or after
+    DRAIN_SECONDS in all: a faster ack path leaves a longer backlog, which is not a loss."""
+    start = moved = time.monotonic()
+    settled = _settled(store)
+    while settled < acked and time.monotonic() - moved < DRAIN_STALL_SECONDS:
+        if time.monotonic() - start > DRAIN_SECONDS:
+            break
         time.sleep(0.1)
+        settled, before = _settled(store), settled
+        moved = time.monotonic() if settled > before else moved
     return round(time.monotonic() - start, 2)
 
 
@@ -182,7 +262,19 @@ def _bench_floor(tmp: Path, seconds: int) -> list[Run]:
     secret_file.write_text(secret + "\n", encoding="ascii")
     cmd = [sys.executable, str(BENCH / "bare_receiver.py"), "--port", str(port)]
     with _serving([*cmd, "--secret-file", str(secret_file)], tmp / "floor.log", port):
-        target = Target("floor", f"http://127.0.0.1:{port}/webhook", _sign(secret))
+        url = f"http://127.0.0.1:{port}/webhook"
+        target = Target(FLOOR, url, _sign(secret), ACK_STATUS)
+        return [run for shape in SHAPES for run in _measure(target, *shape, seconds)]
+
+
+def _bench_peer(tmp: Path, seconds: int) -> list[Run]:
+    """Measure the predecessor; it ignores SIGTERM, so it is stopped with SIGKILL."""
+    secret, port = uuid.uuid4().hex, _free_port()
+    launch = peer.prepare(tmp / "peer", port=port, secret=secret)
+    log = tmp / "peer.log"
+    with _serving(launch.cmd, log, port, cwd=launch.cwd, env=launch.env, kill_only=True):
+        url = f"http://127.0.0.1:{port}{peer.WEBHOOK_PATH}"
+        target = Target(PEER, url, _sign(secret), peer.ACK_STATUS)
         return [run for shape in SHAPES for run in _measure(target, *shape, seconds)]
 
 
@@ -192,7 +284,8 @@ def _bench_looprelay(tmp: Path, seconds: int) -> tuple[list[Run], Ledger]:
     cmd = [str(LOOPRELAY), "up", "--data", str(data), "--port", str(port)]
     with _serving([*cmd, "--log-level", "WARNING"], tmp / "looprelay.log", port):
         secret = (data / "webhook-secret").read_text(encoding="ascii").strip()
-        target = Target("looprelay", f"http://127.0.0.1:{port}/webhook", _sign(secret))
+        url = f"http://127.0.0.1:{port}/webhook"
+        target = Target(OURS, url, _sign(secret), ACK_STATUS)
         for shape in SHAPES:
             runs += _measure(target, *shape, seconds)
             acked = sum(run.requests for run in runs)
@@ -200,49 +293,106 @@ def _bench_looprelay(tmp: Path, seconds: int) -> tuple[list[Run], Ledger]:
         return runs, Ledger(acked, _settled(data / "looprelay.db"), drains)
 
 
-def _ratios(runs: list[Run]) -> list[dict[str, float]]:
+def _bench(tmp: Path, receivers: tuple[str, ...], seconds: int) -> tuple[list[Run], Ledger | None]:
+    """Measure each receiver in turn; the ledger is None when looprelay is not among them."""
+    runs, ledger = list[Run](), None
+    for name in receivers:
+        if name == OURS:
+            ours, ledger = _bench_looprelay(tmp, seconds)
+            runs += ours
+        else:
+            runs += _bench_floor(tmp, seconds) if name == FLOOR else _bench_peer(tmp, seconds)
+    return runs, ledger
+
+
+def _ratios(runs: list[Run]) -> list[Ratio]:
     by_key = {(run.receiver, run.connections): run for run in runs}
-    pairs = [(c, by_key["looprelay", c], by_key["floor", c]) for _, c in SHAPES]
-    return [{"conns": c, "rps": a.rps / b.rps, "p99": a.p99_ms / b.p99_ms} for c, a, b in pairs]
+    ratios = []
+    for versus in (PEER, FLOOR):
+        for _, conns in SHAPES:
+            ours, theirs = by_key.get((OURS, conns)), by_key.get((versus, conns))
+            if ours and theirs:
+                rps, p99 = ours.rps / theirs.rps, ours.p99_ms / theirs.p99_ms
+                ratios.append(Ratio(versus, conns, rps, p99))
+    return ratios
 
 
-def _table(runs: list[Run], ratios: list[dict[str, float]], ledger: Ledger) -> str:
+def _verdicts(ratios: list[Ratio]) -> list[Verdict]:
+    at_target = {r.versus: r for r in ratios if r.connections == TARGET_CONNECTIONS}
+    verdicts = []
+    for versus, figure, bound in TARGETS:
+        if versus in at_target:
+            ratio = at_target[versus].rps if figure == "rps" else at_target[versus].p99
+            met = ratio >= bound if figure == "rps" else ratio <= bound
+            verdicts.append(Verdict(versus, figure, bound, ratio, met))
+    return verdicts
+
+
+def _table(
+    runs: list[Run], ratios: list[Ratio], verdicts: list[Verdict], ledger: Ledger | None
+) -> str:
     lines = [_ROW.format("receiver", "conns", "req/s", "p50 ms", "p95 ms", "p99 ms")]
     for r in runs:
         figures = (f"{r.rps:.0f}", *(f"{ms:.2f}" for ms in (r.p50_ms, r.p95_ms, r.p99_ms)))
         lines.append(_ROW.format(r.receiver, r.connections, *figures))
     for ratio in ratios:
-        change = f"req/s x{ratio['rps']:.2f}, p99 x{ratio['p99']:.2f}"
-        lines.append(f"looprelay/floor at c={ratio['conns']:.0f}: {change}")
-    settled = f"ledger: {ledger.settled} of {ledger.acked} acked deliveries settled, warm-ups incl."
-    lines.append(f"{settled}; queue drain after each shape, s: {ledger.drain_seconds}")
-    return "\n".join([*lines, f"note: {QUEUE_NOTE}"])
+        change = f"req/s x{ratio.rps:.2f}, p99 x{ratio.p99:.2f}"
+        lines.append(f"looprelay/{ratio.versus} at c={ratio.connections}: {change}")
+    for v in verdicts:
+        wanted = f"{'req/s >=' if v.figure == 'rps' else 'p99 <='} {v.bound}x {v.versus}"
+        verdict = "pass" if v.met else "MISS"
+        lines.append(f"target at c={TARGET_CONNECTIONS}: {wanted:<22} x{v.ratio:.2f}  {verdict}")
+    if ledger is not None:
+        settled = f"ledger: {ledger.settled} of {ledger.acked} acked deliveries settled"
+        drains = f"queue drain after each shape, s: {ledger.drain_seconds}"
+        lines.append(f"{settled}, warm-ups incl.; {drains}")
+    return "\n".join([*lines, *(f"note: {note}" for note in _notes(runs))])
+
+
+def _notes(runs: list[Run]) -> list[str]:
+    names = {run.receiver for run in runs}
+    return [note for name, note in ((OURS, QUEUE_NOTE), (PEER, PEER_NOTE)) if name in names]
+
+
+def _report(
+    seconds: int, runs: list[Run], ledger: Ledger | None, peer_version: str | None
+) -> dict[str, object]:
+    ratios = _ratios(runs)
+    report: dict[str, object] = {"seconds": seconds, "cpus": os.cpu_count(), "notes": _notes(runs)}
+    report |= {"peer": {"package": peer.PACKAGE, "version": peer_version} if peer_version else None}
+    report |= {"runs": [asdict(run) for run in runs], "ratios": [asdict(r) for r in ratios]}
+    report |= {"targets": [asdict(v) for v in _verdicts(ratios)]}
+    return report | {"ledger": asdict(ledger) if ledger else None}
 
 
 def main() -> int:
-    """Run both receivers and print the figures; exit 1 on a failed run, 2 on lost deliveries."""
+    """Run the receivers and print the figures; exit 1 on a failed run, 2 on lost deliveries."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=_seconds, default=10, help="per run [default: 10s]")
     parser.add_argument("--quick", action="store_true", help="3 s runs")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--receivers",
+        type=_receivers,
+        default=RECEIVERS,
+        help=f"comma-separated subset [default: {','.join(RECEIVERS)}]",
+    )
     args = parser.parse_args()
     seconds = 3 if args.quick else args.duration
     try:
+        peer_version = peer.ensure_installed() if PEER in args.receivers else None
         with tempfile.TemporaryDirectory(prefix="looprelay-bench-") as tmp:
-            floor_runs = _bench_floor(Path(tmp), seconds)
-            looprelay_runs, ledger = _bench_looprelay(Path(tmp), seconds)
-    except (BenchError, subprocess.TimeoutExpired) as exc:
+            runs, ledger = _bench(Path(tmp), args.receivers, seconds)
+    except (BenchError, peer.PeerError, subprocess.TimeoutExpired) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    measured = [run for run in floor_runs + looprelay_runs if run.phase == "run"]
-    ratios = _ratios(measured)
+    measured = [run for run in runs if run.phase == "run"]
     if args.json:
-        report = {"seconds": seconds, "cpus": os.cpu_count(), "note": QUEUE_NOTE}
-        report |= {"runs": [asdict(run) for run in measured], "ratios": ratios}
-        print(json.dumps(report | {"ledger": asdict(ledger)}, indent=2))
+        print(json.dumps(_report(seconds, measured, ledger, peer_version), indent=2))
     else:
-        print(_table(measured, ratios, ledger))
-    return 0 if ledger.settled >= ledger.acked else 2
+        ratios = _ratios(measured)
+        print(_table(measured, ratios, _verdicts(ratios), ledger))
+    return 0 if ledger is None or ledger.settled >= ledger.acked else 2
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@
 -- looprelay queues every request instead of answering "duplicate".
 --
 -- Environment: WEBHOOK_BODY_FILE (payload path), WEBHOOK_SIGNATURE ("sha256=<hex>"),
--- WEBHOOK_EVENT (X-GitHub-Event) and WEBHOOK_RUN_ID (unique per wrk run).
+-- WEBHOOK_EVENT (X-GitHub-Event), WEBHOOK_RUN_ID (unique per wrk run) and
+-- WEBHOOK_EXPECT_STATUS (the one status this receiver acks with, e.g. 202).
 --
--- done() prints one parseable line:
---   RESULT requests=N duration_us=N p50_us=N p95_us=N p99_us=N non202=N first_bad=N
+-- done() prints one parseable line; "unexpected" counts responses with any other status:
+--   RESULT requests=N duration_us=N p50_us=N p95_us=N p99_us=N unexpected=N first_bad=N
 --          connect=N read=N write=N timeout=N
 
 local threads = {}
@@ -38,8 +39,12 @@ function init(args)
     ["X-GitHub-Event"] = required("WEBHOOK_EVENT"),
     ["X-Hub-Signature-256"] = required("WEBHOOK_SIGNATURE"),
   }
+  expect_status = tonumber(required("WEBHOOK_EXPECT_STATUS"))
+  if expect_status == nil then
+    error("WEBHOOK_EXPECT_STATUS must be a number such as 202")
+  end
   sent = 0
-  non202 = 0
+  unexpected = 0
   first_bad = 0
 end
 
@@ -50,10 +55,10 @@ function request()
 end
 
 -- Defining response() makes wrk parse every response; the cost is wrk's, on the client side,
--- and it is the only way to check for exactly 202 rather than "not 4xx/5xx".
+-- and it is the only way to check for exactly the expected status rather than "not 4xx/5xx".
 function response(status, headers, body)
-  if status ~= 202 then
-    non202 = non202 + 1
+  if status ~= expect_status then
+    unexpected = unexpected + 1
     if first_bad == 0 then
       first_bad = status
     end
@@ -63,14 +68,14 @@ end
 function done(summary, latency, requests)
   local bad, first = 0, 0
   for _, thread in ipairs(threads) do
-    bad = bad + thread:get("non202")
+    bad = bad + thread:get("unexpected")
     if first == 0 then
       first = thread:get("first_bad")
     end
   end
   local errors = summary.errors
   io.write(string.format(
-    "RESULT requests=%d duration_us=%d p50_us=%.0f p95_us=%.0f p99_us=%.0f non202=%d"
+    "RESULT requests=%d duration_us=%d p50_us=%.0f p95_us=%.0f p99_us=%.0f unexpected=%d"
       .. " first_bad=%d connect=%d read=%d write=%d timeout=%d\n",
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(95),
     latency:percentile(99), bad, first, errors.connect, errors.read, errors.write,
