@@ -180,6 +180,16 @@ class TestAccepted:
         finally:
             stack.stop()
 
+    def test_json_the_fast_parser_refuses_is_still_accepted_as_json_allows_it(
+        self, receiver: Receiver
+    ) -> None:
+        # An escaped lone surrogate is valid JSON; the Rust parser refuses it, json.loads not.
+        body = COMMENT.replace(b'"body": "You are', b'"body": "\\ud800 You are')
+        assert b"\\ud800" in body
+        assert receiver.post("POST", _headers(body, delivery="d-lone"), body)[0] == 202
+        envelope = Envelope.model_validate_json(receiver.held()[delivery_task_name("d-lone")])
+        assert envelope.comment is not None and envelope.comment.body.startswith("\ufffd ")
+
     def test_ping_gets_200_and_is_not_queued(self, receiver: Receiver) -> None:
         body = payload_bytes("ping")
         assert receiver.post("POST", _headers(body, event="ping"), body) == (

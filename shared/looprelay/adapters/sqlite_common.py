@@ -68,9 +68,9 @@ class SqliteDatabase:
         self._what = what
         self._synchronous = synchronous
         self._lock = threading.Lock()
-        self._group = threading.Condition()
+        self._pending_lock = threading.Lock()
         self._pending: list[_Grouped] = []
-        self._leading = False
+        self._leader = threading.Lock()
         try:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -133,28 +133,26 @@ class SqliteDatabase:
         """Run one write in a transaction shared with the other threads waiting now, and
         return its row count once the transaction is committed.
 
-        The first thread to arrive leads: it commits everything queued so far while later
-        arrivals queue up for the next leader, so a lone writer never waits and a crowd
-        pays one fsync per batch. A statement's own error (a constraint) reaches its caller
-        only; a failed commit reaches every caller in the batch as ``Transient``.
+        Whoever holds the leader lock commits everything queued so far, while later
+        arrivals queue up behind it; a thread that gets the lock and finds its statement
+        already committed just passes it on. So a lone writer never waits and a crowd pays
+        one fsync per batch, with one plain lock hand-off per writer (a condition variable's
+        notify-all woke every waiter to contend for it again). A statement's own error (a
+        constraint) reaches its caller only; a failed commit reaches every caller in the
+        batch as ``Transient``.
         """
         mine = _Grouped(sql, params)
-        with self._group:
+        with self._pending_lock:
             self._pending.append(mine)
-            while not mine.done and self._leading:
-                self._group.wait()
-            if mine.done:
-                return _outcome(mine)
-            self._leading = True
-            batch, self._pending = self._pending, []
-        try:
-            self._commit_batch(batch)
-        finally:
-            with self._group:
-                self._leading = False
-                for grouped in batch:
-                    grouped.done = True
-                self._group.notify_all()
+        with self._leader:
+            if not mine.done:
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                try:
+                    self._commit_batch(batch)
+                finally:
+                    for grouped in batch:
+                        grouped.done = True
         return _outcome(mine)
 
     def _commit_batch(self, batch: list[_Grouped]) -> None:
