@@ -147,6 +147,13 @@ class WorkItemStore(Protocol):
         """Return dispatches oldest first, filtered by status (any of) and work item."""
         ...
 
+    def list_dispatch_heads(
+        self, *, statuses: Sequence[str], limit: int = 500
+    ) -> list[DispatchRecord]:
+        """Return, per work item, its lowest-``seq`` dispatch among those in ``statuses``,
+        oldest first: what may go next, without reading the queue behind each head."""
+        ...
+
     def lease_dispatch(
         self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
     ) -> DispatchRecord | None:

@@ -190,6 +190,41 @@ class TestDispatches:
         assert [d.dispatch_id for d in work_item_store.list_dispatches(work_item=other)] == ["b"]
         assert work_item_store.list_dispatches(statuses=["succeeded"]) == []
 
+    def test_heads_are_each_work_items_lowest_seq_among_the_statuses_asked_for(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        other, third = "github:octo/demo#8", "github:octo/demo#6"
+        work_item_store.save_work_item(
+            _item(), expected_version=0, dispatches=[_dispatch(f"a{n}", n) for n in (3, 1, 2)]
+        )
+        work_item_store.save_work_item(
+            _item(ref=other, number=8),
+            expected_version=0,
+            dispatches=[_dispatch(f"b{n}", n, work_item=other) for n in (1, 2)],
+        )
+        work_item_store.save_work_item(
+            _item(ref=third, number=6),
+            expected_version=0,
+            dispatches=[_dispatch("c1", 1, work_item=third, created_at=T0)],
+        )
+        until = T0 + timedelta(minutes=1)
+        work_item_store.lease_dispatch("a1", runner_id="r1", now=T0, until=until)
+        work_item_store.finish_dispatch("b1", runner_id="r1", status="succeeded", result="", now=T0)
+        # b1 was never leased, so it stays pending: lease and finish it properly.
+        work_item_store.lease_dispatch("b1", runner_id="r1", now=T0, until=until)
+        work_item_store.finish_dispatch("b1", runner_id="r1", status="succeeded", result="", now=T0)
+
+        heads = work_item_store.list_dispatch_heads(statuses=["pending", "leased"])
+        assert [d.dispatch_id for d in heads] == ["c1", "a1", "b2"]
+        assert heads[1] == work_item_store.get_dispatch("a1")
+        pending = work_item_store.list_dispatch_heads(statuses=["pending"])
+        assert [d.dispatch_id for d in pending] == ["c1", "a2", "b2"]
+        assert [
+            d.dispatch_id
+            for d in work_item_store.list_dispatch_heads(statuses=["pending"], limit=1)
+        ] == ["c1"]
+        assert work_item_store.list_dispatch_heads(statuses=["failed"]) == []
+
 
 class TestLeases:
     def _seed(self, store: WorkItemStore) -> None:

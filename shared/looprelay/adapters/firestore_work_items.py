@@ -46,6 +46,10 @@ def work_item_document_id(ref: str) -> str:
     return base64.urlsafe_b64encode(ref.encode()).decode("ascii").rstrip("=")
 
 
+_HEADS_SCAN_LIMIT = 5_000
+"""Open dispatches read to find the heads; each costs a document read."""
+
+
 class FirestoreWorkItemStore:
     """The ``WorkItemStore`` port on Firestore; safe across threads, processes and instances."""
 
@@ -149,6 +153,20 @@ class FirestoreWorkItemStore:
         with translated("list dispatches"):
             snapshots = list(query.limit(limit).stream())
         return [DispatchRecord.model_validate(_plain(s.to_dict())) for s in snapshots]
+
+    def list_dispatch_heads(
+        self, *, statuses: Sequence[str], limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatch_heads``: Firestore has no GROUP BY, so the heads
+        are picked from the open dispatches, which stay few in the cloud (each function polls
+        the store, nothing holds thousands of them back)."""
+        heads: dict[str, DispatchRecord] = {}
+        for dispatch in self.list_dispatches(statuses=statuses, limit=_HEADS_SCAN_LIMIT):
+            held = heads.get(dispatch.work_item)
+            if held is None or dispatch.seq < held.seq:
+                heads[dispatch.work_item] = dispatch
+        ordered = sorted(heads.values(), key=lambda d: (d.created_at, d.seq, d.dispatch_id))
+        return ordered[:limit]
 
     def _transition(
         self, dispatch_id: str, decide: _Decide, *, action: str

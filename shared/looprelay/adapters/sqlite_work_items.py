@@ -135,6 +135,20 @@ class SqliteWorkItemStore:
         )
         return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
 
+    def list_dispatch_heads(
+        self, *, statuses: Sequence[str], limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatch_heads``."""
+        marks = ",".join("?" * len(statuses))
+        # SQLite takes a bare column (doc) from the row that gave the group's MIN(seq).
+        rows = self._db.rows(
+            "SELECT doc, created_at, seq, dispatch_id FROM (SELECT doc, created_at,"  # noqa: S608
+            f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks})"
+            " GROUP BY work_item) ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            (*statuses, limit),
+        )
+        return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
+
     def lease_dispatch(
         self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
     ) -> DispatchRecord | None:
