@@ -160,6 +160,24 @@ class CommandLog(BaseModel):
     effect: str = ""
 
 
+MAX_APPLIED = 50
+"""Deliveries a work item remembers having applied: enough to cover the queue's retries of
+the ones not settled yet (a crash between the work item's save and the ledger's settle)."""
+
+
+class AppliedDelivery(BaseModel):
+    """A delivery whose decision this work item's save carried, so a retry of it (the queue
+    redelivers a task whose worker died before settling) changes nothing and reports the same
+    outcome and dispatches instead of deciding again on the state it already moved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    delivery_id: str
+    outcome: str
+    detail: str = Field(default="", max_length=MAX_DETAIL_CHARS)
+    dispatch_ids: list[str] = Field(default_factory=list)
+
+
 class WorkItemRecord(BaseModel):
     """Everything the worker knows about one work item, in one document.
 
@@ -178,6 +196,7 @@ class WorkItemRecord(BaseModel):
     sessions: dict[str, SessionRecord] = Field(default_factory=dict, max_length=MAX_SESSIONS)
     next_seq: int = 1
     commands: list[CommandLog] = Field(default_factory=list, max_length=MAX_COMMANDS)
+    applied: list[AppliedDelivery] = Field(default_factory=list, max_length=MAX_APPLIED)
     version: int = 0
     updated_at: datetime | None = None
 

@@ -22,7 +22,14 @@ from looprelay.core.plan import RoutingPolicy
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
-from looprelay.records import DeliveryRecord, EventRecord, WorkItemRecord
+from looprelay.records import (
+    MAX_APPLIED,
+    MAX_DETAIL_CHARS,
+    AppliedDelivery,
+    DeliveryRecord,
+    EventRecord,
+    WorkItemRecord,
+)
 from looprelay.routingpolicy import TemplateSource
 from looprelay.worker import Outcome
 
@@ -63,6 +70,9 @@ class Router:
         """Handle one delivery; raises ``Transient`` when the store or GitHub must be retried."""
         for _ in range(MAX_SAVE_ROUNDS):
             situation = self._load(envelope)
+            applied = _applied(situation.work_item, envelope.delivery_id)
+            if situation.work_item is not None and applied is not None:
+                return self._replay(envelope, situation.work_item, applied)
             decision = decide(situation, self._policy, self._templates.for_decision())
             if decision.work_item is None or self._save(situation, decision):
                 break
@@ -151,9 +161,40 @@ class Router:
     def _save(self, situation: Situation, decision: Decision) -> bool:
         assert decision.work_item is not None
         expected = situation.work_item.version if situation.work_item else 0
-        return self._items.save_work_item(
-            decision.work_item, expected_version=expected, dispatches=decision.dispatches
+        entry = AppliedDelivery(
+            delivery_id=situation.envelope.delivery_id,
+            outcome=decision.outcome,
+            detail=decision.detail[:MAX_DETAIL_CHARS],
+            dispatch_ids=[d.dispatch_id for d in decision.dispatches],
         )
+        applied = [*decision.work_item.applied, entry][-MAX_APPLIED:]
+        return self._items.save_work_item(
+            decision.work_item.model_copy(update={"applied": applied}),
+            expected_version=expected,
+            dispatches=decision.dispatches,
+        )
+
+    def _replay(
+        self, envelope: Envelope, item: WorkItemRecord, applied: AppliedDelivery
+    ) -> Outcome:
+        """A retry of a delivery this work item's save already carried (the worker died before
+        the ledger settled it, or it is still running): deciding again on the moved state would
+        give another answer (a second dispatch, or "already started"), so report the recorded
+        one. Only the 👀 reaction is redone (GitHub keeps one per user); comments are not,
+        since the first attempt may still be posting them (at most once)."""
+        log.info(
+            "delivery already applied to %s; replaying its outcome",
+            item.ref,
+            extra={"delivery_id": envelope.delivery_id},
+        )
+        dispatches = tuple(
+            found for key in applied.dispatch_ids if (found := self._items.get_dispatch(key))
+        )
+        if dispatches:
+            self._on_dispatch()
+        decision = Decision(applied.outcome, applied.detail, item, dispatches)
+        self._tell_github(envelope, item, decision)
+        return Outcome(applied.outcome, applied.detail)
 
     def _record_notes(self, envelope: Envelope, decision: Decision) -> None:
         work_item = decision.work_item.ref if decision.work_item else None
@@ -228,3 +269,9 @@ class Router:
             updated = item.model_copy(update={"checklist_comment_id": comment_id})
             if self._items.save_work_item(updated, expected_version=item.version):
                 return
+
+
+def _applied(item: WorkItemRecord | None, delivery_id: str) -> AppliedDelivery | None:
+    if item is None:
+        return None
+    return next((entry for entry in item.applied if entry.delivery_id == delivery_id), None)

@@ -1,0 +1,202 @@
+"""Fault: the same delivery id arriving 5 times, at once and spread over minutes and days.
+
+Concurrently: a real ``looprelay up``, 5 threads posting each delivery at the same moment. The
+embedded queue takes exactly one (``queued``), the others are ``duplicate``; one dispatch.
+
+Spread over time: ``Ingress``, the ``EmbeddedQueue`` (its clock injected and moved by the
+test), the ``Worker`` and the real ``Router`` on SQLite, in-process over loopback HTTP. Inside
+the queue's dedup window (``queue.embedded.dedupWindowSeconds``, an hour by default) a resend
+is ``duplicate``; after it the queue takes the task again and the worker's delivery ledger
+makes it a no-op (``already-settled``). Either way, one dispatch and one 👀.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from looprelay.adapters.clock import SystemClock
+from looprelay.adapters.embedded_queue import EmbeddedQueue
+from looprelay.adapters.github_auth import TokenAuth
+from looprelay.adapters.github_rest import GitHubRest
+from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
+from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.config import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
+from looprelay.ingress import Ingress
+from looprelay.sender import post_delivery
+from looprelay.wiring import build_router
+from looprelay.worker import Worker
+from tests.fake_github import APP_LOGIN, FakeGitHub
+from tests.faults.deliveries import (
+    AUTHORIZED,
+    GITHUB_TOKEN,
+    Delivery,
+    Outcomes,
+    Up,
+    assert_exactly_once,
+    send_all,
+    wait_for,
+    wait_settled,
+    workload,
+    write_config,
+)
+
+COPIES = 5
+WEBHOOK_SECRET = b"duplicates-webhook-secret"
+WORKER_SECRET = "duplicates-worker-secret"
+HOUR = 3600.0
+
+
+@pytest.fixture
+def running() -> Iterator[list[Up]]:
+    started: list[Up] = []
+    yield started
+    for up in started:
+        up.stop(signal.SIGKILL)
+
+
+def _post_copies(url: str, secret: bytes, item: Delivery) -> list[str]:
+    """POST ``item`` ``COPIES`` times from as many threads released at once; return what the
+    webhook said of each (``queued`` or ``duplicate``)."""
+    barrier = threading.Barrier(COPIES)
+
+    def one(_: int) -> str:
+        barrier.wait()
+        status, text = post_delivery(
+            url=url, event=item.event, body=item.body, secret=secret, delivery_id=item.delivery_id
+        )
+        assert status == 202, text
+        return "queued" if '"queued"' in text else "duplicate"
+
+    with ThreadPoolExecutor(COPIES) as pool:
+        return list(pool.map(one, range(COPIES)))
+
+
+class TestConcurrentCopies:
+    def test_five_copies_at_once_are_queued_once_and_dispatched_once(
+        self, tmp_path: Path, fake_github: FakeGitHub, running: list[Up]
+    ) -> None:
+        data_dir = tmp_path / "data"
+        config = write_config(tmp_path / "looprelay.yaml", fake_github)
+        load = workload(fake_github, issues=2, comments_per_issue=5)
+        up = Up(data_dir, config)
+        running.append(up)
+        assert send_all(up.webhook_url, up.secret, load.starts) == [202, 202]
+        wait_settled(data_dir, [d.delivery_id for d in load.starts])
+
+        said = {
+            d.delivery_id: Counter(_post_copies(up.webhook_url, up.secret, d)) for d in load.all
+        }
+
+        expected = Counter({"queued": 1, "duplicate": COPIES - 1})
+        comments = {d.delivery_id for d in load.comments}
+        assert {k: v for k, v in said.items() if k in comments} == dict.fromkeys(comments, expected)
+        outcomes = wait_settled(data_dir, [d.delivery_id for d in load.all])
+        assert_exactly_once(outcomes, load.all, github=fake_github)
+
+
+class _Time:
+    """The queue's clock (seconds since the epoch), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+class TestCopiesSpreadOverTime:
+    @pytest.fixture
+    def stack(self, tmp_path: Path, fake_github: FakeGitHub) -> Iterator[tuple[str, _Time, Path]]:
+        """Webhook and worker on one loopback server; the queue's clock is the test's."""
+        fake_github.tokens[GITHUB_TOKEN] = APP_LOGIN
+        routing = RoutingConfig(
+            authorized_users=[AUTHORIZED],
+            bot_logins=[APP_LOGIN],
+            control={"require_start_command": False},
+        )
+        config = Config(routing=routing)
+        store = SqliteStore(tmp_path / "looprelay.db")
+        github = GitHubRest(api_url=fake_github.url, auth=TokenAuth(GITHUB_TOKEN))
+        router = build_router(
+            config, store=store, clock=SystemClock(), data_dir=tmp_path, github=github, waker=None
+        )
+        worker = Worker(
+            store=store,
+            authenticator=SharedSecretAuthenticator(WORKER_SECRET),
+            clock=SystemClock(),
+            handler=router,
+        )
+        clock = _Time()
+        queue = EmbeddedQueue(
+            tmp_path / "queue.db",
+            retry=RetryConfig(min_backoff_seconds=0.05),
+            settings=EmbeddedQueueConfig(concurrency=2),
+            now=clock,
+        )
+        ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=config.webhook)
+        server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1_000_000)
+        server.start(Routes({"/webhook": ingress.handle, "/worker": worker.handle}, {}))
+        host, port = server.address
+        queue.start(worker_url=f"http://{host}:{port}/worker", auth_token=WORKER_SECRET)
+        yield f"http://{host}:{port}/webhook", clock, tmp_path
+        server.stop()
+        queue.close()
+        store.close()
+
+    def test_inside_the_window_the_queue_says_duplicate_after_it_the_ledger_does(
+        self, stack: tuple[str, _Time, Path], fake_github: FakeGitHub
+    ) -> None:
+        url, clock, data_dir = stack
+        load = workload(fake_github, issues=2, comments_per_issue=4)
+        assert send_all(url, WEBHOOK_SECRET, load.starts) == [202, 202]
+        _wait_done(data_dir, load.starts)
+        # (seconds after the first send, what the queue says): 2 inside the hour, 2 after it.
+        schedule = [(0.0, "queued"), (60.0, "duplicate"), (1_800.0, "duplicate")]
+        schedule += [(HOUR + 60.0, "queued"), (3 * 24 * HOUR, "queued")]
+        said: list[list[str]] = []
+        start = clock.now
+        for offset, _ in schedule:
+            clock.advance(start + offset - clock.now)
+            said.append([_said(url, item) for item in load.comments])
+            _wait_done(data_dir, load.comments)
+
+        assert said == [[expected] * len(load.comments) for _, expected in schedule]
+        outcomes = Outcomes.read(data_dir, fake_github)
+        assert_exactly_once(outcomes, load.all, github=fake_github)
+
+
+def _said(url: str, item: Delivery) -> str:
+    status, text = post_delivery(
+        url=url,
+        event=item.event,
+        body=item.body,
+        secret=WEBHOOK_SECRET,
+        delivery_id=item.delivery_id,
+    )
+    assert status == 202, text
+    return "queued" if '"queued"' in text else "duplicate"
+
+
+def _wait_done(data_dir: Path, items: tuple[Delivery, ...]) -> None:
+    """Wait until the queue finished every task and the ledger settled every delivery."""
+
+    def done() -> bool:
+        outcomes = Outcomes.read(data_dir)
+        busy = [t for t in outcomes.tasks if t.state != "done"]
+        return not busy and {d.delivery_id for d in items} <= outcomes.settled_ids()
+
+    wait_for(done, timeout=30, what="the queue to drain")
