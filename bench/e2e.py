@@ -1,0 +1,191 @@
+"""End-to-end latency in ``looprelay up``: signed POST to the runner agent holding the dispatch.
+
+One run starts both sides (``bench/loadrun.Rig``: ``looprelay up`` and one runner agent with the
+fake harness), starts one work item per sender, warms up, then sends comments one at a time per
+sender and measures, for each, the time from the client's send to the moment the store granted
+the lease to the runner. That moment is the ``updated_at`` the lease desk writes into the
+dispatch when it leases it (the server's clock); a SQLite trigger the benchmark adds to its own
+fresh store copies it aside, since the runner's result overwrites it moments later. Each send
+waits until the previous dispatch was applied, so one measurement never queues behind another.
+
+Target (issue 6): p50 < 25 ms, p99 < 100 ms. Printed as pass/miss; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadrun import (
+    LoadError,
+    Rig,
+    build_deliveries,
+    rig,
+    send_all,
+    summary_ms,
+)
+
+TARGET_P50_MS = 25.0
+TARGET_P99_MS = 100.0
+WAIT_SECONDS = 30.0
+_TRIGGER = """
+CREATE TABLE IF NOT EXISTS bench_leases (
+    dispatch_id TEXT, delivery_id TEXT, leased_at TEXT, holder TEXT, created_at TEXT
+);
+CREATE TRIGGER IF NOT EXISTS bench_lease AFTER UPDATE OF status ON dispatches
+WHEN NEW.status = 'leased' BEGIN
+    INSERT INTO bench_leases VALUES (
+        NEW.dispatch_id, json_extract(NEW.doc, '$.delivery_id'),
+        json_extract(NEW.doc, '$.updated_at'), NEW.lease_holder,
+        json_extract(NEW.doc, '$.created_at')
+    );
+END;
+"""
+
+
+class Watcher:
+    """Reads the lease times the trigger recorded and the dispatches' status (read-only)."""
+
+    def __init__(self, running: Rig) -> None:
+        with sqlite3.connect(running.store_path, timeout=10) as db:
+            db.executescript(_TRIGGER)
+        self._path = running.store_path
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, timeout=10)
+
+    def lease_time(self, db: sqlite3.Connection, delivery_id: str) -> tuple[float, float] | None:
+        """(dispatch created, first lease) of ``delivery_id``'s dispatch, wall-clock seconds."""
+        row = db.execute(
+            "SELECT MIN(leased_at), MIN(created_at) FROM bench_leases WHERE delivery_id = ?",
+            (delivery_id,),
+        ).fetchone()
+        if not row or not row[0]:
+            return None
+        return datetime.fromisoformat(row[1]).timestamp(), datetime.fromisoformat(
+            row[0]
+        ).timestamp()
+
+    def applied(self, db: sqlite3.Connection, delivery_id: str) -> bool:
+        row = db.execute(
+            "SELECT status FROM dispatches WHERE json_extract(doc, '$.delivery_id') = ?",
+            (delivery_id,),
+        ).fetchone()
+        return bool(row) and row[0] in ("succeeded", "failed")
+
+    def wait(self, delivery_id: str, *, applied: bool) -> tuple[float, float]:
+        """(created, leased) of ``delivery_id``'s dispatch (waiting also for it to be applied)."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        with self._connect() as db:
+            while time.monotonic() < deadline:
+                leased = self.lease_time(db, delivery_id)
+                if leased is not None and (not applied or self.applied(db, delivery_id)):
+                    return leased
+                time.sleep(0.002)
+        raise LoadError(f"{delivery_id} was not leased (and applied) within {WAIT_SECONDS:.0f} s")
+
+
+def _measure(
+    running: Rig, watcher: Watcher, *, senders: int, count: int, warmup: int
+) -> list[tuple[float, float, float, float]]:
+    """(send->lease, send->ack, send->dispatch written, dispatch written->lease) in seconds,
+    for ``count`` comments per sender after ``warmup`` unmeasured ones."""
+    starts, comments = build_deliveries(total=senders * (count + warmup + 1), work_items=senders)
+    send_all(running.url, starts, senders=senders, secret=running.secret)
+    for start in starts:
+        watcher.wait(start.delivery_id, applied=True)
+    spans: list[tuple[float, float, float, float]] = []
+    lock = threading.Lock()
+
+    def sender(lane: int) -> None:
+        mine = [c for c in comments if c.number == lane + 1]
+        for index, item in enumerate(mine):
+            [ack] = send_all(running.url, [item], senders=1, secret=running.secret)
+            if ack.status != 202:
+                raise LoadError(f"{item.delivery_id} answered {ack.status} {ack.error}")
+            created, leased = watcher.wait(item.delivery_id, applied=True)
+            if index >= warmup:
+                stages = (leased - ack.sent_wall, ack.seconds, created - ack.sent_wall)
+                with lock:
+                    spans.append((*stages, leased - created))
+
+    threads = [threading.Thread(target=sender, args=(lane,)) for lane in range(senders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(spans) != senders * count:
+        raise LoadError(f"only {len(spans)} of {senders * count} measurements completed")
+    return spans
+
+
+def main() -> int:
+    """Measure and print p50/p99 per concurrency level; exit 1 if the rig failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200, help="measured sends per sender")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured sends per sender")
+    parser.add_argument("--levels", default="1,4", help="concurrent senders, comma-separated")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    levels = [int(level) for level in args.levels.split(",")]
+    results = []
+    try:
+        for level in levels:
+            with (
+                tempfile.TemporaryDirectory(prefix="looprelay-e2e-") as tmp,
+                rig(Path(tmp), capacity=max(2, level)) as running,
+            ):
+                watcher = Watcher(running)
+                spans = _measure(
+                    running, watcher, senders=level, count=args.count, warmup=args.warmup
+                )
+            figures = summary_ms([span[0] for span in spans])
+            verdict = figures["p50"] < TARGET_P50_MS and figures["p99"] < TARGET_P99_MS
+            stages = {
+                name: summary_ms([span[i] for span in spans])["p50"]
+                for i, name in ((1, "ack_p50"), (2, "routed_p50"), (3, "lease_wait_p50"))
+            }
+            results.append(
+                {"senders": level, **figures, **stages, "target": "pass" if verdict else "miss"}
+            )
+            print(f"c={level}: done", file=sys.stderr, flush=True)
+    except LoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                {"target_ms": {"p50": TARGET_P50_MS, "p99": TARGET_P99_MS}, "runs": results},
+                indent=2,
+            )
+        )
+        return 0
+    row = "{:>7} {:>5} {:>7} {:>7} {:>7} {:>7}  {:<6} {:>8} {:>9} {:>10}"
+    head = ("senders", "n", "p50 ms", "p95 ms", "p99 ms", "max ms", "target")
+    print(row.format(*head, "ack p50", "routed p50", "lease p50"))
+    for r in results:
+        ms = (f"{r[k]:.1f}" for k in ("p50", "p95", "p99", "max"))
+        parts = (f"{r[k]:.1f}" for k in ("ack_p50", "routed_p50", "lease_wait_p50"))
+        print(row.format(r["senders"], r["count"], *ms, r["target"], *parts))
+    print(
+        f"target: p50 < {TARGET_P50_MS:.0f} ms and p99 < {TARGET_P99_MS:.0f} ms, signed POST "
+        "(client send) -> lease granted to the runner (store's lease time)"
+    )
+    print(
+        "stages (p50 each): ack = send -> 202; routed = send -> dispatch written by the worker;"
+        " lease = dispatch written -> leased"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Store operations per routed comment, counted at the adapters, against the design's minimum.
+
+An in-process ``looprelay.embedded.EmbeddedStack`` is built with its store factories wrapped by
+``storecount.install`` (no production code changes). Each delivery goes through the real ingress
+(signed), its task is taken from the embedded queue and handed to the real worker, and the
+counters' difference is that event's cost. After each routed comment, the runner side of its
+dispatch (a long poll that leases it, then the result) goes through the real runner API and is
+counted on its own. Backends: SQLite always; Firestore when the emulator is found (started here
+like ``tests/firestore_emulator.py`` does, or ``FIRESTORE_EMULATOR_HOST``). See bench/README.md
+for the minimum and how it is derived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
+
+from loadrun import AUTO_EXECUTE_LABEL, FIXTURE, free_port  # noqa: E402
+from storecount import OpCounts, install  # noqa: E402
+
+from looprelay.config import Config  # noqa: E402
+from looprelay.core.signature import sign_body  # noqa: E402
+from looprelay.core.tasknames import delivery_task_name  # noqa: E402
+from looprelay.datadir import WEBHOOK_SECRET_FILE, WORKER_TOKEN_FILE, read_secret  # noqa: E402
+from looprelay.httpmsg import Request  # noqa: E402
+from looprelay.runnerapi import mint_registration_token  # noqa: E402
+from looprelay.runnerauth import runner_bearer  # noqa: E402
+from looprelay.stores import open_runner_registry  # noqa: E402
+
+REPEATS = 20
+BOT = "looprelay"
+# The minimum per event kind (port reads/writes, SQLite commits, Firestore documents), as
+# derived in bench/README.md.
+MINIMUM: dict[str, dict[str, Any]] = {
+    "routed comment": {"port": (1, 3), "sqlite commits": 3, "doc reads": 1, "doc writes": 5},
+    "runner: lease + result": {
+        "port": (1, 2),
+        "sqlite commits": 2,
+        "doc reads": 1,
+        "doc writes": 3,
+    },
+    "duplicate": {"port": (1, 0), "sqlite commits": 0, "doc reads": 1, "doc writes": 0},
+    "bot comment (ignored)": {"port": (0, 1), "sqlite commits": 1, "doc reads": 0, "doc writes": 2},
+}
+
+
+@dataclass
+class Harness:
+    """The stack under count, and how to feed it."""
+
+    stack: Any
+    counts: OpCounts
+    secret: bytes
+    worker_token: str
+    runner_auth: str = ""
+
+    def deliver(self, payload: dict[str, Any], delivery_id: str) -> str:
+        """Ingress then worker for one delivery; returns the worker's JSON status."""
+        body = json.dumps(payload).encode()
+        headers = {
+            "content-type": "application/json",
+            "x-github-event": "issue_comment",
+            "x-github-delivery": delivery_id,
+            "x-hub-signature-256": sign_body(body, self.secret),
+        }
+        acked = self.stack.ingress.handle(Request("POST", "/webhook", headers, body))
+        assert acked.status == 202, acked.body
+        return self.work(self.task_body(delivery_id))
+
+    def task_body(self, delivery_id: str) -> bytes:
+        """The queued task of ``delivery_id`` (the queue's dispatchers are stopped)."""
+        name = delivery_task_name(delivery_id)
+        [task] = [t for t in self.stack.queue.list_tasks(limit=100_000) if t.name == name]
+        body: bytes = task.body
+        return body
+
+    def work(self, body: bytes) -> str:
+        auth = {"authorization": f"Bearer {self.worker_token}", "content-type": "application/json"}
+        answer = self.stack.worker.handle(Request("POST", "/worker", auth, body))
+        assert answer.status == 200, answer.body
+        return str(json.loads(answer.body).get("outcome"))
+
+    def runner(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"authorization": self.runner_auth, "content-type": "application/json"}
+        request = Request("POST", f"/runner/v1/{path}", headers, json.dumps(body).encode())
+        answer = self.stack.runner_api.handle(request)
+        assert answer.status in (200, 201, 204), (path, answer.status, answer.body)
+        return json.loads(answer.body) if answer.body else {}
+
+
+def _comment(number: int, comment_id: int, text: str, login: str = "Codertocat") -> dict[str, Any]:
+    payload: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    payload["issue"]["number"] = number
+    payload["issue"]["labels"].append({"name": AUTO_EXECUTE_LABEL})
+    payload["comment"].update(id=comment_id, body=text)
+    payload["comment"]["user"] = dict(payload["comment"]["user"], login=login)
+    payload["sender"] = dict(payload["sender"], login=login)
+    return payload
+
+
+def _config(firestore_prefix: str | None) -> Config:
+    data: dict[str, Any] = {
+        "routing": {"authorizedUsers": ["codertocat"], "botLogins": [BOT]},
+        "server": {"port": 0},
+    }
+    if firestore_prefix is not None:
+        data["store"] = {
+            "backend": "firestore",
+            "firestore": {"project": "demo-looprelay", "collectionPrefix": firestore_prefix},
+        }
+    return Config.model_validate(data)
+
+
+@contextlib.contextmanager
+def _stack(tmp: Path, config: Config) -> Iterator[Harness]:
+    from looprelay.embedded import EmbeddedStack
+
+    counts = OpCounts()
+    uninstall = install(counts)
+    try:
+        stack = EmbeddedStack(config, data_dir=tmp / "data", environ=os.environ)
+    finally:
+        uninstall()
+    try:
+        # Serve (so stop() can shut the server down) but keep the queue from dispatching:
+        # each task is handed to the worker here, between two snapshots of the counters.
+        stack.start()
+        stack.queue.stop()
+        secret = read_secret(tmp / "data" / WEBHOOK_SECRET_FILE).encode()
+        token = read_secret(tmp / "data" / WORKER_TOKEN_FILE)
+        yield Harness(stack, counts, secret, token)
+    finally:
+        stack.stop()
+
+
+def _register_runner(h: Harness, config: Config, tmp: Path) -> None:
+    registry = open_runner_registry(config, data_dir=tmp / "data")
+    token = mint_registration_token(registry, now=datetime.now(UTC), ttl=timedelta(hours=1))
+    answer = h.runner("register", {"token": token, "name": "ops", "capacity": 8})
+    h.runner_auth = runner_bearer(answer["runner_id"], answer["secret"])
+    heartbeat = {"capacity": 8, "repositories": ["codertocat/hello-world"], "sessions": 0}
+    h.runner("heartbeat", heartbeat)
+
+
+def _apply_next(h: Harness) -> None:
+    """The runner side: lease the next dispatch (no wait) and report it applied."""
+    leased = h.runner("poll", {"wait_seconds": 0})["dispatch"]
+    status = "spawned" if leased["kind"] == "spawn" else "delivered"
+    result = {"dispatch_id": leased["dispatch_id"], "status": status}
+    result |= {"session_id": str(uuid.uuid4()), "tmux_target": leased["session_name"]}
+    h.runner("results", result)
+
+
+def _measure(h: Harness, label: str, action: Any, rows: dict[str, list[dict[str, int]]]) -> Any:
+    before = h.counts.snapshot()
+    value = action()
+    rows.setdefault(label, []).append(OpCounts.minus(h.counts.snapshot(), before))
+    return value
+
+
+def run_backend(tmp: Path, config: Config) -> dict[str, dict[str, float]]:
+    """Count each event kind ``REPEATS`` times on one backend; returns mean counts per kind."""
+    rows: dict[str, list[dict[str, int]]] = {}
+    with _stack(tmp, config) as h:
+        _register_runner(h, config, tmp)
+        ids = iter(range(50_000_000, 60_000_000))
+        for number in range(1, REPEATS + 1):
+            start = _comment(number, next(ids), "the-loop start")
+            outcome = _measure(
+                h, "start comment (spawn)", lambda s=start: h.deliver(s, uuid.uuid4().hex), rows
+            )
+            assert outcome == "dispatched", outcome
+            _measure(h, "runner: spawn lease+result", lambda: _apply_next(h), rows)
+            comment = _comment(number, next(ids), "please also handle the edge case")
+            delivery = uuid.uuid4().hex
+            outcome = _measure(
+                h, "routed comment", lambda c=comment, d=delivery: h.deliver(c, d), rows
+            )
+            assert outcome == "dispatched", outcome
+            _measure(h, "runner: lease + result", lambda: _apply_next(h), rows)
+            body = h.task_body(delivery)
+            again = _measure(h, "duplicate", lambda b=body: h.work(b), rows)
+            assert again == "dispatched", again
+            bot = _comment(number, next(ids), "I am the bot", login=f"{BOT}[bot]")
+            outcome = _measure(
+                h, "bot comment (ignored)", lambda b=bot: h.deliver(b, uuid.uuid4().hex), rows
+            )
+            assert outcome == "ignored", outcome
+    return {label: _mean(samples) for label, samples in rows.items()}
+
+
+def _mean(samples: list[dict[str, int]]) -> dict[str, float]:
+    keys = {key for sample in samples for key in sample}
+    return {key: sum(s.get(key, 0) for s in samples) / len(samples) for key in sorted(keys)}
+
+
+# -- the Firestore emulator -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _emulator() -> Iterator[str | None]:
+    """``host:port`` of a Firestore emulator (started here if need be), or None if there is none."""
+    running = os.environ.get("FIRESTORE_EMULATOR_HOST")
+    if running:
+        yield running
+        return
+    from tests.firestore_emulator import MAIN_CLASS, _find_jar
+
+    jar, java = _find_jar(), shutil.which("java")
+    if jar is None or java is None:
+        yield None
+        return
+    host = f"127.0.0.1:{free_port()}"
+    cmd = [java, "-Duser.language=en", "-cp", str(jar), MAIN_CLASS, "--host=127.0.0.1"]
+    process = subprocess.Popen(
+        [*cmd, f"--port={host.split(':')[1]}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_emulator(host, process)
+        os.environ["FIRESTORE_EMULATOR_HOST"] = host
+        yield host
+    finally:
+        os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
+        for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, None)):
+            if process.poll() is None:
+                os.killpg(process.pid, sig)  # its own process group: the JVM it started
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(wait)
+
+
+def _wait_emulator(host: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the Firestore emulator exited with {process.returncode}")
+        with contextlib.suppress(OSError):
+            conn = http.client.HTTPConnection(host, timeout=2)
+            conn.request("GET", "/")
+            if conn.getresponse().status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError("the Firestore emulator did not start within 60 s")
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def _row(backend: str, kind: str, c: dict[str, float]) -> str:
+    port = f"{c.get('port.read', 0):.1f}/{c.get('port.write', 0):.1f}"
+    minimum = MINIMUM.get(kind)
+    if backend == "sqlite":
+        sql = f"{c.get('sql.SELECT', 0):.1f}/{c.get('sql.commits', 0):.1f}"
+        floor = (
+            f"{minimum['port'][0]}/{minimum['port'][1]} | {minimum['sqlite commits']}"
+            if minimum
+            else "-"
+        )
+    else:
+        sql = f"{c.get('doc.reads', 0):.1f}/{c.get('doc.writes', 0):.1f}"
+        docs = f"{minimum['doc reads']}/{minimum['doc writes']}" if minimum else ""
+        floor = f"{minimum['port'][0]}/{minimum['port'][1]} | {docs}" if minimum else "-"
+    return f"{backend:<9} {kind:<26} {port:>11} {sql:>13}   {floor}"
+
+
+def main() -> int:
+    """Count per backend and print the table (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--no-firestore", action="store_true", help="SQLite only")
+    args = parser.parse_args()
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="looprelay-storeops-") as tmp:
+        results["sqlite"] = run_backend(Path(tmp) / "sqlite", _config(None))
+        if not args.no_firestore:
+            with _emulator() as host:
+                if host is None:
+                    print("Firestore emulator not found: SQLite only", file=sys.stderr)
+                else:
+                    prefix = f"ops{uuid.uuid4().hex[:8]}_"
+                    results["firestore"] = run_backend(Path(tmp) / "fs", _config(prefix))
+    if args.json:
+        print(json.dumps({"results": results, "minimum": MINIMUM}, indent=2))
+        return 0
+    head = f"{'backend':<9} {'event':<26} {'port r/w':>11} {'SQL sel/commit':>13}"
+    print(f"{head}   minimum port r/w | commits")
+    print(f"{'':<9} {'':<26} {'':>11} {'(docs r/w)':>13}   (Firestore: port r/w | docs r/w)")
+    for backend, kinds in results.items():
+        for kind, counts in kinds.items():
+            print(_row(backend, kind, counts))
+    print(
+        f"means over {REPEATS} events each; port = calls on the Store, WorkItemStore and"
+        " RunnerRegistry adapters"
+    )
+    for backend, kinds in results.items():
+        calls = kinds.get("routed comment", {})
+        named = ", ".join(
+            f"{k.removeprefix('call.')} {v:g}" for k, v in calls.items() if k.startswith("call.")
+        )
+        print(f"{backend} routed comment calls: {named}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
