@@ -215,12 +215,13 @@ class EmbeddedQueue:
             self._wake.notify()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
-        rows = self._books.rows(
-            "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
-            " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
-            " RETURNING name, body, attempts, executions, eta",
-            (self._now(),),
-        )
+        with self._books.transaction() as db:
+            rows = db.execute(
+                "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
+                " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
+                " RETURNING name, body, attempts, executions, eta",
+                (self._now(),),
+            ).fetchall()
         return (rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
 
     def _seconds_until_due(self) -> float:

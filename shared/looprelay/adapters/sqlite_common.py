@@ -68,6 +68,7 @@ class SqliteDatabase:
         self._what = what
         self._synchronous = synchronous
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending: list[_Grouped] = []
         self._leader = threading.Lock()
@@ -77,6 +78,12 @@ class SqliteDatabase:
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             self._db.executescript(schema)
+            # Reads get a connection of their own: in WAL mode they see every commit without
+            # waiting behind a writer's fsync (a long poll must not queue behind a settle).
+            self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._reader.execute("PRAGMA query_only=ON")
+            self._reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._reader.row_factory = sqlite3.Row
         except sqlite3.Error as exc:
             raise Transient(f"cannot open the {what} at {path}: {exc}") from exc
 
@@ -90,8 +97,9 @@ class SqliteDatabase:
 
     def close(self) -> None:
         """Close the connection (again is harmless: adapters sharing it each close it)."""
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            self._reader.close()
 
     @contextmanager
     def transaction(self, *, synced: bool = True) -> Iterator[sqlite3.Connection]:
@@ -175,12 +183,10 @@ class SqliteDatabase:
                     grouped.error, grouped.rowcount = failure, 0
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        """Run a query and return its rows, addressable by column name."""
-        with self._lock:
+        """Run a read-only query and return its rows, addressable by column name."""
+        with self._read_lock:
             try:
-                cursor = self._db.execute(sql, params)
-                cursor.row_factory = sqlite3.Row
-                return list(cursor.fetchall())
+                return list(self._reader.execute(sql, params).fetchall())
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
