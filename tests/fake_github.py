@@ -76,6 +76,8 @@ class RecordedRequest:
     query: dict[str, list[str]]
     headers: dict[str, str]
     json: Any
+    at: float = field(default_factory=time.monotonic)
+    """When it arrived (``time.monotonic``), to check the waits between retries."""
 
 
 @dataclass
@@ -111,6 +113,7 @@ class _Scripted:
     headers: dict[str, str]
     body: Any
     delay: float
+    after: bool
 
 
 @dataclass(frozen=True)
@@ -180,11 +183,14 @@ class FakeGitHub:
         headers: dict[str, str] | None = None,
         body: Any = None,
         delay: float = 0.0,
+        after: bool = False,
     ) -> None:
         """Answer the next ``count`` calls whose ``"METHOD /path"`` matches ``match`` (a regex,
         searched) with ``status``, ``headers`` and ``body`` after ``delay`` seconds; status None
-        answers as usual after the delay (a hang)."""
-        entry = _Scripted(re.compile(match), count, status, headers or {}, body, delay)
+        answers as usual after the delay (a hang). ``after``: the call is carried out first
+        (a comment is stored) and only its answer is replaced, as when GitHub did the work and
+        a proxy answers 502 or the answer never arrives."""
+        entry = _Scripted(re.compile(match), count, status, headers or {}, body, delay, after)
         with self._lock:
             self._script.append(entry)
 
@@ -208,10 +214,17 @@ class FakeGitHub:
         with self._lock:
             self.requests.append(request)
             scripted = self._take_script(f"{request.method} {request.path}")
-        if scripted is not None:
-            time.sleep(scripted.delay)
-            if scripted.status is not None:
-                return scripted.status, scripted.headers, scripted.body
+        if scripted is None:
+            with self._lock:
+                return self._route(request)
+        if scripted.after:
+            with self._lock:
+                usual = self._route(request)
+        time.sleep(scripted.delay)
+        if scripted.status is not None:
+            return scripted.status, scripted.headers, scripted.body
+        if scripted.after:
+            return usual
         with self._lock:
             return self._route(request)
 

@@ -15,6 +15,8 @@ import requests
 from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.agent.credentials import Credentials, write_credentials
+from looprelay.agent.start import build_agent
 from looprelay.config import RunnersConfig
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerauth import runner_bearer
@@ -96,6 +98,9 @@ class TestRegister:
             {"token": "x", "name": "ok", "labels": {"k": "v w"}},
             {"token": "x", "name": "ok", "capacity": 0},
             {"token": "x", "name": "ok", "surprise": 1},
+            {"token": "x", "name": "trailing-newline\n"},
+            {"token": "x", "name": "ok", "labels": {"k\n": "v"}},
+            {"token": "x", "name": "ok", "labels": {"k": "v\n"}},
         ],
     )
     def test_a_malformed_request_is_400_and_keeps_the_token(
@@ -126,6 +131,56 @@ class TestAuthenticatedCalls:
         assert response.json() == {"heartbeat_seconds": 30, "lost_after_seconds": 120}
         stored = api.registry.get_runner(runner["runner_id"])
         assert stored is not None and stored.last_seen_at == api.clock.current
+
+    def test_an_agent_with_one_worker_keeps_the_sessions_it_registered_for(
+        self, api: Api, tmp_path: Path
+    ) -> None:
+        # `runner register --capacity 3` (sessions), `runner run --capacity 1` (workers): the
+        # agent's heartbeat used to overwrite 3 with 1, so its second work item never started
+        # (runner-at-capacity). Found by tests/faults/test_runner_faults.py.
+        runner = api.register(capacity=3)
+        credentials = tmp_path / "runner.json"
+        write_credentials(
+            credentials,
+            Credentials(
+                server=api.url,
+                runner_id=runner["runner_id"],
+                secret=runner["secret"],
+                name=runner["name"],
+            ),
+        )
+        checkout = tmp_path / "checkout"
+        checkout.mkdir()
+        agent = build_agent(
+            credentials_path=credentials,
+            state_dir=tmp_path / "state",
+            checkout_pairs=[f"octo/repo={checkout}"],
+            workspace=None,
+            tmux_socket="looprelay-unused",
+            capacity=1,
+            poll_wait_seconds=1,
+        )
+        agent.client.heartbeat(agent.describe())
+        stored = api.registry.get_runner(runner["runner_id"])
+        assert stored is not None
+        assert (stored.capacity, stored.repositories) == (3, ["octo/repo"])
+
+    def test_a_heartbeat_naming_a_capacity_records_it(self, api: Api) -> None:
+        runner = api.register(capacity=3)
+        auth = runner_bearer(runner["runner_id"], runner["secret"])
+        assert api.post("heartbeat", {"capacity": 5}, auth=auth).status_code == 200
+        stored = api.registry.get_runner(runner["runner_id"])
+        assert stored is not None and stored.capacity == 5
+
+    def test_a_repository_with_a_trailing_newline_is_400(self, api: Api) -> None:
+        runner = api.register()
+        response = api.post(
+            "heartbeat",
+            {"repositories": ["owner/repo\n"]},
+            auth=runner_bearer(runner["runner_id"], runner["secret"]),
+        )
+        assert response.status_code == 400
+        assert "is not owner/repo" in response.json()["error"]
 
     @pytest.mark.parametrize(
         "auth",

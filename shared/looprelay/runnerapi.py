@@ -125,7 +125,9 @@ class RunnerApi:
         body = _parse(request, HeartbeatBody)
         status = RunnerStatus(
             version=body.version,
-            capacity=body.capacity,
+            # Sessions the runner may hold are set at registration (`runner register
+            # --capacity`); a heartbeat that does not name them leaves them as registered.
+            capacity=body.capacity if "capacity" in body.model_fields_set else runner.capacity,
             repositories=tuple(body.repositories),
             workspace=body.workspace,
             sessions=body.sessions,

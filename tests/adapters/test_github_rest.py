@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 
 import pytest
@@ -326,12 +325,12 @@ class TestRetries:
     def test_server_errors_are_retried_with_growing_jittered_waits(
         self, client: GitHubRest, fake_github: FakeGitHub, waits: list[float], status: int
     ) -> None:
-        fake_github.script(2, match="POST", status=status, body={"message": "Server Error"})
+        fake_github.script(2, match="GET", status=status, body={"message": "Server Error"})
+        comment_id = fake_github.add_comment("marker <!-- d-1 -->", number=7)
 
-        comment_id = _create(client)
+        assert _find(client, "d-1", number=7) == comment_id
 
-        assert [c.id for c in fake_github.on(7)] == [comment_id]
-        assert len(fake_github.calls("POST")) == 3
+        assert len(fake_github.calls("GET")) == 3
         assert 0.25 <= waits[0] <= 0.5
         assert 0.5 <= waits[1] <= 1.0
 
@@ -409,28 +408,32 @@ class TestRetries:
         assert len(fake_github.calls("GET")) == 2
         assert len(waits) == 1
 
-    def test_a_retried_post_after_a_timeout_can_post_twice(
-        self, fake_github: FakeGitHub, waits: list[float]
+    @pytest.mark.parametrize(
+        "answer",
+        [{"status": 502}, {"delay": 0.8}],
+        ids=["502-after-storing", "timeout-after-storing"],
+    )
+    def test_a_comment_post_github_may_have_stored_is_not_repeated(
+        self, fake_github: FakeGitHub, waits: list[float], answer: dict[str, Any]
     ) -> None:
-        """Why callers look for their marker with find_comment_with before posting again."""
+        """Posting it again would post it twice; comments.post_once looks for its marker."""
         fake_github.tokens[TOKEN] = LOGIN
         client = _client(fake_github, waits, timeout_seconds=0.3)
-        fake_github.script(match="POST", delay=0.8)
+        fake_github.script(match="POST", after=True, **answer)
 
-        _create(client, "marker <!-- d-1 -->")
+        with pytest.raises(Transient, match="may have carried it out"):
+            _create(client, "marker <!-- d-1 -->")
 
-        deadline = time.monotonic() + 3
-        while len(fake_github.on(7)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert [c.body for c in fake_github.on(7)] == ["marker <!-- d-1 -->"] * 2
+        assert [c.body for c in fake_github.on(7)] == ["marker <!-- d-1 -->"]
+        assert (len(fake_github.calls("POST")), waits) == (1, [])
 
     def test_giving_up_after_max_attempts_is_transient(
         self, client: GitHubRest, fake_github: FakeGitHub, waits: list[float]
     ) -> None:
-        fake_github.script(10, match="POST", status=502)
+        fake_github.script(10, match="GET", status=502)
 
         with pytest.raises(Transient, match="failed 4 times, last HTTP 502") as raised:
-            _create(client)
+            _find(client, "anything")
         assert len(fake_github.requests) == 4
         assert len(waits) == 3
         assert TOKEN not in str(raised.value)

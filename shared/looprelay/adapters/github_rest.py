@@ -26,6 +26,9 @@ REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rock
 # Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
 _RETRYABLE = (Transient, requests.ConnectionError, requests.Timeout, ChunkedEncodingError)
+# Failures before the request left: the auth exchange, or no connection made at all.
+_NOT_SENT = (Transient, requests.ConnectTimeout)
+_MAYBE_DONE = "GitHub may have carried it out, so it is not repeated here"
 _HINTS = {
     401: "the credentials are wrong or expired; check github.tokenEnv or the App key",
     403: "the credentials lack a permission (issues and pull requests: write)",
@@ -41,8 +44,10 @@ class GitHubRest(github_app_hooks.AppHookCalls):
     request of ``timeout_seconds`` (10 s) each, on 5xx, 429, 403 rate limits, network errors and
     timeouts, waiting between them what ``Retry-After``/``x-ratelimit-reset`` ask (giving up at
     once above ``max_wait_seconds``, 30 s) or else backing off exponentially from 0.5 s with
-    jitter. A retried POST may post twice: callers make posting idempotent with the marker
-    ``find_comment_with`` looks for."""
+    jitter. ``create_comment`` is the exception: after an answer that leaves it unknown whether
+    the comment was stored (5xx, a timeout or a dropped connection once the request was sent)
+    it raises ``Transient`` at once instead of posting again, so the caller can look for its
+    marker with ``find_comment_with`` first (``comments.post_once``)."""
 
     def __init__(
         self,
@@ -74,7 +79,8 @@ class GitHubRest(github_app_hooks.AppHookCalls):
     ) -> int:
         """Post ``body`` on issue or pull request ``number``; return the new comment's id."""
         url = self._url(repository, f"issues/{number}/comments")
-        return int(_json(self._send("POST", url, installation_id, {"body": body}))["id"])
+        answer = self._send("POST", url, installation_id, {"body": body}, repeatable=False)
+        return int(_json(answer)["id"])
 
     def find_comment_with(
         self, *, installation_id: int | None, repository: str, number: int, needle: str
@@ -142,8 +148,11 @@ class GitHubRest(github_app_hooks.AppHookCalls):
         *,
         missing_ok: bool = False,
         as_app: bool = False,
+        repeatable: bool = True,
     ) -> requests.Response:
-        """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``."""
+        """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``;
+        not ``repeatable``: only repeated when GitHub surely did not carry it out."""
+        call = f"{method} {urlsplit(url).path}"
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
             try:
@@ -153,13 +162,16 @@ class GitHubRest(github_app_hooks.AppHookCalls):
                 )
             except _RETRYABLE as exc:  # Transient: from the App token exchange
                 failure = f"{type(exc).__name__}: {exc}"
+                if not repeatable and not isinstance(exc, _NOT_SENT):
+                    raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}") from exc
             else:
                 if response.status_code < 300 or (response.status_code == 404 and missing_ok):
                     return response
                 failure, asked = f"HTTP {response.status_code}", self._retry_wait(response)
+                if not repeatable and response.status_code >= 500:
+                    raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}")
             if attempt < self._max_attempts:
                 self._sleep(asked if asked is not None else _backoff(attempt, self._max_wait))
-        call = f"{method} {urlsplit(url).path}"
         raise Transient(f"GitHub {call}: failed {self._max_attempts} times, last {failure}")
 
     def _retry_wait(self, response: requests.Response) -> float | None:

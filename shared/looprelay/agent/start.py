@@ -46,9 +46,10 @@ def build_agent(
     repositories = sorted(parse_checkout_pairs(checkout_pairs))
 
     def describe() -> dict[str, Any]:
+        # No "capacity": ``capacity`` counts workers applying at once, while the server's
+        # capacity is the sessions the runner may hold, fixed when it registered.
         return {
             "version": version("looprelay"),
-            "capacity": capacity,
             "repositories": repositories,
             "workspace": workspace is not None,
             "sessions": ledger.session_count(),

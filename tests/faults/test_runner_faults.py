@@ -1,0 +1,243 @@
+"""Runner faults, N deliveries each, on real processes: `looprelay up`, `looprelay runner run`
+agents with the fake `claude` first on PATH, tmux on a private socket.
+
+- An agent SIGKILLed at random moments (seeded; the seed is printed) while it holds leases, and
+  restarted with the same credentials and ledger, again and again.
+- An agent that dies between applying a dispatch and reporting it (``agent_boot`` makes its k-th
+  report ``os._exit(137)``), restarted each time.
+- Two agents competing for the same dispatches.
+
+Each ends with what a user would notice: every delivery settled once; every dispatch settled;
+every comment's text reached a harness at most once, exactly once when its dispatch succeeded,
+in each work item's seq order; one harness per work item, on the runner that spawned it.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from looprelay.records import DispatchRecord
+from tests.fake_harness import FakeHarness
+from tests.faults.runners import (
+    Runner,
+    Stack,
+    assert_applied_once_in_order,
+    comment_plan,
+    commented,
+    dispatch_token,
+    kill_tmux,
+    register_runner,
+    seeded_random,
+    sightings,
+    socket_name,
+    start_stack,
+    start_work_items,
+    token,
+    wait_for,
+)
+
+__all__ = ["socket_name"]  # the fixture, imported for pytest
+
+CONFIG = """\
+routing:
+  authorizedUsers: [codertocat]
+runners:
+  leaseSeconds: 10
+  pollWaitSeconds: 1
+  heartbeatSeconds: 5
+"""
+
+
+@pytest.fixture
+def stack(tmp_path: Path, fake_harness: FakeHarness) -> Iterator[Stack]:
+    started = start_stack(tmp_path, CONFIG)
+    yield started
+    started.close()
+    started.up.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    return seeded_random(request)
+
+
+@pytest.fixture
+def runners() -> Iterator[list[Runner]]:
+    """Runners a test starts; every agent still running is SIGKILLed at teardown, and the
+    tmux server of each runner's socket is killed."""
+    started: list[Runner] = []
+    yield started
+    for runner in started:
+        runner.kill()
+        kill_tmux(runner.socket_name)
+
+
+def _send_comments(stack: Stack, plan: list[tuple[int, int]], rng: random.Random) -> list[str]:
+    """Send the planned comments, a few at a time with short pauses (the seed decides)."""
+    sent = []
+    for number, index in plan:
+        body = f"Comment {index} on #{number}: {token(number, index)}\nplease look"
+        sent.append(
+            stack.send("issue_comment", commented(number, body, comment_id=number * 1000 + index))
+        )
+        if rng.random() < 0.3:
+            threading.Event().wait(rng.uniform(0.05, 0.4))
+    return sent
+
+
+def _assert_every_delivery_settled_once(stack: Stack, ids: list[str]) -> None:
+    records = stack.wait_settled(ids)
+    assert {r.outcome for r in records} <= {"dispatched", "ignored"}, Counter(
+        r.outcome for r in records
+    )
+    counts = stack.settled_counts()
+    assert {d: counts[d] for d in ids} == dict.fromkeys(ids, 1)
+
+
+def _harnesses_per_work_item(fake: FakeHarness) -> dict[int, set[int]]:
+    found: dict[int, set[int]] = {}
+    for seen in sightings(fake):
+        found.setdefault(seen.number, set()).add(seen.pid)
+    return found
+
+
+def _assert_ledger_agrees(runner: Runner, dispatches: list[DispatchRecord]) -> None:
+    """The agent's ledger holds each dispatch it applied with the result the server counted."""
+    ledger = runner.ledger()
+    for dispatch in dispatches:
+        if dispatch.lease_holder != runner.runner_id:
+            continue
+        state, result = ledger[dispatch.dispatch_id]
+        assert state == "recorded", dispatch.dispatch_id
+        assert result is not None
+        expected = dispatch.result if dispatch.status == "succeeded" else "failed"
+        assert result["status"] == expected, (dispatch.dispatch_id, result, dispatch.result)
+
+
+class TestAgentKilledHoldingLeases:
+    def test_random_sigkills_leave_every_comment_applied_at_most_once_and_in_order(
+        self,
+        stack: Stack,
+        tmp_path: Path,
+        fake_harness: FakeHarness,
+        socket_name: str,
+        runners: list[Runner],
+        rng: random.Random,
+    ) -> None:
+        numbers, comments, kills = [1, 2, 3, 4, 5], 30, 4
+        box = register_runner(stack, tmp_path, "box", socket_name=socket_name, capacity=2)
+        runners.append(box)
+        box.start()
+        starts = start_work_items(stack, numbers)
+        plan = comment_plan(numbers, comments, rng)
+        sent: list[str] = []
+        sender = threading.Thread(target=lambda: sent.extend(_send_comments(stack, plan, rng)))
+        sender.start()
+        for _ in range(kills):
+            threading.Event().wait(rng.uniform(0.3, 2.5))
+            box.kill()
+            box.start()
+        sender.join()
+
+        _assert_every_delivery_settled_once(stack, [*starts.values(), *sent])
+        dispatches = stack.wait_dispatches_settled(len(numbers) + comments)
+        assert len(dispatches) == len(numbers) + comments
+        summary = assert_applied_once_in_order(dispatches, fake_harness)
+        print(f"killed {kills} times; {summary}")
+        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
+            dict.fromkeys(numbers, 1)
+        )
+        _assert_ledger_agrees(box, dispatches)
+
+
+class TestAgentKilledBetweenApplyAndReport:
+    def test_a_result_lost_on_the_way_is_reported_from_the_ledger_not_applied_again(
+        self,
+        stack: Stack,
+        tmp_path: Path,
+        fake_harness: FakeHarness,
+        socket_name: str,
+        runners: list[Runner],
+        rng: random.Random,
+    ) -> None:
+        # One worker: when the agent dies at its k-th report, nothing else is in hand, so each
+        # crash lands exactly between a recorded apply and its report.
+        numbers, comments, crashes = [1, 2, 3, 4], 20, 3
+        box = register_runner(stack, tmp_path, "box", socket_name=socket_name, capacity=1)
+        runners.append(box)
+        box.start(exit_on_report=rng.randint(2, 5))
+        starts = start_work_items(stack, numbers)
+        sent = _send_comments(stack, comment_plan(numbers, comments, rng), rng)
+        for crash in range(crashes):
+            assert box.proc is not None
+            wait_for(lambda: not box.alive(), what=f"crash {crash + 1} of the agent")
+            assert box.proc.returncode == 137, box.output()
+            box.start(exit_on_report=rng.randint(2, 5) if crash + 1 < crashes else None)
+
+        _assert_every_delivery_settled_once(stack, [*starts.values(), *sent])
+        dispatches = stack.wait_dispatches_settled(len(numbers) + comments)
+        assert [d for d in dispatches if d.status != "succeeded"] == []
+        assert_applied_once_in_order(dispatches, fake_harness)
+        reported_late = [d.dispatch_id for d in dispatches if d.attempts > 1]
+        assert len(reported_late) == crashes, reported_late
+        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
+            dict.fromkeys(numbers, 1)
+        )
+        _assert_ledger_agrees(box, dispatches)
+
+
+class TestTwoRunnersCompete:
+    def test_each_dispatch_is_applied_by_one_runner_and_sessions_stay_where_they_spawned(
+        self,
+        stack: Stack,
+        tmp_path: Path,
+        fake_harness: FakeHarness,
+        socket_name: str,
+        runners: list[Runner],
+        rng: random.Random,
+    ) -> None:
+        numbers, comments = [1, 2, 3, 4, 5, 6], 30
+        pair = [
+            register_runner(
+                stack, tmp_path, name, socket_name=f"{socket_name}-{name}", labels=("pool=a",)
+            )
+            for name in ("left", "right")
+        ]
+        runners.extend(pair)
+        for runner in pair:
+            runner.start()
+        # The comments follow the starts at once: many are routed while their session is still
+        # pending, so no runner is named on them until the spawn is reported.
+        starts = start_work_items(stack, numbers)
+        sent = _send_comments(stack, comment_plan(numbers, comments, rng), rng)
+
+        _assert_every_delivery_settled_once(stack, [*starts.values(), *sent])
+        dispatches = stack.wait_dispatches_settled(len(numbers) + comments)
+        assert_applied_once_in_order(dispatches, fake_harness)
+        by_id = {r.runner_id: r for r in pair}
+        ledgers = {r.runner_id: set(r.ledger()) for r in pair}
+        for dispatch in dispatches:
+            holders = [rid for rid, seen in ledgers.items() if dispatch.dispatch_id in seen]
+            assert holders == [dispatch.lease_holder], (dispatch.dispatch_id, holders)
+        spawner = {dispatch_token(d)[0]: d.lease_holder for d in dispatches if d.kind == "spawn"}
+        for dispatch in dispatches:
+            number = dispatch_token(dispatch)[0]
+            assert dispatch.lease_holder == spawner[number], (
+                f"{dispatch.dispatch_id} (#{number}, seq {dispatch.seq}) applied on "
+                f"{dispatch.lease_holder}, its session is on {spawner[number]}"
+            )
+        for seen in sightings(fake_harness):
+            holder = spawner[seen.number]
+            assert holder is not None
+            assert seen.cwd == str(by_id[holder].checkout)
+        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
+            dict.fromkeys(numbers, 1)
+        )
+        print(f"spawns per runner: {Counter(spawner.values())}")
