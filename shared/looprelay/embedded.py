@@ -4,6 +4,7 @@ embedded store and queue in a data directory."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import IO
 
 from looprelay.adapters.clock import SystemClock
 from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.http_server import EmbeddedHttpServer, Handler, Routes
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.config import Config
 from looprelay.datadir import (
@@ -47,6 +48,40 @@ class SecretSource:
     description: str
     generated: bool
     path: Path | None
+
+
+class WebhookPressure:
+    """Counts webhook requests in flight, so background work can let them go first.
+
+    GitHub waits 10 s for an ack and never retries a failed delivery by itself, while a
+    queued task has hours; in one process the two share a core (and the GIL), so during a
+    burst the queue's dispatchers wait for the webhook to be idle (for a bounded time).
+    """
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def tracking(self, handler: Handler) -> Handler:
+        """Wrap ``handler`` so each request counts while it is served."""
+
+        def tracked(request: Request) -> Response:
+            with self._idle:
+                self._in_flight += 1
+            try:
+                return handler(request)
+            finally:
+                with self._idle:
+                    self._in_flight -= 1
+                    if not self._in_flight:
+                        self._idle.notify_all()
+
+        return tracked
+
+    def wait_until_idle(self, seconds: float) -> None:
+        """Return once no webhook request is in flight, or after ``seconds``."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._in_flight, seconds)
 
 
 class EmbeddedStack:
@@ -126,16 +161,21 @@ class EmbeddedStack:
 
     def start(self) -> None:
         """Serve and start dispatching queued tasks (including ones left from a previous run)."""
+        pressure = WebhookPressure()
         routes = Routes(
             {
-                WEBHOOK_PATH: self.ingress.handle,
+                WEBHOOK_PATH: pressure.tracking(self.ingress.handle),
                 WORKER_PATH: self.worker.handle,
                 HEALTH_PATH: _health,
             },
             {RUNNER_PREFIX: self.runner_api.handle},
         )
         self._server.start(routes)
-        self.queue.start(worker_url=self._worker_url, auth_token=self._worker_token)
+        self.queue.start(
+            worker_url=self._worker_url,
+            auth_token=self._worker_token,
+            yield_to=pressure.wait_until_idle,
+        )
         log.info("looprelay up serving", extra={"fields": {"url": self.base_url}})
 
     def stop(self) -> None:

@@ -518,3 +518,41 @@ class TestStop:
         queue.start(worker_url=worker.url, auth_token=TOKEN)
         _wait_for_state(queue, "gh-later", "done")
         assert len(worker.requests_for("gh-later")) == 1
+
+
+class TestYield:
+    def test_tasks_wait_while_more_urgent_work_runs_and_go_once_it_is_done(
+        self, open_queue: QueueFactory, worker: RecordingWorker
+    ) -> None:
+        urgent = threading.Event()
+        urgent.set()
+        asked: list[float] = []
+
+        def yield_to(seconds: float) -> None:
+            asked.append(seconds)
+            # Busy until the test says otherwise (the bound is checked in the next test).
+            while urgent.is_set():
+                time.sleep(0.01)
+
+        queue = open_queue()
+        queue.start(worker_url=worker.url, auth_token=TOKEN, yield_to=yield_to)
+        try:
+            queue.enqueue(Task(name="gh-later", body=BODY))
+            time.sleep(QUIET_SECONDS)
+            assert worker.requests_for("gh-later") == []
+        finally:
+            urgent.clear()
+        worker.wait_for("gh-later", 1)
+        assert asked and all(0 < seconds <= 1 for seconds in asked)
+
+    def test_a_task_goes_after_the_bounded_wait_even_if_urgent_work_never_stops(
+        self, open_queue: QueueFactory, worker: RecordingWorker
+    ) -> None:
+        def always_busy(seconds: float) -> None:
+            time.sleep(seconds)  # never idle: each call waits out its whole bound
+
+        queue = open_queue()
+        queue.start(worker_url=worker.url, auth_token=TOKEN, yield_to=always_busy)
+        queue.enqueue(Task(name="gh-starved", body=BODY))
+        [request] = worker.wait_for("gh-starved", 1)
+        assert request.body == BODY

@@ -44,6 +44,9 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
 """
 _IDLE_WAIT_SECONDS = 1.0
+_MAX_YIELD_SECONDS = 0.5
+"""Longest a dispatcher defers a task to more urgent work; bounds how slowly a backlog
+drains while webhooks keep arriving (4 dispatchers: 8 tasks/s at the very least)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class EmbeddedQueue:
         self._queue_name = queue_name
         self._now = now
         self._wake = threading.Condition()
+        self._yield_to: Callable[[float], None] | None = None
         self._arrivals = 0  # counts enqueues, so a dispatcher never sleeps through one
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -118,8 +122,18 @@ class EmbeddedQueue:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def start(self, *, worker_url: str, auth_token: str) -> None:
+    def start(
+        self,
+        *,
+        worker_url: str,
+        auth_token: str,
+        yield_to: Callable[[float], None] | None = None,
+    ) -> None:
         """Start the dispatcher threads, POSTing to ``worker_url`` with ``auth_token``.
+
+        ``yield_to(seconds)``, when given, is called before each task and may block up to
+        ``seconds`` while more urgent work runs in this process (``looprelay up`` lets webhook
+        acks go first); a task never waits longer than that for it.
 
         Tasks left leased by a dead process become pending first; only the one dispatching
         process (``looprelay up`` holds the data directory's lock) may do that, since opening
@@ -127,6 +141,7 @@ class EmbeddedQueue:
         """
         self._worker_url = worker_url
         self._auth_token = auth_token
+        self._yield_to = yield_to
         self._books.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
         self._stopping.clear()
         for index in range(self._settings.concurrency):
@@ -189,6 +204,8 @@ class EmbeddedQueue:
         worker = _WorkerConnection(self._worker_url, self._settings.dispatch_deadline_seconds)
         while not self._stopping.is_set():
             try:
+                if self._yield_to is not None:
+                    self._yield_to(_MAX_YIELD_SECONDS)
                 seen = self._arrivals
                 claimed = self._claim()
                 if claimed is None:
