@@ -209,6 +209,10 @@ def _config(root: Path, extra_yaml: str) -> Path:
     return config
 
 
+AGENT_WORKERS = 8
+"""Dispatches the agent applies at once; the sessions it may hold are the work items."""
+
+
 @contextmanager
 def rig(root: Path, *, capacity: int, extra_yaml: str = "") -> Iterator[Rig]:
     """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``.
@@ -280,7 +284,8 @@ def _start_runner(
         [
             *LOOPRELAY, "runner", "run", "--credentials", str(credentials),
             "--checkout", f"{REPOSITORY}={checkout}", "--state", str(root / "runner-state"),
-            "--tmux-socket", tmux_socket, "--capacity", str(capacity), "--poll-wait", "25",
+            "--tmux-socket", tmux_socket, "--capacity", str(min(capacity, AGENT_WORKERS)),
+            "--poll-wait", "25",
             "--log-level", "WARNING",
         ],
         root / "runner.log",
