@@ -3,6 +3,7 @@
 It speaks the one call ``CloudTasksQueue`` makes, ``POST /v2/{queue path}/tasks``, the way the
 service does (offline-toolchain.md §3c): a task name it already holds gets 409 ALREADY_EXISTS, a
 new one is kept and echoed back. Tests script failures with :meth:`CloudTasksRecorder.fail_next`.
+Both ``CloudTasksQueue`` and Google's own client (the oracle for the request's shape) talk to it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class CloudTasksRecorder:
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
         self.tasks: dict[str, dict[str, Any]] = {}
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str | None, str | None]] = []
         self._stalls: list[float] = []
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
@@ -75,10 +76,16 @@ class CloudTasksRecorder:
         """``http://127.0.0.1:PORT``, the ``api_endpoint`` to give the client."""
         return self._loopback.url
 
-    def fail_next(self, count: int, *, status: int) -> None:
-        """Answer the next ``count`` calls with an error of HTTP ``status``."""
+    def fail_next(
+        self, count: int, *, status: int, code: str | None = None, text: str | None = None
+    ) -> None:
+        """Answer the next ``count`` calls with an error of HTTP ``status``.
+
+        The body is Google's JSON error with ``code`` as its ``status`` (default: the usual name
+        for the HTTP status), or ``text`` as a plain-text body, as a proxy in between would send.
+        """
         with self._lock:
-            self._failures.extend([status] * count)
+            self._failures.extend([(status, code, text)] * count)
 
     def stall_next(self, count: int, *, seconds: float) -> None:
         """Hold the next ``count`` calls for ``seconds`` before answering them as usual."""
@@ -106,13 +113,13 @@ class CloudTasksRecorder:
         """Stop serving and release the port."""
         self._loopback.stop()
 
-    def answer(self, request: RecordedRequest) -> tuple[int, dict[str, Any]]:
+    def answer(self, request: RecordedRequest) -> tuple[int, dict[str, Any] | str]:
         """Record ``request`` and decide the response, as Cloud Tasks' CreateTask would."""
         with self._lock:
             self.requests.append(request)
             if self._failures:
-                status = self._failures.pop(0)
-                return status, _error(status, "scripted failure")
+                status, code, text = self._failures.pop(0)
+                return status, text if text is not None else _error(status, "failure", code)
             match = _CREATE_TASK.match(request.path)
             if request.method != "POST" or match is None:
                 return 404, _error(404, f"no such method: {request.method} {request.path}")
@@ -126,8 +133,8 @@ class CloudTasksRecorder:
             return 200, task
 
 
-def _error(status: int, message: str) -> dict[str, Any]:
-    code = _STATUS_NAMES.get(status, HTTPStatus(status).phrase.upper().replace(" ", "_"))
+def _error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    code = code or _STATUS_NAMES.get(status, HTTPStatus(status).phrase.upper().replace(" ", "_"))
     return {"error": {"code": status, "status": code, "message": message}}
 
 
@@ -152,11 +159,14 @@ def _handler_for(recorder: CloudTasksRecorder) -> type[BaseHTTPRequestHandler]:
             )
             time.sleep(recorder.take_stall())
             status, payload = recorder.answer(request)
-            data = json.dumps(payload).encode()
+            if isinstance(payload, str):
+                data, kind = payload.encode(), "text/plain"
+            else:
+                data, kind = json.dumps(payload).encode(), "application/json"
             # After a stall the client may have hung up; the task is created all the same.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Type", f"{kind}; charset=UTF-8")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -1,19 +1,23 @@
-"""CloudTasksQueue: the real google-cloud-tasks client over REST against a loopback recorder."""
+"""CloudTasksQueue: CreateTask over REST against a loopback recorder, with Google's own
+google-cloud-tasks client as the oracle for what that request must look like."""
 
 from __future__ import annotations
 
 import base64
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
+from google.protobuf import duration_pb2
 
 from looprelay.adapters.cloudtasks_queue import ATTEMPT_TIMEOUT_SECONDS, CloudTasksQueue
-from looprelay.errors import Permanent, Transient
+from looprelay.errors import ConfigError, Permanent, Transient
 from looprelay.ports import MAX_TASK_BYTES, Task
 from tests.cloudtasks_recorder import (
     QUEUE_PATH,
@@ -21,6 +25,7 @@ from tests.cloudtasks_recorder import (
     WORKER_URL,
     CloudTasksQueueHarness,
     CloudTasksRecorder,
+    RecordedRequest,
     recorder_config,
 )
 
@@ -75,24 +80,101 @@ class TestRequestShape:
     def test_an_explicit_audience_replaces_the_worker_url_in_the_token(
         self, cloudtasks_recorder: CloudTasksRecorder
     ) -> None:
-        client = tasks_v2.CloudTasksClient(
-            transport="rest",
-            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-            client_options=ClientOptions(api_endpoint=cloudtasks_recorder.url),
-        )
-        queue = CloudTasksQueue(
-            project="demo-lab",
-            location="us-central1",
-            queue="work",
-            worker_url=WORKER_URL,
-            service_account_email=SERVICE_ACCOUNT,
-            audience="https://worker.example.test",
-            client=client,
-        )
+        queue = _queue_with(cloudtasks_recorder, audience="https://worker.example.test")
         queue.enqueue(Task(name="gh-1", body=BODY))
         [task] = cloudtasks_recorder.tasks.values()
         assert task["httpRequest"]["url"] == WORKER_URL
         assert task["httpRequest"]["oidcToken"]["audience"] == "https://worker.example.test"
+
+
+def _queue_with(
+    recorder: CloudTasksRecorder, *, audience: str | None = None, deadline: int = 60
+) -> CloudTasksQueue:
+    return CloudTasksQueue(
+        project="demo-lab",
+        location="us-central1",
+        queue="work",
+        worker_url=WORKER_URL,
+        service_account_email=SERVICE_ACCOUNT,
+        audience=audience,
+        dispatch_deadline_seconds=deadline,
+        api_endpoint=recorder.url,
+    )
+
+
+def _create_with_googles_client(
+    recorder: CloudTasksRecorder, task: Task, *, audience: str, deadline: int
+) -> None:
+    """The same task through google-cloud-tasks' own client, REST transport."""
+    client = tasks_v2.CloudTasksClient(
+        transport="rest",
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        client_options=ClientOptions(api_endpoint=recorder.url),
+    )
+    http_request = tasks_v2.HttpRequest(
+        url=WORKER_URL,
+        http_method=tasks_v2.HttpMethod.POST,
+        headers={"Content-Type": "application/json"},
+        body=task.body,
+        oidc_token=tasks_v2.OidcToken(service_account_email=SERVICE_ACCOUNT, audience=audience),
+    )
+    client.create_task(
+        parent=QUEUE_PATH,
+        task=tasks_v2.Task(
+            name=f"{QUEUE_PATH}/tasks/{task.name}",
+            http_request=http_request,
+            dispatch_deadline=duration_pb2.Duration(seconds=deadline),
+        ),
+    )
+
+
+def _as_sent(request: RecordedRequest) -> tuple[object, ...]:
+    """What Cloud Tasks acts on: method, path, query, routing header and JSON body."""
+    routing = request.headers.get("x-goog-request-params")
+    return (request.method, request.path, parse_qs(request.query), routing, request.body)
+
+
+@pytest.fixture
+def second_recorder() -> Iterator[CloudTasksRecorder]:
+    """Another recorder, so both clients can create a task of the same name."""
+    recorder = CloudTasksRecorder()
+    recorder.start()
+    yield recorder
+    recorder.stop()
+
+
+class TestTheSameRequestAsGooglesClient:
+    """The request is built by hand to keep google-cloud-tasks (gRPC, protobuf) off the
+    webhook's cold start; Google's client is the oracle, so the two can never drift apart."""
+
+    @pytest.mark.parametrize(
+        ("task", "audience", "deadline"),
+        [
+            (Task(name="gh-abc123", body=BODY), None, 60),
+            (Task(name="x" * 500, body='{"t": "\u00e9\u2603"}'.encode()), None, 1800),
+            (Task(name="gh-bin_1", body=bytes(range(256))), "https://aud.example.test", 15),
+        ],
+        ids=["delivery", "longest-name-unicode-body", "binary-body-explicit-audience"],
+    )
+    def test_method_path_query_routing_header_and_body_are_equal(
+        self,
+        cloudtasks_recorder: CloudTasksRecorder,
+        second_recorder: CloudTasksRecorder,
+        task: Task,
+        audience: str | None,
+        deadline: int,
+    ) -> None:
+        ours = _queue_with(cloudtasks_recorder, audience=audience, deadline=deadline)
+
+        assert ours.enqueue(task) is True
+        _create_with_googles_client(
+            second_recorder, task, audience=audience or WORKER_URL, deadline=deadline
+        )
+
+        [sent_by_us] = cloudtasks_recorder.requests
+        [sent_by_google] = second_recorder.requests
+        assert _as_sent(sent_by_us) == _as_sent(sent_by_google)
+        assert cloudtasks_recorder.held() == second_recorder.held() == {task.name: task.body}
 
 
 class TestDuplicates:
@@ -104,6 +186,15 @@ class TestDuplicates:
         assert queue.enqueue(Task(name="gh-dup", body=b"second")) is False
         assert len(cloudtasks_queue_harness.recorder.requests) == 2
         assert cloudtasks_queue_harness.held() == {"gh-dup": b"first"}
+
+    def test_a_conflict_that_aborted_is_transient_not_a_duplicate(
+        self, cloudtasks_recorder: CloudTasksRecorder
+    ) -> None:
+        cloudtasks_recorder.fail_next(1, status=409, code="ABORTED")
+        queue = _queue(cloudtasks_recorder)
+        with pytest.raises(Transient, match="ABORTED"):
+            queue.enqueue(Task(name="gh-1", body=BODY))
+        assert queue.enqueue(Task(name="gh-1", body=BODY)) is True
 
 
 class TestFailures:
@@ -146,6 +237,14 @@ class TestFailures:
         assert QUEUE_PATH in str(caught.value)
         assert fix in str(caught.value)
         assert len(cloudtasks_recorder.requests) == 1
+
+    @pytest.mark.parametrize(("status", "error"), [(502, Transient), (403, Permanent)])
+    def test_a_plain_text_error_from_a_proxy_is_classified_by_status(
+        self, cloudtasks_recorder: CloudTasksRecorder, status: int, error: type[Exception]
+    ) -> None:
+        cloudtasks_recorder.fail_next(1000, status=status, text="<html>Bad Gateway</html>")
+        with pytest.raises(error, match="Bad Gateway"):
+            _queue(cloudtasks_recorder).enqueue(Task(name="gh-1", body=BODY))
 
     def test_an_unreachable_endpoint_is_transient(
         self, cloudtasks_recorder: CloudTasksRecorder
@@ -198,3 +297,19 @@ class TestRefusedBeforeSending:
         with pytest.raises(Permanent, match="task name"):
             cloudtasks_queue_harness.queue.enqueue(Task(name=name, body=BODY))
         assert cloudtasks_queue_harness.recorder.requests == []
+
+
+class TestCredentials:
+    def test_without_an_endpoint_or_default_credentials_the_queue_refuses_to_build(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        # google.auth reads this variable first; a missing file fails at once, offline.
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+        with pytest.raises(ConfigError, match="Cloud Tasks needs Google credentials"):
+            CloudTasksQueue(
+                project="demo-lab",
+                location="us-central1",
+                queue="work",
+                worker_url=WORKER_URL,
+                service_account_email=SERVICE_ACCOUNT,
+            )

@@ -1,5 +1,7 @@
 """The webhook's cold start stays light: importing the functions module builds nothing and loads
-no store, template or tmux code, and the webhook's builder loads only ingress and its queue.
+no store, template or tmux code, and the webhook's builder loads only ingress and its queue. The
+queue speaks Cloud Tasks' REST API itself, so the webhook loads no gRPC, protobuf or
+google-cloud-tasks (docs/decisions/0003-cloud-tasks-over-rest.md).
 
 Each check runs in a fresh interpreter (``sys.modules`` of this test run is full of everything).
 Flask, which functions-framework imports before it loads ``main``, itself imports ``jinja2``; so
@@ -18,7 +20,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER_ON_IMPORT = ("google.cloud.firestore", "google.cloud.tasks_v2", "libtmux", "jinja2.sandbox")
-NEVER_FOR_THE_WEBHOOK = ("google.cloud.firestore", "jinja2", "libtmux")
+NEVER_FOR_THE_WEBHOOK = (
+    "google.cloud.firestore",
+    "jinja2",
+    "libtmux",
+    "google.cloud.tasks_v2",
+    "google.api_core",
+    "grpc",
+    "google.protobuf",
+    "proto",  # proto-plus
+    "jwt",  # the webhook verifies HMAC; GitHub App auth is the worker's
+)
 LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.worker")
 _PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
 
@@ -65,7 +77,7 @@ class TestImportingTheFunctionsModule:
 
 
 class TestTheWebhookBuilder:
-    def test_loads_the_queue_client_and_no_store_template_or_tmux_library(self) -> None:
+    def test_loads_the_rest_queue_and_no_grpc_protobuf_store_template_or_tmux(self) -> None:
         queue = {
             "project": "p",
             "location": "us-central1",
@@ -87,6 +99,8 @@ class TestTheWebhookBuilder:
             LOOPRELAY__queue__cloudtasks=json.dumps(queue),
         )
 
-        assert "google.cloud.tasks_v2" in modules  # the builder really built the cloud queue
+        # The builder really built the cloud queue, with google-auth's session.
+        assert "looprelay.adapters.cloudtasks_queue" in modules
+        assert "google.auth.transport.requests" in modules
         assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
         assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
