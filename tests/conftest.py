@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
@@ -22,6 +23,36 @@ pytest_plugins = [
     "tests.fake_github",
     "tests.fake_harness",
 ]
+
+FUZZ_FACTOR = 20
+"""How many times more examples ``--fuzz`` runs than CI (tests/fuzz)."""
+_CI_EXAMPLES = 25
+settings.register_profile(
+    "ci",
+    max_examples=_CI_EXAMPLES,
+    deadline=None,
+    derandomize=True,  # the same examples every run: CI never flakes on a new draw
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=_CI_EXAMPLES * FUZZ_FACTOR,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # random draws; failures are kept in .hypothesis/ and replayed first
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz",
+        action="store_true",
+        help=f"run the property-based tests (tests/fuzz) with {FUZZ_FACTOR}x the examples",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile("fuzz" if config.getoption("--fuzz") else "ci")
+
 
 STORE_BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.firestore)]
 

@@ -38,6 +38,15 @@ class TestDocument:
         open_paths = [path for path, ops in paths.items() if ops["post"]["security"] == []]
         assert open_paths == [f"{API_PREFIX}register"]
 
+    def test_the_shapes_the_server_enforces_are_documented(self) -> None:
+        # Found by tests/fuzz (schemathesis): a schema-valid name was refused with 400.
+        schemas = runner_api_document()["components"]["schemas"]
+        register, heartbeat = schemas["RegisterBody"], schemas["HeartbeatBody"]
+        assert register["properties"]["name"]["pattern"].startswith("^[A-Za-z0-9]")
+        labels = register["properties"]["labels"]
+        assert labels["propertyNames"]["pattern"] == labels["additionalProperties"]["pattern"]
+        assert "/" in heartbeat["properties"]["repositories"]["items"]["pattern"]
+
     def test_every_schema_reference_resolves(self) -> None:
         document = runner_api_document()
         text = json.dumps(document)

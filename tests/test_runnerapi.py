@@ -172,6 +172,29 @@ class TestAuthenticatedCalls:
         stored = api.registry.get_runner(runner["runner_id"])
         assert stored is not None and stored.capacity == 5
 
+    @pytest.mark.parametrize(
+        "body", [{"capacity": True}, {"capacity": "2"}, {"workspace": 1}, {"sessions": 1.5}]
+    )
+    def test_a_field_of_another_json_type_is_400_as_documented(
+        self, api: Api, body: dict[str, Any]
+    ) -> None:
+        # Found by tests/fuzz (schemathesis): lax parsing took `true` for a number.
+        runner = api.register()
+        response = api.post(
+            "heartbeat", body, auth=runner_bearer(runner["runner_id"], runner["secret"])
+        )
+        assert response.status_code == 400
+        assert "invalid request body" in response.json()["error"]
+
+    def test_a_whole_number_written_with_a_fraction_is_an_integer_as_json_schema_says(
+        self, api: Api
+    ) -> None:
+        runner = api.register()
+        auth = runner_bearer(runner["runner_id"], runner["secret"])
+        assert api.post("heartbeat", {"capacity": 2.0}, auth=auth).status_code == 200
+        stored = api.registry.get_runner(runner["runner_id"])
+        assert stored is not None and stored.capacity == 2
+
     def test_a_repository_with_a_trailing_newline_is_400(self, api: Api) -> None:
         runner = api.register()
         response = api.post(

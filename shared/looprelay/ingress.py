@@ -118,10 +118,11 @@ class Ingress:
 
     def _check_size(self, request: Request) -> None:
         declared = request.headers.get("content-length")
+        length = _decimal(declared) if declared is not None else None
         limit = self._config.max_body_bytes
-        if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
+        if len(request.body) > limit or (length is not None and length > limit):
             raise BadDelivery(f"body larger than {limit} bytes", status=413)
-        if declared is not None and (not declared.isdigit() or int(declared) != len(request.body)):
+        if declared is not None and length != len(request.body):
             raise BadDelivery("body length does not match Content-Length (truncated?)")
 
     def _check_signature(self, request: Request) -> None:
@@ -190,11 +191,16 @@ def _decode(body: bytes, media_type: str) -> dict[str, Any]:
         # nesting); only such bodies pay for the second parse.
         try:
             payload = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, huge ints
             raise BadDelivery("body is not valid JSON") from exc
     if not isinstance(payload, dict):
         raise BadDelivery("payload must be a JSON object")
     return payload
+
+
+def _decimal(text: str) -> int | None:
+    """The value of an all-ASCII-digits header, else None (``"²".isdigit()`` is true)."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _loggable(delivery_id: str) -> str | None:

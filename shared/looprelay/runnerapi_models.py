@@ -10,36 +10,57 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from looprelay.records import MAX_RUNNER_LABELS, DispatchRecord
 
 API_PREFIX = "/runner/v1/"
 MAX_BODY_BYTES = 64 * 1024
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_LABEL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
-_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
+# Each pattern is also stated in the OpenAPI document; checked with fullmatch, since re's "$"
+# would let a trailing newline through where JSON Schema's does not.
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+_REPOSITORY_PATTERN = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
+_NAME = re.compile(_NAME_PATTERN)
+_LABEL_PART = re.compile(_LABEL_PATTERN)
+_REPOSITORY = re.compile(_REPOSITORY_PATTERN)
+
+
+def _whole(value: object) -> object:
+    # JSON Schema's "integer" includes 2.0, which strict parsing alone would refuse.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_Whole = Annotated[int, BeforeValidator(_whole)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: the document says what each field is, so `true` is no number and "1" no int.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class RegisterBody(_Body):
     """What an agent sends to exchange a registration token for credentials."""
 
     token: str = Field(min_length=1, max_length=200)
-    name: str
-    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_RUNNER_LABELS)
+    name: str = Field(json_schema_extra={"pattern": _NAME_PATTERN})
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_RUNNER_LABELS,
+        json_schema_extra={
+            "propertyNames": {"pattern": _LABEL_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": _LABEL_PATTERN},
+        },
+    )
     version: str = Field(default="", max_length=64)
-    capacity: int = Field(default=1, ge=1, le=256)
+    capacity: _Whole = Field(default=1, ge=1, le=256)
 
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ValueError("name must be 1-63 of A-Z a-z 0-9 . _ - starting alphanumeric")
         return name
 
@@ -47,7 +68,7 @@ class RegisterBody(_Body):
     @classmethod
     def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
         for key, value in labels.items():
-            if not (_LABEL_PART.match(key) and _LABEL_PART.match(value)):
+            if not (_LABEL_PART.fullmatch(key) and _LABEL_PART.fullmatch(value)):
                 raise ValueError(f"label {key[:64]!r} must be k=v of A-Z a-z 0-9 . _ / -")
         return labels
 
@@ -56,16 +77,20 @@ class HeartbeatBody(_Body):
     """What an agent reports about itself on every heartbeat."""
 
     version: str = Field(default="", max_length=64)
-    capacity: int = Field(default=1, ge=0, le=256)
-    repositories: list[str] = Field(default_factory=list, max_length=200)
+    capacity: _Whole = Field(default=1, ge=0, le=256)
+    repositories: list[str] = Field(
+        default_factory=list,
+        max_length=200,
+        json_schema_extra={"items": {"type": "string", "pattern": _REPOSITORY_PATTERN}},
+    )
     workspace: bool = False
-    sessions: int = Field(default=0, ge=0, le=10_000)
+    sessions: _Whole = Field(default=0, ge=0, le=10_000)
 
     @field_validator("repositories")
     @classmethod
     def _repositories(cls, repositories: list[str]) -> list[str]:
         for repository in repositories:
-            if not _REPOSITORY.match(repository):
+            if not _REPOSITORY.fullmatch(repository):
                 raise ValueError(f"{repository[:100]!r} is not owner/repo")
         return repositories
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -115,3 +116,21 @@ class TestProjectEnvelope:
             "delivery_id": "d-1",
             "event": "issues",
         }
+
+    def test_a_lone_surrogate_escaped_in_the_json_becomes_a_replacement_character(self) -> None:
+        # Found by tests/fuzz: json.loads accepts "\ud800", but the envelope then could not be
+        # serialised to UTF-8 for the queue and the webhook answered 500.
+        body = json.loads(
+            '{"action": "created", "label": {"name": "bug\\udfff"},'
+            ' "issue": {"number": 1, "title": "t\\ud800", "labels": [{"name": "\\ud800"}]},'
+            ' "comment": {"id": 2, "body": "a\\ud83d b \\ud83d\\ude00",'
+            ' "user": {"login": "x\\udc00"}}}'
+        )
+        envelope = _project("issue_comment", body)
+        assert envelope.comment is not None and envelope.issue is not None
+        assert envelope.comment.body == "a\ufffd b \U0001f600"
+        assert envelope.comment.author is not None
+        assert envelope.comment.author.login == "x\ufffd"
+        assert (envelope.issue.title, envelope.issue.labels) == ("t\ufffd", ["\ufffd"])
+        assert envelope.label == "bug\ufffd"
+        assert envelope.model_dump_json().count("\ufffd") == 5

@@ -115,7 +115,7 @@ def _content_length(headers: Mapping[str, str]) -> int:
     if "transfer-encoding" in headers:
         raise _BadRequest(411, "send a Content-Length, not Transfer-Encoding")
     declared = headers.get("content-length", "0")
-    if not declared.isdigit():
+    if not (declared.isascii() and declared.isdigit()):  # "²".isdigit() is true
         raise _BadRequest(400, "Content-Length must be a decimal number")
     return int(declared)
 

@@ -6,6 +6,7 @@ names and a capped copy of each free-text field, and notes which fields it cut.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,8 @@ TITLE_CAP = 1_024
 NAME_CAP = 256
 LIST_CAP = 100
 """Labels, linked PR numbers and installation repositories kept per envelope."""
+_REPLACEMENT = "\ufffd"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Value(BaseModel):
@@ -122,8 +125,8 @@ def project_envelope(
             return ""
         if len(value) > cap:
             cut.append(name)
-            return value[:cap]
-        return value
+            return _utf8(value[:cap])
+        return _utf8(value)
 
     comment_source = _dict(payload, "comment") or _dict(payload, "review")
     return Envelope(
@@ -149,9 +152,15 @@ def _dict(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _utf8(value: str) -> str:
+    # JSON may escape a lone surrogate (\ud800), which json.loads accepts but no UTF-8
+    # encoder does: the envelope could not be serialised for the queue (a 500 at ingress).
+    return _LONE_SURROGATE.sub(_REPLACEMENT, value)
+
+
 def _str(obj: Mapping[str, Any], key: str) -> str | None:
     value = obj.get(key)
-    return value[:NAME_CAP] if isinstance(value, str) else None
+    return _utf8(value[:NAME_CAP]) if isinstance(value, str) else None
 
 
 def _int(obj: Mapping[str, Any], key: str) -> int | None:
@@ -196,7 +205,7 @@ def _issue(obj: Mapping[str, Any], text: _Text) -> Issue | None:
 def _labels(obj: Mapping[str, Any]) -> list[str]:
     labels = obj.get("labels")
     return [
-        label["name"][:NAME_CAP]
+        _utf8(label["name"][:NAME_CAP])
         for label in (labels if isinstance(labels, list) else [])[:LIST_CAP]
         if isinstance(label, Mapping) and isinstance(label.get("name"), str)
     ]
@@ -264,7 +273,7 @@ def _check(payload: Mapping[str, Any]) -> CheckRef | None:
 def _repo_names(value: Any) -> list[str]:
     repos = value if isinstance(value, list) else []
     return [
-        repo["full_name"][:NAME_CAP]
+        _utf8(repo["full_name"][:NAME_CAP])
         for repo in repos[:LIST_CAP]
         if isinstance(repo, Mapping) and isinstance(repo.get("full_name"), str)
     ]
