@@ -51,9 +51,12 @@ class Queue(Protocol):
 class Store(Protocol):
     """Durable state: the delivery ledger and the event log."""
 
-    def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
+    def begin_delivery(
+        self, record: DeliveryRecord, *, event: EventRecord | None = None
+    ) -> tuple[DeliveryRecord, bool]:
         """Create the ledger record unless one exists; return the stored record and whether
         this call created it. An existing unsettled record has its ``attempts`` counted up.
+        ``event`` is written in the same write as the record, only by the call creating it.
 
         Raises ``Transient`` when the store is unavailable.
         """

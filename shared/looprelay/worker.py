@@ -95,14 +95,23 @@ class Worker:
 
     def _process(self, envelope: Envelope, request: Request) -> Response:
         delivery_id = envelope.delivery_id
-        record, created = self._store.begin_delivery(
+        now = self._clock.now()
+        received = EventRecord(
+            name="delivery.received",
+            at=now,
+            delivery_id=delivery_id,
+            data={"event": envelope.event, "action": envelope.action},
+        )
+        # The event rides in the record's own write, made only by the attempt creating it.
+        record, _ = self._store.begin_delivery(
             DeliveryRecord(
                 delivery_id=delivery_id,
                 event=envelope.event,
                 action=envelope.action,
-                received_at=self._clock.now(),
+                received_at=now,
                 envelope=request.body.decode(),
-            )
+            ),
+            event=received,
         )
         if record.settled:
             log.info(
@@ -111,10 +120,6 @@ class Worker:
                 extra={"delivery_id": delivery_id},
             )
             return json_response(200, {"status": "already-settled", "outcome": record.outcome})
-        if created:
-            self._event(
-                "delivery.received", envelope, {"event": envelope.event, "action": envelope.action}
-            )
         outcome = self._run_handler(envelope, record)
         now = self._clock.now()
         settled = EventRecord(
@@ -162,10 +167,3 @@ class Worker:
             )
             return Outcome("failed", f"handler returned unknown outcome {outcome.outcome[:80]!r}")
         return outcome
-
-    def _event(self, name: str, envelope: Envelope, data: dict[str, object]) -> None:
-        self._store.append_event(
-            EventRecord(
-                name=name, at=self._clock.now(), delivery_id=envelope.delivery_id, data=data
-            )
-        )

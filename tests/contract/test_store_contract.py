@@ -57,6 +57,16 @@ class TestDeliveryLedger:
         assert not store.settle_delivery("d-1", outcome="failed", detail="", at=T0, event=second)
         assert [e.data for e in store.list_events(delivery_id="d-1")] == [{"n": 1}]
 
+    def test_the_received_event_is_written_only_by_the_begin_that_creates_the_record(
+        self, store: Store
+    ) -> None:
+        def received(n: int) -> EventRecord:
+            return EventRecord(name="delivery.received", at=T0, delivery_id="d-1", data={"n": n})
+
+        assert store.begin_delivery(_record("d-1"), event=received(1))[1]
+        assert not store.begin_delivery(_record("d-1"), event=received(2))[1]
+        assert [e.data for e in store.list_events(delivery_id="d-1")] == [{"n": 1}]
+
     def test_begin_after_settle_changes_nothing(self, store: Store) -> None:
         store.begin_delivery(_record("d-1"))
         store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)

@@ -113,7 +113,9 @@ class FirestoreStore:
     def _expires_at(self) -> datetime:
         return datetime.now(UTC) + self._retention
 
-    def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
+    def begin_delivery(
+        self, record: DeliveryRecord, *, event: EventRecord | None = None
+    ) -> tuple[DeliveryRecord, bool]:
         """See ``Store.begin_delivery``; ``create()`` makes exactly one caller the creator.
 
         Raises ``Transient`` when Firestore stays unavailable for ``CALL_BUDGET_SECONDS`` in a
@@ -126,8 +128,14 @@ class FirestoreStore:
             "expires_at": self._expires_at(),
         }
         with _translated("begin a delivery"):
+            # One batch: the record and its event commit together, or neither when the
+            # record exists already (the create fails the whole batch).
+            batch = self._client.batch()
+            batch.create(self._deliveries.document(record.delivery_id), document)
+            if event is not None:
+                batch.create(self._events.document(), self._event_document(event))
             try:
-                self._deliveries.document(record.delivery_id).create(document, retry=_RETRY)
+                batch.commit(retry=_RETRY)
                 return record, True
             except gexc.AlreadyExists:
                 pass

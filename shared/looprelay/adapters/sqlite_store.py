@@ -57,7 +57,9 @@ class SqliteStore:
         """Close the database connection."""
         self._db.close()
 
-    def begin_delivery(self, record: DeliveryRecord) -> tuple[DeliveryRecord, bool]:
+    def begin_delivery(
+        self, record: DeliveryRecord, *, event: EventRecord | None = None
+    ) -> tuple[DeliveryRecord, bool]:
         """See ``Store.begin_delivery``."""
         # Unsynced: the settle that ends this delivery is synced and makes it durable.
         with self._db.transaction(synced=False) as db:
@@ -82,6 +84,8 @@ class SqliteStore:
                     " WHERE delivery_id = ? AND outcome = ?",
                     (record.delivery_id, RECEIVED),
                 )
+            elif event is not None:
+                _insert_event(db, event)
         stored = self.get_delivery(record.delivery_id)
         assert stored is not None  # just written inside the transaction above
         return stored, bool(inserted)
