@@ -92,19 +92,25 @@ class CountingAdapter:
 
 
 def _trace_sqlite(adapter: Any, counts: OpCounts) -> None:
-    """Count the statements of a SQLite adapter's connection (``adapter._db._db``)."""
+    """Count the statements of a SQLite adapter's connections: the writer
+    (``adapter._db._db``) and, where there is one, the reader (``adapter._db._reader``)."""
     database = getattr(adapter, "_db", None)
-    connection = getattr(database, "_db", None)
-    if not isinstance(connection, sqlite3.Connection):
-        return
+    for name in ("_db", "_reader"):
+        connection = getattr(database, name, None)
+        if isinstance(connection, sqlite3.Connection):
+            connection.set_trace_callback(_tracer(connection, counts))
 
+
+def _tracer(connection: sqlite3.Connection, counts: OpCounts) -> Callable[[str], None]:
     def trace(statement: str) -> None:
         verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
+        if verb == "PRAGMA":
+            return  # the synced/unsynced switch around a transaction, not a store operation
         counts.add(f"sql.{verb}")
         if verb == "COMMIT" or (verb in _WRITE_VERBS and not connection.in_transaction):
             counts.add("sql.commits")
 
-    connection.set_trace_callback(trace)
+    return trace
 
 
 class _CountingFirestoreApi:
