@@ -70,15 +70,22 @@ while True:
 """
 
 
-def wait_until(check: Callable[[], Any], *, seconds: float = DEADLINE_SECONDS) -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test at the deadline."""
+def wait_until(
+    check: Callable[[], Any],
+    *,
+    seconds: float = DEADLINE_SECONDS,
+    what: str = "",
+    explain: Callable[[], object] = lambda: "",
+) -> Any:
+    """Poll ``check`` until it returns something truthy and return that; fail the test at the
+    deadline, naming ``what`` (or the check) and whatever ``explain`` says then."""
     deadline = time.monotonic() + seconds
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() >= deadline:
-            pytest.fail(f"gave up after {seconds} s waiting for {check}")
+            pytest.fail(f"gave up after {seconds} s waiting for {what or check}; {explain()}")
         time.sleep(0.02)
 
 

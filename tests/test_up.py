@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,22 +22,35 @@ from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from looprelay.sender import post_delivery
 from tests.samples import FIXTURES, payload_bytes
 
+ROOT = Path(__file__).resolve().parents[1]
 LOOPRELAY = [sys.executable, "-m", "looprelay.cli"]
 START_TIMEOUT = 30.0
 
 
 class UpProcess:
-    """A running `looprelay up` on a free port with its own data directory."""
+    """A running `looprelay up` on a free port with its own data directory.
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    ``command`` is what runs ``looprelay`` (a wrapper may stand in, as the fault suite's boot
+    module does); ``env`` replaces the environment. Output goes to ``stderr_path``.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        command: Sequence[str] = LOOPRELAY,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.stderr_path = data_dir.parent / f"up-{uuid.uuid4().hex[:6]}.err"
         self._stderr = self.stderr_path.open("w")
         self.proc = subprocess.Popen(
-            [*LOOPRELAY, "up", "--data", str(data_dir), "--port", "0", *extra],
-            stdout=subprocess.DEVNULL,
+            [*command, "up", "--data", str(data_dir), "--port", "0", *extra],
+            stdout=self._stderr,  # the JSON log lines, beside the banner
             stderr=self._stderr,
             start_new_session=True,
+            env=env,
+            cwd=ROOT,
         )
         self.webhook_url = self._wait_for_banner()
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
-import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +30,9 @@ from looprelay.datadir import QUEUE_FILE, STORE_FILE, WEBHOOK_SECRET_FILE, read_
 from looprelay.records import DeliveryRecord, DispatchRecord
 from looprelay.sender import post_delivery
 from tests.fake_github import APP_LOGIN, FakeComment, FakeGitHub
+from tests.fake_harness import wait_until
 from tests.samples import payload
+from tests.test_up import UpProcess
 
 REPOSITORY = "Codertocat/Hello-World"
 """The repository as the fixtures spell it."""
@@ -43,7 +42,6 @@ AUTHORIZED = "Codertocat"
 AUTO_LABEL = "the-loop: auto-execute"
 GITHUB_TOKEN_ENV = "LOOPRELAY_FAULTS_GH_TOKEN"
 GITHUB_TOKEN = "ghp_faults_suite"
-START_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 60.0
 BOOT = [sys.executable, "-m", "tests.faults.boot"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,42 +198,20 @@ def write_config(path: Path, github: FakeGitHub, **queue: Any) -> Path:
     return path
 
 
-class Up:
+class Up(UpProcess):
     """``looprelay up`` started through the fault boot wrapper, on a free port."""
 
     def __init__(
         self, data_dir: Path, config: Path, *, fault: str = "", store_fault: str = ""
     ) -> None:
-        self.data_dir = data_dir
-        self.stderr_path = data_dir.parent / f"up-{uuid.uuid4().hex[:6]}.err"
-        self._stderr = self.stderr_path.open("w")
         env = os.environ | {
             GITHUB_TOKEN_ENV: GITHUB_TOKEN,
             "LOOPRELAY_FAULT": fault,
             "LOOPRELAY_STORE_FAULT": store_fault,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
-        self.proc = subprocess.Popen(
-            [*BOOT, "up", "--data", str(data_dir), "--port", "0", "--config", str(config)],
-            stdout=self._stderr,  # the JSON log lines, beside the banner
-            stderr=self._stderr,
-            start_new_session=True,
-            env=env,
-            cwd=ROOT,
-        )
-        self.webhook_url = self._wait_for_banner()
+        super().__init__(data_dir, "--config", str(config), command=BOOT, env=env)
         self.secret = read_secret(data_dir / WEBHOOK_SECRET_FILE).encode()
-
-    def _wait_for_banner(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            found = re.search(r"webhook URL\s+(\S+)", self.stderr_path.read_text())
-            if found:
-                return found.group(1)
-            if self.proc.poll() is not None:
-                raise AssertionError(f"looprelay up exited: {self.stderr_path.read_text()}")
-            time.sleep(0.05)
-        raise AssertionError("looprelay up printed no banner")
 
     def wait_exit(self, timeout: float = SETTLE_TIMEOUT) -> int:
         """Wait for the process to end on its own (a fault killed it)."""
@@ -243,13 +219,9 @@ class Up:
         self._stderr.close()
         return code
 
-    def stop(self, sig: int = signal.SIGKILL) -> int:
+    def stop(self, sig: int = signal.SIGKILL, timeout: float = 15.0) -> int:
         """Stop it with ``sig`` (SIGKILL by default: nothing finishes) and wait."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(15)
-        self._stderr.close()
-        return code
+        return super().stop(sig, timeout)
 
     def log(self) -> str:
         return self.stderr_path.read_text()
@@ -299,18 +271,6 @@ class Outcomes:
         return next((r.outcome for r in self.ledger if r.delivery_id == delivery_id), None)
 
 
-def wait_for(condition: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = condition()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def wait_settled(
     data_dir: Path, ids: Iterable[str], *, timeout: float = SETTLE_TIMEOUT
 ) -> Outcomes:
@@ -322,7 +282,7 @@ def wait_settled(
         unfinished = [t for t in outcomes.tasks if t.state in ("pending", "leased")]
         return outcomes if wanted <= outcomes.settled_ids() and not unfinished else None
 
-    return wait_for(ready, timeout=timeout, what=f"{len(wanted)} deliveries to settle")
+    return wait_until(ready, seconds=timeout, what=f"{len(wanted)} deliveries to settle")
 
 
 def assert_exactly_once(

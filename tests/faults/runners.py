@@ -17,10 +17,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from looprelay.ports import Store, WorkItemStore
 from looprelay.records import DeliveryRecord, DispatchRecord
 from looprelay.sender import post_delivery
 from looprelay.stores import open_store, open_work_item_store
-from tests.fake_harness import FakeHarness
+from tests.fake_harness import FakeHarness, wait_until
 from tests.samples import payload
 from tests.test_up import LOOPRELAY, UpProcess, cli
 
@@ -57,25 +56,6 @@ def ref(number: int) -> str:
 
 def token(number: int, index: int) -> str:
     return f"tok-w{number}-c{index}-x"
-
-
-def wait_for(
-    check: Callable[[], Any],
-    *,
-    what: str,
-    seconds: float = DEADLINE,
-    explain: Callable[[], object] = lambda: "",
-) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` (and what
-    ``explain`` says) at the deadline."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"gave up after {seconds} s waiting for {what}; {explain()}")
-        time.sleep(0.1)
 
 
 def seeded_random(request: pytest.FixtureRequest) -> random.Random:
@@ -174,7 +154,9 @@ class Stack:
             done = [d for d in found if d is not None and d.settled]
             return done if len(done) == len(wanted) else None
 
-        records: list[DeliveryRecord] = wait_for(settled, what=f"{len(wanted)} deliveries")
+        records: list[DeliveryRecord] = wait_until(
+            settled, seconds=DEADLINE, what=f"{len(wanted)} deliveries"
+        )
         return records
 
     def dispatches(self) -> list[DispatchRecord]:
@@ -195,8 +177,8 @@ class Stack:
                 if d.status not in SETTLED
             ]
 
-        found: list[DispatchRecord] = wait_for(
-            done, what=f"{count} dispatches settled", explain=unsettled
+        found: list[DispatchRecord] = wait_until(
+            done, seconds=DEADLINE, what=f"{count} dispatches settled", explain=unsettled
         )
         return found
 

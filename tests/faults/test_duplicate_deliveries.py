@@ -34,6 +34,7 @@ from looprelay.sender import post_delivery
 from looprelay.wiring import build_router
 from looprelay.worker import Worker
 from tests.fake_github import APP_LOGIN, FakeGitHub
+from tests.fake_harness import wait_until
 from tests.faults.deliveries import (
     AUTHORIZED,
     GITHUB_TOKEN,
@@ -42,7 +43,6 @@ from tests.faults.deliveries import (
     Up,
     assert_exactly_once,
     send_all,
-    wait_for,
     wait_settled,
     workload,
     write_config,
@@ -199,4 +199,4 @@ def _wait_done(data_dir: Path, items: tuple[Delivery, ...]) -> None:
         busy = [t for t in outcomes.tasks if t.state != "done"]
         return not busy and {d.delivery_id for d in items} <= outcomes.settled_ids()
 
-    wait_for(done, timeout=30, what="the queue to drain")
+    wait_until(done, seconds=30, what="the queue to drain")

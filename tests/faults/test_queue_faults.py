@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests.fake_github import FakeGitHub
+from tests.fake_harness import wait_until
 from tests.faults.deliveries import (
     Outcomes,
     Up,
     assert_exactly_once,
     send_all,
-    wait_for,
     wait_settled,
     workload,
     write_config,
@@ -65,7 +65,7 @@ class TestQueueRestartedWithTasksInFlight:
             settled = len(outcomes.settled_ids()) - ISSUES
             return outcomes if leased and begun and settled >= 3 else None
 
-        at_kill = wait_for(in_flight, timeout=60, what="tasks leased and mid-handling")
+        at_kill = wait_until(in_flight, seconds=60, what="tasks leased and mid-handling")
         first.stop(signal.SIGKILL)
         unsettled_at_kill = len(load.all) - len(at_kill.settled_ids())
         assert unsettled_at_kill > 0, "the kill came after the burst had drained"

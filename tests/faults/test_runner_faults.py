@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from looprelay.records import DispatchRecord
-from tests.fake_harness import FakeHarness
+from tests.fake_harness import FakeHarness, wait_until
 from tests.faults.runners import (
+    DEADLINE,
     Runner,
     Stack,
     assert_applied_once_in_order,
@@ -40,7 +41,6 @@ from tests.faults.runners import (
     start_stack,
     start_work_items,
     token,
-    wait_for,
 )
 
 __all__ = ["socket_name"]  # the fixture, imported for pytest
@@ -177,7 +177,9 @@ class TestAgentKilledBetweenApplyAndReport:
         sent = _send_comments(stack, comment_plan(numbers, comments, rng), rng)
         for crash in range(crashes):
             assert box.proc is not None
-            wait_for(lambda: not box.alive(), what=f"crash {crash + 1} of the agent")
+            wait_until(
+                lambda: not box.alive(), seconds=DEADLINE, what=f"crash {crash + 1} of the agent"
+            )
             assert box.proc.returncode == 137, box.output()
             box.start(exit_on_report=rng.randint(2, 5) if crash + 1 < crashes else None)
 

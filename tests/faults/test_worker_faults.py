@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from tests.fake_github import FakeGitHub
+from tests.fake_harness import wait_until
 from tests.faults.boot import KILL_POINTS, KILLED_EXIT
 from tests.faults.deliveries import (
     Delivery,
@@ -28,7 +29,6 @@ from tests.faults.deliveries import (
     assert_exactly_once,
     seeded_random,
     send,
-    wait_for,
     wait_settled,
     workload,
     write_config,
@@ -64,7 +64,7 @@ def _wave(up: Up, items: Sequence[Delivery], data_dir: Path, config: Path) -> Up
     def settled_or_dead() -> bool:
         return up.proc.poll() is not None or set(ids) <= Outcomes.read(data_dir).settled_ids()
 
-    wait_for(settled_or_dead, timeout=60, what="the wave to settle or the worker to die")
+    wait_until(settled_or_dead, seconds=60, what="the wave to settle or the worker to die")
     if up.proc.poll() is None:
         assert unsent == []
         return up
