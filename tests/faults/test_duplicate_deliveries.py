@@ -12,7 +12,6 @@ makes it a no-op (``already-settled``). Either way, one dispatch and one 👀.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -52,14 +51,6 @@ COPIES = 5
 WEBHOOK_SECRET = b"duplicates-webhook-secret"
 WORKER_SECRET = "duplicates-worker-secret"
 HOUR = 3600.0
-
-
-@pytest.fixture
-def running() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL)
 
 
 def _post_copies(url: str, secret: bytes, item: Delivery) -> list[str]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.fake_github import APP_ID, APP_LOGIN, AppKey, FakeComment, FakeGitHub, RecordedRequest
-from tests.fake_harness import FakeHarness
+from tests.fake_harness import FakeHarness, wait_until
 from tests.faults.runners import (
+    DEADLINE,
     REPO,
     REPOSITORY,
     Runner,
@@ -105,6 +106,15 @@ def _retry_of(github: FakeGitHub, first: RecordedRequest) -> RecordedRequest | N
     )
 
 
+def _bot_kinds(github: FakeGitHub, number: int) -> list[str]:
+    """The kinds of looprelay's own comments on issue ``number``, sorted."""
+    return sorted(
+        re.findall(r"kind=(\w+)", c.body)[0]
+        for c in github.on(number, REPO)
+        if c.author == APP_LOGIN
+    )
+
+
 def _matching(github: FakeGitHub, pattern: str) -> list[RecordedRequest]:
     """Requests whose ``METHOD /path`` matches, in arrival order (the order scripts apply)."""
     return [r for r in github.requests if re.search(pattern, f"{r.method} {r.path}")]
@@ -157,16 +167,22 @@ class TestGitHubFaults:
         assert [d.status for d in dispatches] == ["succeeded"] * len(dispatches)
         assert_applied_once_in_order(dispatches, fake_harness)
 
-        # One checklist and one attach comment per work item, whatever GitHub answered.
+        # One checklist and one attach comment per work item, whatever GitHub answered. The
+        # runner API posts after recording the result, so the last may still be on its way.
         for n in numbers:
-            kinds = sorted(
-                re.findall(r"kind=(\w+)", c.body)[0]
-                for c in github.on(n, REPO)
-                if c.author == APP_LOGIN
+            wait_until(
+                lambda n=n: len(_bot_kinds(github, n)) >= 2,
+                seconds=DEADLINE,
+                what=f"#{n}'s checklist and attach comments",
             )
-            assert kinds == ["attach", "checklist"], (n, kinds)
+            assert _bot_kinds(github, n) == ["attach", "checklist"], n
         # 👀 when routed, 🎉 when applied, on every comment, once each.
         human = [c for c in github.comments.values() if c.author == "Codertocat"]
+        wait_until(
+            lambda: all(len(c.reactions) >= 2 for c in human),
+            seconds=DEADLINE,
+            what="two reactions on every comment",
+        )
         assert {c.id: sorted(content for _, content in c.reactions) for c in human} == {
             c.id: ["eyes", "hooray"] for c in human
         }

@@ -18,11 +18,7 @@ edits of them, all shuffled together (seeded; the seed is printed) and posted fr
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.fake_github import FakeGitHub
 from tests.faults.deliveries import (
@@ -44,14 +40,6 @@ ISSUES = 6
 COMMENTS = 3
 EDITS = 2
 """Per issue: opened, labeled, 3 comments, 2 edits = 7; 42 deliveries in all."""
-
-
-@pytest.fixture
-def running() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL)
 
 
 def _issue_deliveries(github: FakeGitHub, number: int) -> list[Delivery]:

@@ -11,10 +11,7 @@ once. ``tests/test_up.py`` covers the simpler case of tasks that were only queue
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.fake_github import FakeGitHub
 from tests.fake_harness import wait_until
@@ -33,14 +30,6 @@ COMMENTS_PER_ISSUE = 12
 """4 starts + 48 comments = 52 deliveries."""
 SLOW_STORE = "transient:1000000000:0:0.02"
 """No store error, 20 ms on every store call: a delivery takes ~0.2 s to handle."""
-
-
-@pytest.fixture
-def running() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL)
 
 
 class TestQueueRestartedWithTasksInFlight:

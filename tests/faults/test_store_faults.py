@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,14 +58,6 @@ from tests.faults.deliveries import (
 )
 
 WORKER_SECRET = "store-faults-worker-secret"
-
-
-@pytest.fixture
-def running() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL)
 
 
 def _retried(outcomes: Outcomes) -> int:

@@ -12,8 +12,7 @@ exactly once, every dispatch exists exactly once, and GitHub saw each effect onc
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -79,14 +78,6 @@ def _wave(up: Up, items: Sequence[Delivery], data_dir: Path, config: Path) -> Up
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
-
-
-@pytest.fixture
-def running() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL)
 
 
 class TestWorkerKilledMidDelivery:
