@@ -1,6 +1,6 @@
 """End-to-end latency in ``looprelay up``: signed POST to the runner agent holding the dispatch.
 
-One run starts both sides (``bench/loadrun.Rig``: ``looprelay up`` and one runner agent with the
+One run starts both sides (``bench/loadrig.Rig``: ``looprelay up`` and one runner agent with the
 fake harness), starts one work item per sender, warms up, then sends comments one at a time per
 sender and measures, for each, the time from the client's send to the moment the store granted
 the lease to the runner. That moment is the ``updated_at`` the lease desk writes into the
@@ -25,14 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadrun import (
-    LoadError,
-    Rig,
-    build_deliveries,
-    rig,
-    send_all,
-    summary_ms,
-)
+from loadrig import LoadError, Rig, rig
+from loadrun import build_deliveries, send_all, summary_ms
 
 TARGET_P50_MS = 25.0
 TARGET_P99_MS = 100.0

@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadrun import LoadError, format_report, run_load
+from loadrig import LoadError
+from loadrun import format_report, run_load
 
 
 def main() -> int:

@@ -1,14 +1,8 @@
 """The load driver shared by ``bench/load.py``, ``bench/e2e.py`` and ``tests/load/``.
 
-``Rig`` runs the whole system as an operator does: ``looprelay up`` (through
-``storecount.py``, which counts store operations at the adapters) on a free loopback port with a
-fresh data directory, and ONE runner agent (``runners token`` + ``runner register`` + ``runner
-run``) on a private tmux socket with the fake ``claude`` of ``tests/fake_harness.py`` first on
-its PATH. ``run_load`` sends a bounded burst of signed ``issue_comment`` deliveries through a
-pool of keep-alive senders and checks that nothing was lost or applied twice.
-
-Every process started here is stopped (SIGINT, then SIGKILL) and the tmux server killed, even
-on errors.
+On the rig of ``loadrig.py`` (``looprelay up`` and one runner agent), ``run_load`` sends a
+bounded burst of signed ``issue_comment`` deliveries through a pool of keep-alive senders,
+waits for the drain and checks that nothing was lost or applied twice.
 """
 
 from __future__ import annotations
@@ -17,20 +11,14 @@ import http.client
 import itertools
 import json
 import math
-import os
 import re
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,48 +28,28 @@ ROOT = BENCH.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from loadrig import (  # noqa: E402
+    AUTO_EXECUTE_LABEL,
+    POLL_SECONDS,
+    LoadError,
+    Rig,
+    peak_rss_kib,
+    rig,
+)
+
 from looprelay.adapters.sqlite_store import SqliteStore  # noqa: E402
 from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.core.tasknames import delivery_task_name  # noqa: E402
-from looprelay.datadir import QUEUE_FILE, STORE_FILE, WEBHOOK_SECRET_FILE  # noqa: E402
+from looprelay.datadir import QUEUE_FILE  # noqa: E402
 from looprelay.records import DispatchRecord  # noqa: E402
-from tests import fake_harness  # noqa: E402
 from tests.fake_harness import FakeHarness  # noqa: E402
 
-LOOPRELAY = [sys.executable, "-m", "looprelay.cli"]
 FIXTURE = ROOT / "tests" / "fixtures" / "github" / "issue_comment.created.json"
-REPOSITORY = "codertocat/hello-world"
-AUTO_EXECUTE_LABEL = "the-loop: auto-execute"
 EVENT = "issue_comment"
-READY_SECONDS = 30.0
-STOP_SECONDS = 15.0
-CLI_SECONDS = 60.0
-POLL_SECONDS = 0.25
 PASTE_START = "\x1b[200~"
 _TOKEN = re.compile(r"lrtok[0-9a-f]{8}n\d{6}z")
 _DONE = ("succeeded", "failed")
-
-
-class LoadError(Exception):
-    """The rig could not start, or a wait ran out of time."""
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def peak_rss_kib(pid: int) -> int:
-    """VmHWM (peak resident set) of a live process, in KiB; 0 when it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    found = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
-    return int(found.group(1)) if found else 0
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -102,200 +70,6 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
         "p99": percentile(ms, 99),
         "max": max(ms, default=0.0),
     }
-
-
-def wait_for(check: Callable[[], Any], *, seconds: float, what: str) -> Any:
-    """Poll ``check`` until truthy; raises ``LoadError`` naming ``what`` at the deadline."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise LoadError(f"gave up after {seconds:.0f} s waiting for {what}")
-        time.sleep(POLL_SECONDS)
-
-
-class _Process:
-    """A child process with its output in a log file; ``stop`` is SIGINT, then SIGKILL."""
-
-    def __init__(self, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def check_alive(self, what: str) -> None:
-        if self.proc.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise LoadError(f"{what} exited with {self.proc.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run(
-        [*LOOPRELAY, *args], capture_output=True, text=True, timeout=CLI_SECONDS, check=False
-    )
-    if done.returncode != 0:
-        raise LoadError(f"looprelay {args[0]} {args[1]} failed:\n{done.stdout}{done.stderr}")
-    return done.stdout
-
-
-def install_fake_harness(bin_dir: Path) -> FakeHarness:
-    """Write the fake ``claude``/``cursor-agent`` of ``tests/fake_harness.py`` into ``bin_dir``."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("claude", "cursor-agent"):
-        script = bin_dir / name
-        script.write_text(fake_harness._FAKE.replace("{python}", sys.executable), encoding="utf-8")
-        script.chmod(0o755)
-    return FakeHarness(bin=bin_dir)
-
-
-@dataclass
-class Rig:
-    """A running ``looprelay up`` and one registered runner agent."""
-
-    root: Path
-    url: str
-    secret: bytes
-    up: _Process
-    runner: _Process
-    harness: FakeHarness
-    tmux_socket: str
-    counts_path: Path
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def store_path(self) -> Path:
-        return Path(self.data_dir, STORE_FILE)
-
-    def check_alive(self) -> None:
-        """Raise ``LoadError`` if ``up`` or the runner has died."""
-        self.up.check_alive("looprelay up")
-        self.runner.check_alive("looprelay runner run")
-
-    def read_only(self) -> sqlite3.Connection:
-        """A read-only connection to the store file (for cheap progress counts)."""
-        return sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=10)
-
-    def count(self, sql: str) -> int:
-        """Run a ``SELECT COUNT(*)`` on the store."""
-        with self.read_only() as db:
-            return int(db.execute(sql).fetchone()[0])
-
-
-def _config(root: Path, extra_yaml: str) -> Path:
-    config = root / "looprelay.yaml"
-    config.write_text(
-        "routing:\n  authorizedUsers: [codertocat]\nrunners:\n  heartbeatSeconds: 5\n" + extra_yaml,
-        encoding="utf-8",
-    )
-    return config
-
-
-AGENT_WORKERS = 8
-"""Dispatches the agent applies at once; the sessions it may hold are the work items."""
-
-
-@contextmanager
-def rig(root: Path, *, capacity: int, extra_yaml: str = "") -> Iterator[Rig]:
-    """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``.
-
-    Raises ``LoadError`` when either does not come up within ``READY_SECONDS``."""
-    config = _config(root, extra_yaml)
-    data, port = root / "data", free_port()
-    counts_path = root / "store-counts.json"
-    tmux_socket = f"lr-load-{uuid.uuid4().hex[:10]}"
-    state = ["--config", str(config), "--data", str(data)]
-    with ExitStack() as stack:
-        up = _Process(
-            [
-                *(sys.executable, str(BENCH / "storecount.py"), "--counts-out", str(counts_path)),
-                *("--", "up", *state, "--port", str(port), "--log-level", "WARNING"),
-            ],
-            root / "up.log",
-        )
-        stack.callback(up.stop)
-        base = f"http://127.0.0.1:{port}"
-        _wait_healthy(up, base + "/healthz")
-        harness = install_fake_harness(root / "fakebin")
-        runner = _start_runner(
-            root,
-            base=base,
-            state=state,
-            tmux_socket=tmux_socket,
-            capacity=capacity,
-            harness=harness,
-            stack=stack,
-        )
-        secret = (data / WEBHOOK_SECRET_FILE).read_text(encoding="ascii").strip().encode()
-        yield Rig(root, base + "/webhook", secret, up, runner, harness, tmux_socket, counts_path)
-
-
-def _wait_healthy(up: _Process, url: str) -> None:
-    deadline = time.monotonic() + READY_SECONDS
-    while time.monotonic() < deadline:
-        up.check_alive("looprelay up")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise LoadError(f"{url} not healthy after {READY_SECONDS:.0f} s; see {up.log}")
-
-
-def _start_runner(
-    root: Path,
-    *,
-    base: str,
-    state: list[str],
-    tmux_socket: str,
-    capacity: int,
-    harness: FakeHarness,
-    stack: ExitStack,
-) -> _Process:
-    token = _cli("runners", "token", *state).strip()
-    credentials, checkout = root / "runner.json", root / "checkout"
-    checkout.mkdir()
-    _cli(
-        "runner", "register", "--server", base, "--token", token, "--name", "load",
-        "--capacity", str(capacity), "--credentials", str(credentials),
-    )  # fmt: skip
-    env = os.environ | {"PATH": f"{harness.bin}:/usr/bin:/bin"}
-    stack.callback(subprocess.run, ["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
-    runner = _Process(
-        [
-            *LOOPRELAY, "runner", "run", "--credentials", str(credentials),
-            "--checkout", f"{REPOSITORY}={checkout}", "--state", str(root / "runner-state"),
-            "--tmux-socket", tmux_socket, "--capacity", str(min(capacity, AGENT_WORKERS)),
-            "--poll-wait", "25",
-            "--log-level", "WARNING",
-        ],
-        root / "runner.log",
-        env,
-    )  # fmt: skip
-    stack.callback(runner.stop)
-    return runner
-
-
-# -- deliveries ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
-from loadrun import AUTO_EXECUTE_LABEL, FIXTURE, free_port  # noqa: E402
+from loadrig import AUTO_EXECUTE_LABEL, free_port  # noqa: E402
+from loadrun import FIXTURE  # noqa: E402
 from storecount import OpCounts, install  # noqa: E402
 
 from looprelay.config import Config  # noqa: E402
