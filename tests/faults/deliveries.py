@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -349,7 +350,15 @@ def _assert_github_effects(
 
 
 def seeded_random(name: str) -> random.Random:
-    """A ``random.Random`` seeded from ``LOOPRELAY_FAULT_SEED`` or fresh; prints the seed."""
-    seed = int(os.environ.get("LOOPRELAY_FAULT_SEED") or random.SystemRandom().randrange(2**32))
+    """A ``random.Random`` for the test ``name``, printing its seed so a run can be repeated.
+
+    ``LOOPRELAY_FAULT_SEED`` unset: a seed fixed per test (CI sees the same draw every run);
+    a number: that seed; ``random``: a fresh draw each run, for exploring locally.
+    """
+    chosen = os.environ.get("LOOPRELAY_FAULT_SEED", "")
+    if chosen == "random":
+        seed = random.SystemRandom().randrange(2**32)
+    else:
+        seed = int(chosen) if chosen else zlib.crc32(name.encode())
     print(f"{name}: LOOPRELAY_FAULT_SEED={seed}")
     return random.Random(seed)

@@ -58,14 +58,6 @@ def token(number: int, index: int) -> str:
     return f"tok-w{number}-c{index}-x"
 
 
-def seeded_random(request: pytest.FixtureRequest) -> random.Random:
-    """A ``Random`` seeded from ``LOOPRELAY_FAULT_SEED`` or afresh; the seed is printed (shown
-    with the failure) so a failing run can be repeated."""
-    seed = int(os.environ.get("LOOPRELAY_FAULT_SEED") or random.randrange(1 << 30))
-    print(f"{request.node.nodeid}: LOOPRELAY_FAULT_SEED={seed}")
-    return random.Random(seed)
-
-
 # --- payloads ----------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from tests.fake_github import APP_ID, APP_LOGIN, AppKey, FakeComment, FakeGitHub, RecordedRequest
 from tests.fake_harness import FakeHarness, wait_until
+from tests.faults.deliveries import seeded_random
 from tests.faults.runners import (
     DEADLINE,
     REPO,
@@ -31,7 +32,6 @@ from tests.faults.runners import (
     comment_plan,
     commented,
     register_runner,
-    seeded_random,
     socket_name,
     start_stack,
     start_work_items,
@@ -129,7 +129,7 @@ class TestGitHubFaults:
         fake_harness: FakeHarness,
         request: pytest.FixtureRequest,
     ) -> None:
-        rng: random.Random = seeded_random(request)
+        rng: random.Random = seeded_random(request.node.nodeid)
         numbers, comments = [1, 2, 3, 4], 20
         github.script(match=r"POST /app/installations/\d+/access_tokens", status=502)
         # Scripts of one pattern apply in the order given to the first matching calls.

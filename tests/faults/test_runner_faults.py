@@ -25,6 +25,7 @@ import pytest
 
 from looprelay.records import DispatchRecord
 from tests.fake_harness import FakeHarness, wait_until
+from tests.faults.deliveries import seeded_random
 from tests.faults.runners import (
     DEADLINE,
     Runner,
@@ -35,7 +36,6 @@ from tests.faults.runners import (
     dispatch_token,
     kill_tmux,
     register_runner,
-    seeded_random,
     sightings,
     socket_name,
     start_stack,
@@ -65,7 +65,7 @@ def stack(tmp_path: Path, fake_harness: FakeHarness) -> Iterator[Stack]:
 
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> random.Random:
-    return seeded_random(request)
+    return seeded_random(request.node.nodeid)
 
 
 @pytest.fixture
