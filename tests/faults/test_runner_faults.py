@@ -101,11 +101,12 @@ def _assert_every_delivery_settled_once(stack: Stack, ids: list[str]) -> None:
     assert {d: counts[d] for d in ids} == dict.fromkeys(ids, 1)
 
 
-def _harnesses_per_work_item(fake: FakeHarness) -> dict[int, set[int]]:
+def _assert_one_harness_each(fake: FakeHarness, numbers: list[int]) -> None:
+    """Every work item of ``numbers`` got exactly one harness process, and no other did."""
     found: dict[int, set[int]] = {}
     for seen in sightings(fake):
         found.setdefault(seen.number, set()).add(seen.pid)
-    return found
+    assert {n: len(pids) for n, pids in found.items()} == dict.fromkeys(numbers, 1), found
 
 
 def _assert_ledger_agrees(runner: Runner, dispatches: list[DispatchRecord]) -> None:
@@ -151,9 +152,7 @@ class TestAgentKilledHoldingLeases:
         assert len(dispatches) == len(numbers) + comments
         summary = assert_applied_once_in_order(dispatches, fake_harness)
         print(f"killed {kills} times; {summary}")
-        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
-            dict.fromkeys(numbers, 1)
-        )
+        _assert_one_harness_each(fake_harness, numbers)
         _assert_ledger_agrees(box, dispatches)
 
 
@@ -189,9 +188,7 @@ class TestAgentKilledBetweenApplyAndReport:
         assert_applied_once_in_order(dispatches, fake_harness)
         reported_late = [d.dispatch_id for d in dispatches if d.attempts > 1]
         assert len(reported_late) == crashes, reported_late
-        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
-            dict.fromkeys(numbers, 1)
-        )
+        _assert_one_harness_each(fake_harness, numbers)
         _assert_ledger_agrees(box, dispatches)
 
 
@@ -239,7 +236,5 @@ class TestTwoRunnersCompete:
             holder = spawner[seen.number]
             assert holder is not None
             assert seen.cwd == str(by_id[holder].checkout)
-        assert {n: len(p) for n, p in _harnesses_per_work_item(fake_harness).items()} == (
-            dict.fromkeys(numbers, 1)
-        )
+        _assert_one_harness_each(fake_harness, numbers)
         print(f"spawns per runner: {Counter(spawner.values())}")
