@@ -6,13 +6,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from looprelay.adapters.clock import SystemClock
 from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.http_server import EmbeddedHttpServer, Handler, Routes
+from looprelay.adapters.http_server import (
+    Deferred,
+    DeferredHandle,
+    EmbeddedHttpServer,
+    Reply,
+    Routes,
+)
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.config import Config
 from looprelay.datadir import (
@@ -62,19 +69,28 @@ class WebhookPressure:
         self._idle = threading.Condition()
         self._in_flight = 0
 
-    def tracking(self, handler: Handler) -> Handler:
-        """Wrap ``handler`` so each request counts while it is served."""
+    def tracking(self, handle: DeferredHandle) -> DeferredHandle:
+        """Wrap ``handle`` so each request counts from its arrival until it is answered."""
 
-        def tracked(request: Request) -> Response:
+        def tracked(request: Request, reply: Reply) -> None:
             with self._idle:
                 self._in_flight += 1
+            answered = False
+
+            def counted_reply(response: Response) -> None:
+                nonlocal answered
+                if not answered:
+                    answered = True
+                    self._leave()
+                reply(response)
+
             try:
-                return handler(request)
-            finally:
-                with self._idle:
-                    self._in_flight -= 1
-                    if not self._in_flight:
-                        self._idle.notify_all()
+                handle(request, counted_reply)
+            except BaseException:
+                if not answered:
+                    answered = True
+                    self._leave()
+                raise
 
         return tracked
 
@@ -82,6 +98,35 @@ class WebhookPressure:
         """Return once no webhook request is in flight, or after ``seconds``."""
         with self._idle:
             self._idle.wait_for(lambda: not self._in_flight, seconds)
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.notify_all()
+
+
+def acknowledge_when_durable(ingress: Ingress, queue: EmbeddedQueue) -> DeferredHandle:
+    """The webhook for a server that must not block: the task goes to the queue's next group
+    commit and the ack goes out, from the committing thread, once that commit is on disk."""
+
+    def handle(request: Request, reply: Reply) -> None:
+        admitted = ingress.admit(request)
+        if isinstance(admitted, Response):
+            reply(admitted)
+            return
+
+        def committed(done: Future[bool]) -> None:
+            try:
+                response = ingress.answer(admitted, done.result)
+            except Exception:
+                log.exception("webhook answer failed")
+                response = json_response(500, {"error": "internal error"})
+            reply(response)
+
+        queue.enqueue_soon(admitted.task).add_done_callback(committed)
+
+    return handle
 
 
 class EmbeddedStack:
@@ -164,7 +209,9 @@ class EmbeddedStack:
         pressure = WebhookPressure()
         routes = Routes(
             {
-                WEBHOOK_PATH: pressure.tracking(self.ingress.handle),
+                WEBHOOK_PATH: Deferred(
+                    pressure.tracking(acknowledge_when_durable(self.ingress, self.queue))
+                ),
                 WORKER_PATH: self.worker.handle,
                 HEALTH_PATH: _health,
             },
@@ -179,7 +226,8 @@ class EmbeddedStack:
         log.info("looprelay up serving", extra={"fields": {"url": self.base_url}})
 
     def stop(self) -> None:
-        """Stop taking requests, let in-flight tasks finish, close files, release the lock."""
+        """Let in-flight tasks finish, stop taking requests, close files, release the lock."""
+        self.queue.stop()  # its dispatchers' requests still need the server
         self._server.stop()
         self.queue.close()
         self._stores.close()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,6 +33,16 @@ JSON_TYPE = "application/json"
 FORM_TYPE = "application/x-www-form-urlencoded"
 _DELIVERY_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _EVENT_NAME = re.compile(r"^[a-z_]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A verified delivery, projected to its task, waiting to be enqueued."""
+
+    task: Task
+    delivery_id: str
+    event: str
+    action: str | None
 
 
 class Ingress:
@@ -58,26 +69,65 @@ class Ingress:
         self._verify = verify
 
     def handle(self, request: Request) -> Response:
-        """Answer one webhook request; never raises."""
-        delivery = request.headers.get(DELIVERY_HEADER, "")
+        """Answer one webhook request, enqueueing it through the queue port; never raises."""
+        admitted = self.admit(request)
+        if isinstance(admitted, Response):
+            return admitted
+        return self.answer(admitted, lambda: self._queue.enqueue(admitted.task))
+
+    def admit(self, request: Request) -> Response | Admission:
+        """Check one webhook request: the final answer when it is refused, ignored or a
+        ping, else the task to enqueue. Never raises.
+
+        With :meth:`answer` it lets a server that must not block (``looprelay up``) enqueue
+        the task without waiting, and answer when the enqueue is durable.
+        """
         try:
-            return self._accept(request)
+            return self._admit(request)
         except BadDelivery as exc:
-            log.warning(
-                "webhook rejected: %s",
-                exc,
-                extra={"delivery_id": _loggable(delivery), "fields": {"status": exc.status}},
+            return self._refused(exc, request.headers.get(DELIVERY_HEADER, ""))
+
+    def answer(self, admission: Admission, enqueued: Callable[[], bool]) -> Response:
+        """The answer for an admitted delivery once ``enqueued()`` says whether the queue took
+        it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
+        ``Permanent`` becomes 413 and ``Transient`` 503, which GitHub records as a failed
+        delivery to redeliver.
+        """
+        delivery_id = admission.delivery_id
+        try:
+            queued = enqueued()
+        except Permanent as exc:
+            return self._refused(
+                BadDelivery(f"delivery cannot be queued: {exc}", status=413), delivery_id
             )
-            return json_response(exc.status, {"error": str(exc)})
         except Transient as exc:
             log.error(
                 "enqueue failed, GitHub will record a failed delivery: %s",
                 exc,
-                extra={"delivery_id": _loggable(delivery)},
+                extra={"delivery_id": delivery_id},
             )
             return json_response(503, {"error": "queue unavailable; redeliver later"})
+        log.info(
+            "delivery %s",
+            "queued" if queued else "duplicate",
+            extra={
+                "delivery_id": delivery_id,
+                "fields": {"event": admission.event, "action": admission.action},
+            },
+        )
+        status = "queued" if queued else "duplicate"
+        return json_response(202, {"status": status, "delivery": delivery_id})
 
-    def _accept(self, request: Request) -> Response:
+    @staticmethod
+    def _refused(exc: BadDelivery, delivery_id: str) -> Response:
+        log.warning(
+            "webhook rejected: %s",
+            exc,
+            extra={"delivery_id": _loggable(delivery_id), "fields": {"status": exc.status}},
+        )
+        return json_response(exc.status, {"error": str(exc)})
+
+    def _admit(self, request: Request) -> Response | Admission:
         if request.method != "POST":
             raise BadDelivery("only POST is accepted here", status=405)
         self._check_size(request)
@@ -103,18 +153,8 @@ class Ingress:
             )
             return json_response(202, {"status": "ignored", "delivery": delivery_id})
         envelope, body = self._project(event, delivery_id, payload)
-        queued = self._enqueue(delivery_id, body)
-        log.info(
-            "delivery %s",
-            "queued" if queued else "duplicate",
-            extra={
-                "delivery_id": delivery_id,
-                "fields": {"event": event, "action": envelope.action},
-            },
-        )
-        return json_response(
-            202, {"status": "queued" if queued else "duplicate", "delivery": delivery_id}
-        )
+        task = Task(name=delivery_task_name(delivery_id), body=body)
+        return Admission(task=task, delivery_id=delivery_id, event=event, action=envelope.action)
 
     def _check_size(self, request: Request) -> None:
         declared = request.headers.get("content-length")
@@ -158,13 +198,6 @@ class Ingress:
             if len(body) <= MAX_TASK_BYTES or cap <= 1:
                 return envelope, body
             cap //= 2
-
-    def _enqueue(self, delivery_id: str, body: bytes) -> bool:
-        task = Task(name=delivery_task_name(delivery_id), body=body)
-        try:
-            return self._queue.enqueue(task)
-        except Permanent as exc:
-            raise BadDelivery(f"delivery cannot be queued: {exc}", status=413) from exc
 
 
 def _media_type(content_type: str) -> str:

@@ -23,7 +23,8 @@ import pytest
 
 from looprelay.adapters.embedded_queue import EmbeddedQueue, QueuedTask
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
-from looprelay.ports import Task
+from looprelay.errors import Permanent, Transient
+from looprelay.ports import MAX_TASK_BYTES, Task
 from tests.loopback import LoopbackServer
 
 TOKEN = "queue-to-worker-secret"
@@ -283,6 +284,67 @@ class TestDelivery:
         for name in names:
             [request] = worker.requests_for(name)
             assert request.body == name.encode()
+
+
+class TestEnqueueSoon:
+    def test_the_future_says_true_once_the_task_is_on_disk_and_false_for_its_name_again(
+        self, open_queue: QueueFactory, db_path: Path
+    ) -> None:
+        queue = open_queue()
+
+        assert queue.enqueue_soon(Task(name="gh-soon", body=BODY)).result(WAIT_SECONDS) is True
+        with sqlite3.connect(db_path) as db:
+            assert db.execute("SELECT name, state FROM tasks").fetchall() == [
+                ("gh-soon", "pending")
+            ]
+        again = queue.enqueue_soon(Task(name="gh-soon", body=b"other"))
+        assert again.result(WAIT_SECONDS) is False
+        assert [t.body for t in queue.list_tasks()] == [BODY]
+
+    @pytest.mark.parametrize(
+        "task",
+        [
+            Task(name="gh bad/name", body=BODY),
+            Task(name="", body=BODY),
+            Task(name="gh-too-big", body=b"x" * (MAX_TASK_BYTES + 1)),
+        ],
+        ids=["bad-name", "empty-name", "body-too-big"],
+    )
+    def test_a_task_that_can_never_be_queued_fails_its_future_as_permanent_at_once(
+        self, open_queue: QueueFactory, task: Task
+    ) -> None:
+        queue = open_queue()
+
+        future = queue.enqueue_soon(task)
+
+        assert isinstance(future.exception(0), Permanent)
+        with pytest.raises(Permanent):
+            queue.enqueue(task)
+        assert queue.list_tasks() == []
+
+    def test_a_task_enqueued_after_close_fails_as_transient(self, open_queue: QueueFactory) -> None:
+        queue = open_queue()
+        queue.close()
+
+        assert isinstance(
+            queue.enqueue_soon(Task(name="gh-late", body=BODY)).exception(1), Transient
+        )
+
+    def test_a_started_queue_wakes_for_the_task_and_delivers_it(
+        self, open_queue: QueueFactory, worker: RecordingWorker
+    ) -> None:
+        queue = open_queue()
+        queue.start(worker_url=worker.url, auth_token=TOKEN)
+        time.sleep(0.2)  # every dispatcher looked, found nothing and sleeps for up to 1 s
+        enqueued = time.monotonic()
+
+        assert queue.enqueue_soon(Task(name="gh-soon", body=BODY)).result(WAIT_SECONDS) is True
+
+        [request] = worker.wait_for("gh-soon", 1)
+        assert request.body == BODY
+        # Woken by the arrival, not by the end of the idle sleep 0.8 s away.
+        assert request.at - enqueued < 0.5
+        _wait_for_state(queue, "gh-soon", "done")
 
 
 class TestRetries:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from looprelay.adapters.http_server import MAX_HEADERS, EmbeddedHttpServer, Routes
+from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
+from looprelay.adapters.http_wire import MAX_HEADERS
 from looprelay.httpmsg import Request, Response, json_response
 
 MAX_BODY = 1024

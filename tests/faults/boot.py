@@ -17,7 +17,7 @@ no flush) at the ``n``-th time (1-based, counted over all threads) the worker re
 
 ``LOOPRELAY_STORE_FAULT=<kind>:<every>:<budget>[:<latency>]`` makes every ``every``-th call of
 the store adapters' methods (``SqliteStore`` and ``SqliteWorkItemStore``, the queue's
-``EmbeddedQueue.enqueue`` for ``queue``) fail, for the first ``budget`` calls, after sleeping
+``EmbeddedQueue.enqueue_soon`` for ``queue``) fail, for the first ``budget`` calls, after sleeping
 ``latency`` seconds on every call. ``kind`` is ``locked`` (``sqlite3.OperationalError
 "database is locked"``, translated by the adapter's own ``SqliteDatabase``, as the real error
 would be: it is raised inside the connection), ``transient`` (``looprelay.errors.Transient``
@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from looprelay.adapters.embedded_queue import EmbeddedQueue
@@ -138,8 +139,20 @@ def install_store_errors(kind: str, every: int, budget: int, latency: float) -> 
 
         return call
 
+    def failing_soon(original: Callable[..., Any]) -> Callable[..., Any]:
+        # The webhook enqueues without blocking: the fault arrives as the future's outcome.
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            number = counter.next()
+            if number <= budget and number % every == 0:
+                failed: Future[bool] = Future()
+                failed.set_exception(Transient(f"injected queue fault on call {number}"))
+                return failed
+            return original(self, *args, **kwargs)
+
+        return call
+
     if kind == "queue":
-        _wrap(EmbeddedQueue, "enqueue", failing)
+        _wrap(EmbeddedQueue, "enqueue_soon", failing_soon)
         return
     if kind == "locked":
         _lockable_databases()

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -43,6 +44,16 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
 """
+# Queues a new name, or takes an old one back only once its task is done and its dedup
+# window over; a row count of 0 means the name is taken.
+_INSERT_UNLESS_TAKEN = (
+    "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
+    " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
+    " attempts = 0, executions = 0, eta = excluded.eta,"
+    " created_at = excluded.created_at, finished_at = NULL,"
+    " last_status = NULL, last_error = NULL"
+    " WHERE tasks.state = 'done' AND tasks.finished_at < ?"
+)
 _IDLE_WAIT_SECONDS = 1.0
 _MAX_YIELD_SECONDS = 0.5
 """Longest a dispatcher defers a task to more urgent work; bounds how slowly a backlog
@@ -104,21 +115,45 @@ class EmbeddedQueue:
 
     def enqueue(self, task: Task) -> bool:
         """See ``Queue.enqueue``; the task is on disk before this returns True."""
-        _validate(task)
+        return self.enqueue_soon(task).result()
+
+    def enqueue_soon(self, task: Task) -> Future[bool]:
+        """Start enqueueing ``task`` and return at once: the non-blocking ``enqueue``.
+
+        The selector-loop webhook uses it so an ack goes out when its group commit lands
+        without blocking the loop on the fsync. The future resolves once the task is on disk:
+        True when it was queued (a dispatcher is woken before any callback of the future
+        runs), False when the name is taken (still queued, or done within the dedup window).
+        Its exception is ``Permanent`` for a task that can never be queued (checked before
+        anything is written) and ``Transient`` when the database failed. Callbacks run on
+        the database's committer thread, so they must be quick and must not wait for an
+        enqueue. The future cannot be cancelled: the write is already on its way.
+        """
+        landed: Future[bool] = Future()
+        landed.set_running_or_notify_cancel()
+        try:
+            _validate(task)
+        except Permanent as exc:
+            landed.set_exception(exc)
+            return landed
         now = self._now()
         window_start = now - self._settings.dedup_window_seconds
-        inserted = self._db.execute_grouped(
-            "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
-            " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
-            " attempts = 0, executions = 0, eta = excluded.eta,"
-            " created_at = excluded.created_at, finished_at = NULL,"
-            " last_status = NULL, last_error = NULL"
-            " WHERE tasks.state = 'done' AND tasks.finished_at < ?",
-            (task.name, task.body, "pending", now, now, window_start),
+        written = self._db.submit_grouped(
+            _INSERT_UNLESS_TAKEN, (task.name, task.body, "pending", now, now, window_start)
         )
+        written.add_done_callback(lambda done: self._landed(done, landed))
+        return landed
+
+    def _landed(self, written: Future[int], landed: Future[bool]) -> None:
+        """Pass the write's outcome on, waking a dispatcher first when a task was queued."""
+        error = written.exception()
+        if error is not None:
+            landed.set_exception(error)
+            return
+        inserted = bool(written.result())
         if inserted:
             self._arrived()
-        return bool(inserted)
+        landed.set_result(inserted)
 
     # -- lifecycle --------------------------------------------------------------------------
 
