@@ -108,7 +108,8 @@ class WebhookPressure:
 
 def acknowledge_when_durable(ingress: Ingress, queue: EmbeddedQueue) -> DeferredHandle:
     """The webhook for a server that must not block: the task goes to the queue's next group
-    commit and the ack goes out, from the committing thread, once that commit is on disk."""
+    commit and the ack goes out once that commit is on disk (from whichever thread resolves
+    the enqueue: in ``looprelay up``, the server's loop)."""
 
     def handle(request: Request, reply: Reply) -> None:
         admitted = ingress.admit(request)
@@ -165,7 +166,12 @@ class EmbeddedStack:
         self._worker_url = self._loopback_url(host, port) + WORKER_PATH
         self._worker_token = worker_token
         self.queue = EmbeddedQueue(
-            self.data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+            self.data_dir / QUEUE_FILE,
+            retry=config.queue.retry,
+            settings=config.queue.embedded,
+            # The loop reads the enqueue writer's answers itself: an ack goes out the moment
+            # its commit lands, with no thread in between.
+            watch=lambda sock: self._server.watch(sock, self.queue.collect_enqueued),
         )
         self.ingress = Ingress(
             secrets=secrets, queue=self.queue, config=config.webhook, verify=verify

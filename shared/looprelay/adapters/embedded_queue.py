@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import logging
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from looprelay.adapters.enqueue_process import EnqueueProcess
+from looprelay.adapters.enqueue_writer import Request
 from looprelay.adapters.sqlite_common import SqliteDatabase
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
 from looprelay.core.backoff import backoff_seconds
@@ -46,14 +49,6 @@ CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
 """
 # Queues a new name, or takes an old one back only once its task is done and its dedup
 # window over; a row count of 0 means the name is taken.
-_INSERT_UNLESS_TAKEN = (
-    "INSERT INTO tasks (name, body, state, eta, created_at) VALUES (?,?,?,?,?)"
-    " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
-    " attempts = 0, executions = 0, eta = excluded.eta,"
-    " created_at = excluded.created_at, finished_at = NULL,"
-    " last_status = NULL, last_error = NULL"
-    " WHERE tasks.state = 'done' AND tasks.finished_at < ?"
-)
 _IDLE_WAIT_SECONDS = 1.0
 _MAX_YIELD_SECONDS = 0.5
 """Longest a dispatcher defers a task to more urgent work; bounds how slowly a backlog
@@ -85,10 +80,14 @@ class EmbeddedQueue:
         settings: EmbeddedQueueConfig,
         queue_name: str = "looprelay",
         now: Callable[[], float] = time.time,
+        watch: Callable[[socket.socket], None] | None = None,
     ) -> None:
         """Open the queue at ``path`` for enqueueing and listing; :meth:`start` dispatches.
 
         Opening changes no task, so the CLI may open the file while ``looprelay up`` runs.
+        Enqueues are committed by a writer process (``enqueue_writer``) started with the first
+        one; ``watch(sock)``, when given, is told its socket so a selector loop can call
+        :meth:`collect_enqueued` when answers arrive (else a thread of the queue does).
         Raises ``Transient`` when the file cannot be opened.
         """
         self._worker_url = ""
@@ -102,14 +101,14 @@ class EmbeddedQueue:
         self._arrivals = 0  # counts enqueues, so a dispatcher never sleeps through one
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        # Enqueues are acked to GitHub, so they are fully synced (and share fsyncs). The
-        # dispatch bookkeeping is not: a lost "leased" or "done" only sends a task again,
-        # which the worker's ledger turns into a no-op, and it is written after the
+        # Enqueues are acked to GitHub, so the writer fully syncs them (one fsync per batch).
+        # The dispatch bookkeeping is not synced: a lost "leased" or "done" only sends a task
+        # again, which the worker's ledger turns into a no-op, and it is written after the
         # worker's own synced commit.
-        self._db = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
         self._books = SqliteDatabase(
             path, schema=_SCHEMA, what="embedded queue", synchronous="NORMAL"
         )
+        self._writer = EnqueueProcess(path, on_start=watch)
 
     # -- the Queue port -------------------------------------------------------------------
 
@@ -120,40 +119,32 @@ class EmbeddedQueue:
     def enqueue_soon(self, task: Task) -> Future[bool]:
         """Start enqueueing ``task`` and return at once: the non-blocking ``enqueue``.
 
-        The selector-loop webhook uses it so an ack goes out when its group commit lands
-        without blocking the loop on the fsync. The future resolves once the task is on disk:
-        True when it was queued (a dispatcher is woken before any callback of the future
+        The webhook of ``looprelay up`` uses it so its loop never waits for an fsync: the ack
+        goes out when the future resolves. The future resolves once the task is on disk:
+        True when it was queued (a dispatcher is woken before any callback of the caller
         runs), False when the name is taken (still queued, or done within the dedup window).
         Its exception is ``Permanent`` for a task that can never be queued (checked before
-        anything is written) and ``Transient`` when the database failed. Callbacks run on
-        the database's committer thread, so they must be quick and must not wait for an
-        enqueue. The future cannot be cancelled: the write is already on its way.
+        anything is sent) and ``Transient`` when the writer or the database failed.
         """
-        landed: Future[bool] = Future()
-        landed.set_running_or_notify_cancel()
         try:
             _validate(task)
         except Permanent as exc:
-            landed.set_exception(exc)
-            return landed
+            refused: Future[bool] = Future()
+            refused.set_exception(exc)
+            return refused
         now = self._now()
-        window_start = now - self._settings.dedup_window_seconds
-        written = self._db.submit_grouped(
-            _INSERT_UNLESS_TAKEN, (task.name, task.body, "pending", now, now, window_start)
-        )
-        written.add_done_callback(lambda done: self._landed(done, landed))
+        request = Request(0, now, now - self._settings.dedup_window_seconds, task.name, task.body)
+        landed = self._writer.submit(request)
+        landed.add_done_callback(self._landed)  # first, so dispatchers hear before callers
         return landed
 
-    def _landed(self, written: Future[int], landed: Future[bool]) -> None:
-        """Pass the write's outcome on, waking a dispatcher first when a task was queued."""
-        error = written.exception()
-        if error is not None:
-            landed.set_exception(error)
-            return
-        inserted = bool(written.result())
-        if inserted:
+    def collect_enqueued(self) -> None:
+        """Resolve the enqueues whose commits have landed; never blocks."""
+        self._writer.collect()
+
+    def _landed(self, landed: Future[bool]) -> None:
+        if not landed.exception() and landed.result():
             self._arrived()
-        landed.set_result(inserted)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -178,6 +169,7 @@ class EmbeddedQueue:
         self._auth_token = auth_token
         self._yield_to = yield_to
         self._books.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        self._writer.start()  # so the first webhook does not wait for it
         self._stopping.clear()
         for index in range(self._settings.concurrency):
             thread = threading.Thread(
@@ -201,10 +193,10 @@ class EmbeddedQueue:
         self._threads.clear()
 
     def close(self) -> None:
-        """Stop and close the database."""
+        """Stop dispatching, let the writer finish what was sent, close the database."""
         self.stop()
+        self._writer.close()
         self._books.close()
-        self._db.close()
 
     # -- operator views ---------------------------------------------------------------------
 

@@ -1,385 +1,24 @@
-"""The HTTP server of ``looprelay up``: HTTP/1.1 with keep-alive on one selector loop.
+"""The HTTP server of ``looprelay up``: HTTP/1.1 with keep-alive on one selector loop
+(``http_loop``), serving ``Routes`` (``http_routes``).
 
-One thread owns every socket: it accepts, reads, parses (``http_wire``) and writes. A
-``Deferred`` handler runs on that loop and must not block; it answers through ``reply`` now or
-later from any thread. That is how a webhook ack waits for its enqueue's group commit without
-holding a thread: in one Python process, threads contending for the interpreter cost more than
-the ack itself. Every other handler may block (a long poll, the worker's routing) and runs on
-``HandlerThreads``. A connection serves one request at a time, in order; bytes a client sends
-ahead wait in its buffer.
+One loop thread rather than a thread per connection: in one Python process, threads
+contending for the interpreter cost more than a webhook ack itself. A ``Deferred`` handler
+(the webhook) answers when its enqueue is durable without holding a thread; blocking handlers
+(a long poll, the worker's routing) run on threads of their own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import selectors
 import socket
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from looprelay.adapters.handler_threads import HandlerThreads
-from looprelay.adapters.http_wire import (
-    CONTINUE,
-    BadRequest,
-    Head,
-    encode_response,
-    take_head,
-)
-from looprelay.httpmsg import Request, Response, json_response
+from looprelay.adapters.http_loop import ServerLoop
+from looprelay.adapters.http_routes import Deferred, DeferredHandle, Handler, Reply, Routes
 
-log = logging.getLogger("looprelay.server")
+__all__ = ["Deferred", "DeferredHandle", "EmbeddedHttpServer", "Handler", "Reply", "Routes"]
 
-
-Handler = Callable[[Request], Response]
-Reply = Callable[[Response], None]
-DeferredHandle = Callable[[Request, Reply], None]
-
-IDLE_TIMEOUT_SECONDS = 75.0
-"""A connection silent this long (between requests or mid-request) is closed."""
-_RECV_BYTES = 64 * 1024
 _BACKLOG = 512
-_SWEEP_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """A handler that never blocks: it runs on the server's loop and must call ``reply``
-    exactly once, at once or later from any thread."""
-
-    handle: DeferredHandle
-
-
-Route = Handler | Deferred
-
-
-class Routes:
-    """Exact paths, then path prefixes (``/runner/``), to handlers."""
-
-    def __init__(self, exact: Mapping[str, Route], prefixes: Mapping[str, Route]) -> None:
-        self._exact = dict(exact)
-        self._prefixes = dict(prefixes)
-
-    def find(self, path: str) -> Route | None:
-        """Return the handler owning ``path``, or None."""
-        if path in self._exact:
-            return self._exact[path]
-        for prefix, handler in self._prefixes.items():
-            if path.startswith(prefix):
-                return handler
-        return None
-
-
-class _Connection:
-    """One client connection's buffers and where it is in its current request."""
-
-    __slots__ = (
-        "busy",
-        "close_after_write",
-        "closed",
-        "eof",
-        "head",
-        "inbox",
-        "interest",
-        "last_active",
-        "outbox",
-        "sock",
-    )
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.inbox = bytearray()
-        self.outbox = b""
-        self.head: Head | None = None  # parsed, waiting for its body
-        self.busy = False  # a handler has the current request
-        self.eof = False  # the client sent all it will send
-        self.closed = False
-        self.close_after_write = False
-        self.interest = 0
-        self.last_active = time.monotonic()
-
-
-class _Replier:
-    """Answers one request once; later calls are ignored (and logged)."""
-
-    __slots__ = ("_connection", "_head_only", "_keep_alive", "_loop", "_used")
-
-    def __init__(
-        self, loop: _Loop, connection: _Connection, *, keep_alive: bool, head_only: bool
-    ) -> None:
-        self._loop = loop
-        self._connection = connection
-        self._keep_alive = keep_alive
-        self._head_only = head_only
-        self._used = False
-
-    def __call__(self, response: Response) -> None:
-        if self._used:
-            log.error("a handler answered one request twice; the second answer is dropped")
-            return
-        self._used = True
-        data = encode_response(response, keep_alive=self._keep_alive, head_only=self._head_only)
-        self._loop.send_from_any_thread(self._connection, data, keep_alive=self._keep_alive)
-
-
-class _Loop:
-    """The selector loop; everything but ``send_from_any_thread`` runs on its thread."""
-
-    def __init__(self, listener: socket.socket, max_body_bytes: int) -> None:
-        self.routes = Routes({}, {})
-        self._listener = listener
-        self._max_body_bytes = max_body_bytes
-        self._selector = selectors.DefaultSelector()
-        self._wake_reader, self._wake_writer = socket.socketpair()
-        self._wake_reader.setblocking(False)
-        self._wake_writer.setblocking(False)
-        self._answers: deque[tuple[_Connection, bytes, bool]] = deque()
-        self._connections: set[_Connection] = set()
-        self._threads = HandlerThreads(name="http-handler")
-        self._stopping = False
-        self._loop_thread: int | None = None
-
-    def run(self) -> None:
-        """Serve until :meth:`stop`; then close every socket."""
-        self._loop_thread = threading.get_ident()
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
-        self._selector.register(self._wake_reader, selectors.EVENT_READ, self._wake_reader)
-        next_sweep = time.monotonic() + _SWEEP_SECONDS
-        try:
-            while not self._stopping:
-                for key, events in self._selector.select(_SWEEP_SECONDS):
-                    if key.data is None:
-                        self._accept()
-                    elif key.data is self._wake_reader:
-                        self._drain_wake()
-                    else:
-                        self._on_ready(key.data, events)
-                    # Answers that came in meanwhile go out now: their clients' next requests
-                    # then overlap with this round instead of waiting for its end.
-                    self._write_answers()
-                if time.monotonic() >= next_sweep:
-                    self._close_idle()
-                    next_sweep = time.monotonic() + _SWEEP_SECONDS
-        finally:
-            self.shut_down()
-
-    def stop(self) -> None:
-        """Ask the loop to end (from any thread)."""
-        self._stopping = True
-        self._wake()
-
-    def send_from_any_thread(
-        self, connection: _Connection, data: bytes, *, keep_alive: bool
-    ) -> None:
-        """Queue an answer for the loop to write; from the loop itself, write it now."""
-        if threading.get_ident() == self._loop_thread:
-            self._write(connection, data, keep_alive=keep_alive)
-            return
-        self._answers.append((connection, data, keep_alive))
-        self._wake()  # every time: skipping it when "already woken" can lose a wake-up
-
-    # -- the loop's own work ----------------------------------------------------------------
-
-    def _wake(self) -> None:
-        # A full wake pipe already wakes the loop; a closed one means it stopped.
-        with contextlib.suppress(OSError):
-            self._wake_writer.send(b"\0")
-
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while self._wake_reader.recv(4096):
-                pass
-
-    def _write_answers(self) -> None:
-        while self._answers:
-            connection, data, keep_alive = self._answers.popleft()
-            self._write(connection, data, keep_alive=keep_alive)
-            self._advance(connection)  # a request the client sent ahead may be waiting
-
-    def _accept(self) -> None:
-        for _ in range(64):
-            try:
-                sock, _address = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                log.exception("accept failed")
-                return
-            sock.setblocking(False)
-            # A small response must not wait for the client's delayed ACK (Nagle).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock)
-            self._connections.add(connection)
-            self._set_interest(connection)
-
-    def _on_ready(self, connection: _Connection, events: int) -> None:
-        if events & selectors.EVENT_WRITE:
-            self._flush(connection)
-        if events & selectors.EVENT_READ and not connection.closed:
-            try:
-                chunk = connection.sock.recv(_RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._close(connection)
-                return
-            connection.last_active = time.monotonic()
-            if chunk:
-                connection.inbox += chunk
-            else:
-                connection.eof = True
-            self._advance(connection)
-
-    def _advance(self, connection: _Connection) -> None:
-        """Serve the requests the buffer holds, one at a time, until one is handed to a
-        handler that answers later, or more bytes are needed (a loop, not recursion: a
-        client may send thousands of requests ahead)."""
-        while not (connection.closed or connection.busy or connection.close_after_write):
-            if not self._start_next(connection):
-                return
-
-    def _start_next(self, connection: _Connection) -> bool:
-        """Dispatch the next request if it is all here; False when waiting for bytes."""
-        try:
-            if connection.head is None:
-                connection.head = take_head(connection.inbox)
-                if connection.head is None:
-                    if connection.eof:
-                        self._end_of_input(connection)
-                    else:
-                        self._set_interest(connection)
-                    return False
-                if connection.head.content_length > self._max_body_bytes:
-                    # The body stays unread, so the connection cannot carry another request.
-                    self._dispatch(connection, b"", keep_alive=False)
-                    return True
-        except BadRequest as exc:
-            answer = json_response(exc.status, {"error": str(exc)})
-            self._write(connection, encode_response(answer, keep_alive=False), keep_alive=False)
-            return False
-        length = connection.head.content_length
-        if len(connection.inbox) >= length:
-            body = bytes(connection.inbox[:length])
-            del connection.inbox[:length]
-            self._dispatch(connection, body, keep_alive=connection.head.keep_alive)
-            return True
-        if connection.eof:
-            # The client stopped sending mid-body: the handler says what is wrong (the
-            # webhook names a truncated delivery), then the connection closes.
-            self._dispatch(connection, bytes(connection.inbox), keep_alive=False)
-            return True
-        if connection.head.expects_continue and not connection.outbox:
-            connection.outbox = CONTINUE
-            self._flush(connection)
-        self._set_interest(connection)
-        return False
-
-    def _end_of_input(self, connection: _Connection) -> None:
-        if connection.inbox.strip():
-            answer = json_response(400, {"error": "connection closed inside the headers"})
-            self._write(connection, encode_response(answer, keep_alive=False), keep_alive=False)
-        else:
-            self._close(connection)
-
-    def _dispatch(self, connection: _Connection, body: bytes, *, keep_alive: bool) -> None:
-        head = connection.head
-        assert head is not None
-        connection.head = None
-        connection.busy = True
-        self._set_interest(connection)
-        path, _, query = head.target.partition("?")
-        request = Request(
-            method=head.method, path=path, query=query, headers=head.headers, body=body
-        )
-        reply = _Replier(self, connection, keep_alive=keep_alive, head_only=head.method == "HEAD")
-        route = self.routes.find(path)
-        if route is None:
-            reply(json_response(404, {"error": "no such path"}))
-        elif isinstance(route, Deferred):
-            try:
-                route.handle(request, reply)
-            except Exception:
-                log.exception("unhandled error serving %s", path)
-                reply(json_response(500, {"error": "internal error"}))
-        else:
-            self._threads.run(lambda: reply(_call(route, request)))
-
-    def _write(self, connection: _Connection, data: bytes, *, keep_alive: bool) -> None:
-        if connection.closed:
-            return  # the client left while its request was served
-        connection.busy = False
-        connection.close_after_write = not keep_alive
-        connection.outbox += data
-        self._flush(connection)
-
-    def _flush(self, connection: _Connection) -> None:
-        try:
-            sent = connection.sock.send(connection.outbox) if connection.outbox else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._close(connection)
-            return
-        connection.outbox = connection.outbox[sent:]
-        if not connection.outbox and connection.close_after_write:
-            self._close(connection)
-        else:
-            self._set_interest(connection)
-
-    def _set_interest(self, connection: _Connection) -> None:
-        """Watch for reading unless a handler has the request; for writing while bytes wait."""
-        if connection.closed:
-            return
-        wanted = 0
-        if not connection.busy and not connection.eof and not connection.close_after_write:
-            wanted |= selectors.EVENT_READ
-        if connection.outbox:
-            wanted |= selectors.EVENT_WRITE
-        if wanted == connection.interest:
-            return
-        if not connection.interest:
-            self._selector.register(connection.sock, wanted, connection)
-        elif not wanted:
-            self._selector.unregister(connection.sock)
-        else:
-            self._selector.modify(connection.sock, wanted, connection)
-        connection.interest = wanted
-
-    def _close_idle(self) -> None:
-        cutoff = time.monotonic() - IDLE_TIMEOUT_SECONDS
-        for connection in [c for c in self._connections if c.last_active < cutoff]:
-            if not connection.busy:
-                self._close(connection)
-
-    def _close(self, connection: _Connection) -> None:
-        if connection.closed:
-            return
-        if connection.interest:
-            self._selector.unregister(connection.sock)
-        connection.closed = True
-        connection.interest = 0
-        self._connections.discard(connection)
-        connection.sock.close()
-
-    def shut_down(self) -> None:
-        """Close every socket (the loop does this as it ends)."""
-        for connection in list(self._connections):
-            self._close(connection)
-        self._selector.close()
-        self._listener.close()
-        self._wake_reader.close()
-        self._wake_writer.close()
-
-
-def _call(handler: Handler, request: Request) -> Response:
-    try:
-        return handler(request)
-    except Exception:
-        log.exception("unhandled error serving %s", request.path)
-        return json_response(500, {"error": "internal error"})
 
 
 class EmbeddedHttpServer:
@@ -401,7 +40,7 @@ class EmbeddedHttpServer:
             listener.close()
             raise
         self._address = listener.getsockname()[:2]
-        self._loop = _Loop(listener, max_body_bytes)
+        self._loop = ServerLoop(listener, max_body_bytes)
         self._thread: threading.Thread | None = None
 
     @property
@@ -415,6 +54,14 @@ class EmbeddedHttpServer:
         self._loop.routes = routes
         self._thread = threading.Thread(target=self._loop.run, name="http-server", daemon=True)
         self._thread.start()
+
+    def watch(self, sock: socket.socket, on_readable: Callable[[], None]) -> None:
+        """Have the loop call ``on_readable()`` whenever ``sock`` turns readable, until
+        ``sock`` is closed; callable from any thread, before or after :meth:`start`.
+
+        ``on_readable`` runs on the loop: it must not block.
+        """
+        self._loop.watch(sock, on_readable)
 
     def stop(self) -> None:
         """Stop accepting, close every connection and the socket."""

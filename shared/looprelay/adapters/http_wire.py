@@ -54,6 +54,26 @@ def take_head(buffer: bytearray) -> Head | None:
     Raises ``BadRequest`` for a head that cannot be served (400), is too large (431), or uses a
     method (501) or framing (411) the server does not speak.
     """
+    end = buffer.find(b"\r\n\r\n")
+    if end > 0 and buffer[0] != 0x0D and buffer[0] != 0x0A:
+        # The usual head, CRLF throughout and nothing before it, is split in one go; the
+        # line and count limits are checked on the result, so it takes nothing the slow
+        # path would refuse.
+        lines = bytes(buffer[:end]).split(b"\r\n")
+        if _within_limits(lines):
+            del buffer[: end + 4]
+            return _parse(lines)
+    return _take_head_by_lines(buffer)
+
+
+def _within_limits(lines: list[bytes]) -> bool:
+    """No line too long, not too many, and no bare LF (which would end a line earlier)."""
+    return len(lines) <= MAX_HEADERS + 1 and all(
+        len(line) + 2 <= MAX_LINE_BYTES and b"\n" not in line for line in lines
+    )
+
+
+def _take_head_by_lines(buffer: bytearray) -> Head | None:
     start = _skip_blank_lines(buffer)
     lines: list[bytes] = []
     position = start

@@ -155,7 +155,8 @@ def _dict(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
 def _utf8(value: str) -> str:
     # JSON may escape a lone surrogate (\ud800), which json.loads accepts but no UTF-8
     # encoder does: the envelope could not be serialised for the queue (a 500 at ingress).
-    return _LONE_SURROGATE.sub(_REPLACEMENT, value)
+    # ASCII text (most of it) holds none.
+    return value if value.isascii() else _LONE_SURROGATE.sub(_REPLACEMENT, value)
 
 
 def _str(obj: Mapping[str, Any], key: str) -> str | None:
