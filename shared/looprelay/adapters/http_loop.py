@@ -80,7 +80,7 @@ class _Watch:
 class _Replier:
     """Answers one request once; later calls are ignored (and logged)."""
 
-    __slots__ = ("_connection", "_head_only", "_keep_alive", "_loop", "_used")
+    __slots__ = ("_connection", "_head_only", "_keep_alive", "_loop", "_unused")
 
     def __init__(
         self, loop: ServerLoop, connection: _Connection, *, keep_alive: bool, head_only: bool
@@ -89,13 +89,12 @@ class _Replier:
         self._connection = connection
         self._keep_alive = keep_alive
         self._head_only = head_only
-        self._used = False
+        self._unused = threading.Lock()  # taken by the first answer, from whichever thread
 
     def __call__(self, response: Response) -> None:
-        if self._used:
+        if not self._unused.acquire(blocking=False):
             log.error("a handler answered one request twice; the second answer is dropped")
             return
-        self._used = True
         data = encode_response(response, keep_alive=self._keep_alive, head_only=self._head_only)
         self._loop.send_from_any_thread(self._connection, data, keep_alive=self._keep_alive)
 
@@ -119,6 +118,7 @@ class ServerLoop:
         self._stopping = False
         self._loop_thread: int | None = None
         self._new_watches: deque[_Watch] = deque()
+        self._dispatching: _Connection | None = None  # whose handler runs on the loop now
 
     def run(self) -> None:
         """Serve until :meth:`stop`; then close every socket."""
@@ -163,6 +163,10 @@ class ServerLoop:
         """Queue an answer for the loop to write; from the loop itself, write it now."""
         if threading.get_ident() == self._loop_thread:
             self._write(connection, data, keep_alive=keep_alive)
+            if self._dispatching is not connection:
+                # Answered later on the loop (the webhook's commit, read by a watch): the
+                # requests the client sent ahead are served now, not on its next bytes.
+                self._advance(connection)
             return
         with self._answers_lock:
             self._answers.append((connection, data, keep_alive))
@@ -188,10 +192,7 @@ class ServerLoop:
     def _drain_wake(self) -> None:
         while self._new_watches:
             watched = self._new_watches.popleft()
-            stale = self._selector.get_map().get(watched.sock.fileno())
-            if stale is not None:  # a closed socket's number, reused
-                self._selector.unregister(stale.fileobj)
-            self._selector.register(watched.sock, selectors.EVENT_READ, watched)
+            self._register(watched.sock, selectors.EVENT_READ, watched)
         with contextlib.suppress(BlockingIOError):
             while self._wake_reader.recv(4096):
                 pass
@@ -311,11 +312,16 @@ class ServerLoop:
         if route is None:
             reply(json_response(404, {"error": "no such path"}))
         elif isinstance(route, Deferred):
+            # An answer given inside the handler is written by _write alone: the caller's
+            # _advance loop goes on to the next request.
+            previous, self._dispatching = self._dispatching, connection
             try:
                 route.handle(request, reply)
             except Exception:
                 log.exception("unhandled error serving %s", path)
                 reply(json_response(500, {"error": "internal error"}))
+            finally:
+                self._dispatching = previous
         else:
             self._threads.run(lambda: reply(_call(route, request)))
 
@@ -356,12 +362,19 @@ class ServerLoop:
         if wanted == connection.interest:
             return
         if not connection.interest:
-            self._selector.register(connection.sock, wanted, connection)
+            self._register(connection.sock, wanted, connection)
         elif not wanted:
             self._selector.unregister(connection.sock)
         else:
             self._selector.modify(connection.sock, wanted, connection)
         connection.interest = wanted
+
+    def _register(self, sock: socket.socket, events: int, data: object) -> None:
+        stale = self._selector.get_map().get(sock.fileno())
+        if stale is not None:
+            # A watched socket closed by another thread left its entry; its number is reused.
+            self._selector.unregister(stale.fileobj)
+        self._selector.register(sock, events, data)
 
     def _close_idle(self) -> None:
         cutoff = time.monotonic() - IDLE_TIMEOUT_SECONDS
