@@ -4,9 +4,11 @@ parent's client turning its answers into futures. Real processes, real SQLite fi
 from __future__ import annotations
 
 import select
+import shutil
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,6 +22,7 @@ from looprelay.adapters.enqueue_process import EnqueueProcess
 from looprelay.adapters.enqueue_writer import (
     DUPLICATE,
     FAILED,
+    IDLE_CHECKPOINT_SECONDS,
     QUEUED,
     Request,
     commit_batch,
@@ -175,6 +178,20 @@ class TestEnqueueProcess:
         assert len(_names_on_disk(queue_file)) == 30
         with pytest.raises(Transient):
             writer.submit(_request("late")).result(5)
+
+    def test_an_idle_writer_folds_its_log_into_the_database_file(
+        self, writer: EnqueueProcess, queue_file: Path, tmp_path: Path
+    ) -> None:
+        assert all(writer.submit(_request(f"n{n}")).result(30) for n in range(20))
+        # The database file alone, without its write-ahead log, holds what was checkpointed.
+        alone = tmp_path / "alone.sqlite3"
+        deadline = time.monotonic() + 10 * IDLE_CHECKPOINT_SECONDS
+        while time.monotonic() < deadline:
+            shutil.copyfile(queue_file, alone)
+            if len(_names_on_disk(alone)) == 20:
+                break
+            time.sleep(0.2)
+        assert len(_names_on_disk(alone)) == 20
 
     def test_a_watching_loop_is_told_the_socket_and_its_collect_resolves_the_futures(
         self, queue_file: Path

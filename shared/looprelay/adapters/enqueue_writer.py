@@ -15,6 +15,8 @@ u16`` then the text, with ``code`` one of :data:`DUPLICATE`, :data:`QUEUED`, :da
 
 from __future__ import annotations
 
+import contextlib
+import select
 import signal
 import socket
 import sqlite3
@@ -29,6 +31,7 @@ REQUEST = struct.Struct("!IddHI")
 RESULT = struct.Struct("!IBH")
 DUPLICATE, QUEUED, FAILED = 0, 1, 2
 _RECV_BYTES = 1 << 20
+IDLE_CHECKPOINT_SECONDS = 1.0
 _MAX_TEXT = 500
 
 INSERT_UNLESS_TAKEN = (
@@ -119,14 +122,33 @@ def commit_batch(database: SqliteDatabase, batch: list[Request]) -> bytes:
 
 
 def serve(database: SqliteDatabase, parent: socket.socket) -> None:
-    """Commit what the parent sends, batch by batch, until it closes its end."""
+    """Commit what the parent sends, batch by batch, until it closes its end.
+
+    The write-ahead log is folded back into the database only after ``IDLE_CHECKPOINT_SECONDS``
+    without a request (the connection's automatic checkpoint is off): a checkpoint inside a
+    commit would hold up every ack waiting for it. The parent's own writes to the file
+    checkpoint it too, so the log stays bounded during a long burst.
+    """
     buffer = bytearray()
-    while chunk := parent.recv(_RECV_BYTES):
+    dirty = False
+    while True:
+        readable, _, _ = select.select([parent], [], [], IDLE_CHECKPOINT_SECONDS)
+        if not readable:
+            if dirty:
+                # A checkpoint that cannot run now (the parent is writing) runs next time.
+                with contextlib.suppress(Transient):
+                    database.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                dirty = False
+            continue
+        chunk = parent.recv(_RECV_BYTES)
+        if not chunk:
+            return
         buffer += chunk
         # Everything that arrived while the last batch committed is the next batch.
         batch = take_requests(buffer)
         if batch:
             parent.sendall(commit_batch(database, batch))
+            dirty = True
 
 
 def main(argv: list[str]) -> int:
@@ -137,6 +159,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = socket.socket(fileno=fd)
     database = SqliteDatabase(path, schema="", what="embedded queue")
+    database.execute("PRAGMA wal_autocheckpoint=0")  # see serve()
     try:
         serve(database, parent)
     except (BrokenPipeError, ConnectionResetError):
