@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -58,25 +57,17 @@ class SecretSource:
     path: Path | None
 
 
-QUIET_SECONDS = 0.005
-"""How long the webhook must have had nothing in flight before queued work goes ahead."""
-
-
 class WebhookPressure:
     """Counts webhook requests in flight, so background work can let them go first.
 
     GitHub waits 10 s for an ack and never retries a failed delivery by itself, while a
     queued task has hours; in one process the two share a core (and the GIL), so during a
     burst the queue's dispatchers wait for the webhook to be idle (for a bounded time).
-    "Idle" means nothing in flight for ``quiet_seconds``: within a burst the next request
-    arrives well inside that, while a lone delivery is routed a few milliseconds after its ack.
     """
 
-    def __init__(self, *, quiet_seconds: float = QUIET_SECONDS) -> None:
+    def __init__(self) -> None:
         self._idle = threading.Condition()
         self._in_flight = 0
-        self._quiet_seconds = quiet_seconds
-        self._last_answer = 0.0
 
     def tracking(self, handle: DeferredHandle) -> DeferredHandle:
         """Wrap ``handle`` so each request counts from its arrival until it is answered."""
@@ -104,24 +95,14 @@ class WebhookPressure:
         return tracked
 
     def wait_until_idle(self, seconds: float) -> None:
-        """Return once no webhook request has been in flight for the quiet period, or after
-        ``seconds``."""
-        deadline = time.monotonic() + seconds
+        """Return once no webhook request is in flight, or after ``seconds``."""
         with self._idle:
-            while (remaining := deadline - time.monotonic()) > 0:
-                if self._in_flight:
-                    self._idle.wait(remaining)
-                    continue
-                quiet_left = self._last_answer + self._quiet_seconds - time.monotonic()
-                if quiet_left <= 0:
-                    return
-                self._idle.wait(min(quiet_left, remaining))
+            self._idle.wait_for(lambda: not self._in_flight, seconds)
 
     def _leave(self) -> None:
         with self._idle:
             self._in_flight -= 1
             if not self._in_flight:
-                self._last_answer = time.monotonic()
                 self._idle.notify_all()
 
 
