@@ -52,8 +52,9 @@ STOP_SECONDS = 15.0
 TARGET_CONNECTIONS = 8
 TARGETS = ((PEER, "rps", 2.0), (PEER, "p99", 0.5), (FLOOR, "rps", 0.6))
 QUEUE_NOTE = (
-    "looprelay up also runs its embedded queue in the same process: each acked delivery is "
-    "POSTed to its own /worker and settled in the SQLite ledger, competing for the same CPU."
+    "looprelay up also runs its embedded queue: a writer process commits each acked task, and "
+    "each acked delivery is POSTed to its own /worker and settled in the SQLite ledger, "
+    "competing for the same two cores."
 )
 PEER_NOTE = (
     "the-loop answers HTTP/1.0 (a new connection per request) and, with routing off, only "

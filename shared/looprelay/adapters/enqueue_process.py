@@ -35,7 +35,8 @@ log = logging.getLogger("looprelay.queue")
 SEND_TIMEOUT_SECONDS = 10.0
 """Longest a submit waits for room in the socket while the writer is busy."""
 _RECV_BYTES = 1 << 16
-_POLL_SECONDS = 0.02
+_ANSWER_WAIT_SECONDS = 1.0
+"""How often the answer thread of a queue without a loop looks whether its writer is gone."""
 
 
 class EnqueueProcess:
@@ -54,6 +55,9 @@ class EnqueueProcess:
         self._on_start = on_start
         self._lock = threading.RLock()  # the process, its socket and the sequence number
         self._read_lock = threading.Lock()  # the socket's reading side and the inbox
+        # The futures waiting for answers, apart from the process lock, so that collecting
+        # never waits for a submit blocked on a full socket.
+        self._pending_lock = threading.Lock()
         self._pending: dict[int, Future[bool]] = {}
         self._seq = 0
         self._inbox = bytearray()
@@ -80,7 +84,8 @@ class EnqueueProcess:
             try:
                 sock = self._started()
                 self._seq = (self._seq + 1) % (1 << 32)
-                self._pending[self._seq] = future
+                with self._pending_lock:
+                    self._pending[self._seq] = future
                 frame = encode_request(
                     Request(
                         self._seq, request.now, request.window_start, request.name, request.body
@@ -88,7 +93,8 @@ class EnqueueProcess:
                 )
                 _send_all(sock, frame)
             except (OSError, Transient) as exc:
-                self._pending.pop(self._seq, None)
+                with self._pending_lock:
+                    self._pending.pop(self._seq, None)
                 failure = exc if isinstance(exc, Transient) else Transient(f"enqueue writer: {exc}")
                 future.set_exception(failure)
         return future
@@ -109,7 +115,7 @@ class EnqueueProcess:
             except OSError as exc:
                 lost = f"the enqueue writer's socket failed: {exc}"
             results = take_results(self._inbox)
-        with self._lock:
+        with self._pending_lock:
             resolved = [(self._pending.pop(seq, None), code, text) for seq, code, text in results]
         for future, code, text in resolved:
             if future is None:
@@ -169,7 +175,7 @@ class EnqueueProcess:
     def _collect_until_lost(self, sock: socket.socket) -> None:
         while sock.fileno() != -1:
             with contextlib.suppress(OSError, ValueError):  # closed under the wait
-                select.select([sock], [], [], _POLL_SECONDS * 50)
+                select.select([sock], [], [], _ANSWER_WAIT_SECONDS)
             self.collect()
 
     def _lost(self, sock: socket.socket, reason: str) -> None:
@@ -179,7 +185,8 @@ class EnqueueProcess:
                 return  # already forgotten
             self._sock = None
             process, self._process = self._process, None
-            pending, self._pending = self._pending, {}
+            with self._pending_lock:
+                pending, self._pending = self._pending, {}
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()
