@@ -179,6 +179,18 @@ class TestEnqueueProcess:
         with pytest.raises(Transient):
             writer.submit(_request("late")).result(5)
 
+    def test_a_writer_that_cannot_open_its_file_fails_the_start_and_the_submit(
+        self, tmp_path: Path
+    ) -> None:
+        writer = EnqueueProcess(tmp_path / "no-such-folder" / "queue.sqlite3")
+        try:
+            with pytest.raises(Transient, match="exited while starting"):
+                writer.start()
+            with pytest.raises(Transient):
+                writer.submit(_request("a")).result(30)
+        finally:
+            writer.close()
+
     def test_an_idle_writer_folds_its_log_into_the_database_file(
         self, writer: EnqueueProcess, queue_file: Path, tmp_path: Path
     ) -> None:

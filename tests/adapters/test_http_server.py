@@ -361,15 +361,18 @@ def test_a_reply_given_later_on_the_loop_serves_the_requests_sent_ahead(rig: Rig
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
 
+    held: list[Reply] = []
+
     def answer_held() -> None:
         ours.recv(100)
-        rig.held.get_nowait()(json_response(200, {"answered": "on the loop"}))
+        held[0](json_response(200, {"answered": "on the loop"}))
 
     with ours, theirs:
         rig.server.watch(ours, answer_held)
         client = Connection(rig.address)
         client.sock.settimeout(2)  # the answers are due in milliseconds
         client.send(_get("/hold") + _get("/now?n=2"))
+        held.append(rig.held.get(timeout=10))  # /hold is being served, /now waits behind it
         theirs.sendall(b"go")  # the loop itself now answers /hold
         assert _json(client.response()[2]) == {"answered": "on the loop"}
         assert _json(client.response()[2]) == {"path": "/now", "query": "n=2"}

@@ -24,6 +24,7 @@ from pathlib import Path
 from looprelay.adapters.enqueue_writer import (
     FAILED,
     QUEUED,
+    READY,
     Request,
     encode_request,
     take_results,
@@ -34,6 +35,8 @@ log = logging.getLogger("looprelay.queue")
 
 SEND_TIMEOUT_SECONDS = 10.0
 """Longest a submit waits for room in the socket while the writer is busy."""
+START_TIMEOUT_SECONDS = 30.0
+"""Longest a start waits for the writer to say it is ready."""
 _RECV_BYTES = 1 << 16
 _ANSWER_WAIT_SECONDS = 1.0
 """How often the answer thread of a queue without a loop looks whether its writer is gone."""
@@ -162,6 +165,15 @@ class EnqueueProcess:
             raise Transient(f"cannot start the enqueue writer: {exc}") from exc
         finally:
             theirs.close()
+        try:
+            _await_ready(ours)
+        except Transient:
+            ours.close()
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+            self._process = None
+            raise
         ours.setblocking(False)  # reads never wait; sends wait in _send_all
         self._sock = ours
         if self._on_start is not None:
@@ -211,3 +223,22 @@ def _send_all(sock: socket.socket, data: bytes) -> None:
             if remaining <= 0:
                 raise Transient("the enqueue writer is not taking tasks (timed out)") from None
             select.select([], [sock], [], remaining)
+
+
+def _await_ready(sock: socket.socket) -> None:
+    """Wait for the writer's READY frame, so nothing is acked on a writer still starting
+    (it imports and opens the database first: 0.1-0.3 s, more on a loaded machine)."""
+    sock.settimeout(START_TIMEOUT_SECONDS)
+    received = b""
+    try:
+        while len(received) < len(READY):
+            chunk = sock.recv(len(READY) - len(received))
+            if not chunk:
+                raise Transient("the enqueue writer exited while starting (see its error above)")
+            received += chunk
+    except TimeoutError:
+        raise Transient(
+            f"the enqueue writer did not start within {START_TIMEOUT_SECONDS:.0f}s"
+        ) from None
+    if received != READY:
+        raise Transient("the enqueue writer answered something other than READY")

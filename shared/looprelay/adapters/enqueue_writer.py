@@ -6,7 +6,8 @@ every ack pay for the interpreter lock twice (the commit's own Python, and the h
 around each SQLite call); in a process of its own the commit runs on the other core. The
 parent sends request frames over a socket pair; this process commits everything that arrived
 together as one transaction (one fsync for the batch: group commit) and answers a frame per
-request. It exits when the parent's end closes, so it never outlives ``looprelay up``.
+request. It exits when the parent's end closes, so it never outlives ``looprelay up``. Its
+first frame, :data:`READY`, says its database is open.
 
 Frames (big-endian): a request is ``seq u32, now f64, window_start f64, name_len u16,
 body_len u32`` then the name (ASCII) and the body; a result is ``seq u32, code u8, text_len
@@ -30,6 +31,8 @@ from looprelay.errors import Transient
 REQUEST = struct.Struct("!IddHI")
 RESULT = struct.Struct("!IBH")
 DUPLICATE, QUEUED, FAILED = 0, 1, 2
+READY = RESULT.pack(0, 3, 0)
+"""The first frame the writer sends: its database is open and it takes requests."""
 _RECV_BYTES = 1 << 20
 IDLE_CHECKPOINT_SECONDS = 1.0
 _MAX_TEXT = 500
@@ -161,6 +164,7 @@ def main(argv: list[str]) -> int:
     database = SqliteDatabase(path, schema="", what="embedded queue")
     database.execute("PRAGMA wal_autocheckpoint=0")  # see serve()
     try:
+        parent.sendall(READY)
         serve(database, parent)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone; so is everyone waiting for an answer
