@@ -128,11 +128,7 @@ class ServerLoop:
         next_sweep = time.monotonic() + _SWEEP_SECONDS
         try:
             while not self._stopping:
-                ready = self._selector.select(_SWEEP_SECONDS)
-                # Watched sockets first: answers for waiting clients (the webhook's commits)
-                # go out before this round's new requests are parsed.
-                ready.sort(key=lambda item: not isinstance(item[0].data, _Watch))
-                for key, events in ready:
+                for key, events in self._selector.select(_SWEEP_SECONDS):
                     if key.data is None:
                         self._accept()
                     elif key.data is self._wake_reader:
