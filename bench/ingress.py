@@ -4,8 +4,13 @@ In one invocation, one after the other, wrk and ``bench/webhook.lua`` (one signe
 ``issue_comment`` payload, a unique delivery id per request) drive at 1 and 8 connections:
 
 - ``floor``: ``bench/bare_receiver.py``, a stdlib receiver that checks the HMAC and answers;
+- ``durable``: the same with ``--journal``: each body synced to a preallocated file before
+  its ack (group commit), the floor for a durable ack on this disk;
 - ``the-loop``: the predecessor's receiver, ``the-loopy-one`` from ``bench/.peer`` (``peer.py``);
-- ``looprelay``: ``looprelay up``, whose queue is drained and counted after each shape.
+- ``looprelay``: ``looprelay up``, whose queue is drained and counted after each shape;
+- ``unsynced``: the same, but its enqueue writer commits without fsync
+  (``bench/unsynced/sitecustomize.py``): not a mode looprelay offers, it shows what the
+  durable ack costs.
 
 Each receiver has one expected ack status; any other status, a socket error or a timeout fails
 the run. The table ends with looprelay's ratios to the others and the issue's targets at c=8."""
@@ -39,8 +44,11 @@ ROOT = BENCH.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "github" / "issue_comment.created.json"
 EVENT = "issue_comment"
 LOOPRELAY = ROOT / ".venv" / "bin" / "looprelay"
-FLOOR, PEER, OURS = "floor", "the-loop", "looprelay"
-RECEIVERS = (FLOOR, PEER, OURS)
+FLOOR, DURABLE, PEER = "floor", "durable", "the-loop"
+OURS, UNSYNCED = "looprelay", "unsynced"
+RECEIVERS = (FLOOR, DURABLE, PEER, OURS, UNSYNCED)
+LOOPRELAYS = (OURS, UNSYNCED)
+"""``looprelay up`` as shipped, and without the enqueue's fsync; both get ratios."""
 SHAPES = ((1, 1), (2, 8))  # (wrk threads, connections)
 ACK_STATUS = 202  # looprelay's and bare_receiver.py's
 WARMUP_SECONDS = 1
@@ -55,6 +63,16 @@ QUEUE_NOTE = (
     "looprelay up also runs its embedded queue: a writer process commits each acked task, and "
     "each acked delivery is POSTed to its own /worker and settled in the SQLite ledger, "
     "competing for the same two cores."
+)
+UNSYNCED_NOTE = (
+    "unsynced is looprelay up with its enqueue writer's commits not fsync'd (a benchmark-only "
+    "patch; its ack is not durable): the gap to looprelay is what the durable ack costs. "
+    "The targets are judged on looprelay."
+)
+DURABLE_NOTE = (
+    "durable is the floor syncing each body to a preallocated journal before its 202 (group "
+    "commit, nothing else): its p99 at c=8 next to the p99 bound shows how much of the bound "
+    "this disk's syncs leave."
 )
 PEER_NOTE = (
     "the-loop answers HTTP/1.0 (a new connection per request) and, with routing off, only "
@@ -105,8 +123,9 @@ class Target:
 
 @dataclass(frozen=True)
 class Ratio:
-    """looprelay's figures divided by another receiver's, at one connection count."""
+    """A looprelay receiver's figures divided by another receiver's, at one connection count."""
 
+    receiver: str
     versus: str
     connections: int
     rps: float
@@ -258,13 +277,17 @@ def _drain(store: Path, acked: int) -> float:
     return round(time.monotonic() - start, 2)
 
 
-def _bench_floor(tmp: Path, seconds: int) -> list[Run]:
-    secret, secret_file, port = uuid.uuid4().hex, tmp / "floor-secret", _free_port()
+def _bench_floor(tmp: Path, seconds: int, name: str) -> list[Run]:
+    """Measure ``bare_receiver.py``: as the floor, or (``DURABLE``) syncing a journal."""
+    secret, secret_file, port = uuid.uuid4().hex, tmp / f"{name}-secret", _free_port()
     secret_file.write_text(secret + "\n", encoding="ascii")
     cmd = [sys.executable, str(BENCH / "bare_receiver.py"), "--port", str(port)]
-    with _serving([*cmd, "--secret-file", str(secret_file)], tmp / "floor.log", port):
+    cmd += ["--secret-file", str(secret_file)]
+    if name == DURABLE:
+        cmd += ["--journal", str(tmp / "durable.journal")]
+    with _serving(cmd, tmp / f"{name}.log", port):
         url = f"http://127.0.0.1:{port}/webhook"
-        target = Target(FLOOR, url, _sign(secret), ACK_STATUS)
+        target = Target(name, url, _sign(secret), ACK_STATUS)
         return [run for shape in SHAPES for run in _measure(target, *shape, seconds)]
 
 
@@ -279,14 +302,21 @@ def _bench_peer(tmp: Path, seconds: int) -> list[Run]:
         return [run for shape in SHAPES for run in _measure(target, *shape, seconds)]
 
 
-def _bench_looprelay(tmp: Path, seconds: int) -> tuple[list[Run], Ledger]:
-    """Measure ``looprelay up``; after each shape wait for its queue to settle the backlog."""
-    data, port, runs, drains = tmp / "data", _free_port(), list[Run](), dict[str, float]()
+def _bench_looprelay(tmp: Path, seconds: int, name: str) -> tuple[list[Run], Ledger]:
+    """Measure ``looprelay up`` (``name``: as shipped, or ``UNSYNCED``); after each shape wait
+    for its queue to settle the backlog."""
+    data, port, runs, drains = tmp / name, _free_port(), list[Run](), dict[str, float]()
     cmd = [str(LOOPRELAY), "up", "--data", str(data), "--port", str(port)]
-    with _serving([*cmd, "--log-level", "WARNING"], tmp / "looprelay.log", port):
+    env = None
+    if name == UNSYNCED:
+        inherited = os.environ.get("PYTHONPATH")
+        path = os.pathsep.join([str(BENCH / "unsynced"), *([inherited] if inherited else [])])
+        env = os.environ | {"PYTHONPATH": path}
+    log = tmp / f"{name}.log"
+    with _serving([*cmd, "--log-level", "WARNING"], log, port, env=env):
         secret = (data / "webhook-secret").read_text(encoding="ascii").strip()
         url = f"http://127.0.0.1:{port}/webhook"
-        target = Target(OURS, url, _sign(secret), ACK_STATUS)
+        target = Target(name, url, _sign(secret), ACK_STATUS)
         for shape in SHAPES:
             runs += _measure(target, *shape, seconds)
             acked = sum(run.requests for run in runs)
@@ -295,31 +325,38 @@ def _bench_looprelay(tmp: Path, seconds: int) -> tuple[list[Run], Ledger]:
 
 
 def _bench(tmp: Path, receivers: tuple[str, ...], seconds: int) -> tuple[list[Run], Ledger | None]:
-    """Measure each receiver in turn; the ledger is None when looprelay is not among them."""
+    """Measure each receiver in turn; the ledger (looprelay's, as shipped) is None when
+    looprelay is not among them."""
     runs, ledger = list[Run](), None
     for name in receivers:
-        if name == OURS:
-            ours, ledger = _bench_looprelay(tmp, seconds)
+        if name in LOOPRELAYS:
+            ours, settled = _bench_looprelay(tmp, seconds, name)
             runs += ours
+            ledger = settled if name == OURS else ledger
         else:
-            runs += _bench_floor(tmp, seconds) if name == FLOOR else _bench_peer(tmp, seconds)
+            runs += _bench_peer(tmp, seconds) if name == PEER else _bench_floor(tmp, seconds, name)
     return runs, ledger
 
 
 def _ratios(runs: list[Run]) -> list[Ratio]:
     by_key = {(run.receiver, run.connections): run for run in runs}
     ratios = []
-    for versus in (PEER, FLOOR):
-        for _, conns in SHAPES:
-            ours, theirs = by_key.get((OURS, conns)), by_key.get((versus, conns))
-            if ours and theirs:
-                rps, p99 = ours.rps / theirs.rps, ours.p99_ms / theirs.p99_ms
-                ratios.append(Ratio(versus, conns, rps, p99))
+    # The unsynced variant is there to be set against the predecessor and looprelay itself.
+    compared = {OURS: (PEER, FLOOR, DURABLE), UNSYNCED: (PEER,)}
+    for receiver in LOOPRELAYS:
+        for versus in compared[receiver]:
+            for _, conns in SHAPES:
+                ours, theirs = by_key.get((receiver, conns)), by_key.get((versus, conns))
+                if ours and theirs:
+                    rps, p99 = ours.rps / theirs.rps, ours.p99_ms / theirs.p99_ms
+                    ratios.append(Ratio(receiver, versus, conns, rps, p99))
     return ratios
 
 
 def _verdicts(ratios: list[Ratio]) -> list[Verdict]:
-    at_target = {r.versus: r for r in ratios if r.connections == TARGET_CONNECTIONS}
+    at_target = {
+        r.versus: r for r in ratios if r.receiver == OURS and r.connections == TARGET_CONNECTIONS
+    }
     verdicts = []
     for versus, figure, bound in TARGETS:
         if versus in at_target:
@@ -338,11 +375,20 @@ def _table(
         lines.append(_ROW.format(r.receiver, r.connections, *figures))
     for ratio in ratios:
         change = f"req/s x{ratio.rps:.2f}, p99 x{ratio.p99:.2f}"
-        lines.append(f"looprelay/{ratio.versus} at c={ratio.connections}: {change}")
+        lines.append(f"{ratio.receiver}/{ratio.versus} at c={ratio.connections}: {change}")
+    by_key = {(run.receiver, run.connections): run for run in runs}
     for v in verdicts:
         wanted = f"{'req/s >=' if v.figure == 'rps' else 'p99 <='} {v.bound}x {v.versus}"
         verdict = "pass" if v.met else "MISS"
-        lines.append(f"target at c={TARGET_CONNECTIONS}: {wanted:<22} x{v.ratio:.2f}  {verdict}")
+        line = f"target at c={TARGET_CONNECTIONS}: {wanted:<22} x{v.ratio:.2f}  {verdict}"
+        versus, durable = (
+            by_key.get((v.versus, TARGET_CONNECTIONS)),
+            by_key.get((DURABLE, TARGET_CONNECTIONS)),
+        )
+        if v.figure == "p99" and versus and durable:
+            bound = v.bound * versus.p99_ms
+            line += f" (bound {bound:.2f} ms; durable floor p99 {durable.p99_ms:.2f} ms)"
+        lines.append(line)
     if ledger is not None:
         settled = f"ledger: {ledger.settled} of {ledger.acked} acked deliveries settled"
         drains = f"queue drain after each shape, s: {ledger.drain_seconds}"
@@ -352,7 +398,13 @@ def _table(
 
 def _notes(runs: list[Run]) -> list[str]:
     names = {run.receiver for run in runs}
-    return [note for name, note in ((OURS, QUEUE_NOTE), (PEER, PEER_NOTE)) if name in names]
+    notes = (
+        (OURS, QUEUE_NOTE),
+        (UNSYNCED, UNSYNCED_NOTE),
+        (DURABLE, DURABLE_NOTE),
+        (PEER, PEER_NOTE),
+    )
+    return [note for name, note in notes if name in names]
 
 
 def _report(

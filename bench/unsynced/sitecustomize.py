@@ -1,0 +1,33 @@
+"""The ``unsynced`` receiver of ``bench/ingress.py``: ``looprelay up`` whose enqueue writer
+commits without fsync.
+
+Not a mode looprelay offers (its ack would not survive a power cut): ``bench/ingress.py`` puts
+this folder on ``PYTHONPATH`` of that one ``looprelay up``, and the enqueue writer it starts
+inherits it, so the table shows what the durable ack itself costs next to the real one.
+Python imports ``sitecustomize`` at start-up; only the writer's connection changes (it is the
+only one that opens the queue fully synced).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from looprelay.adapters import sqlite_common
+
+_open = sqlite_common.SqliteDatabase.__init__
+
+
+def _open_unsynced(
+    self: sqlite_common.SqliteDatabase,
+    path: str | Path,
+    *,
+    schema: str,
+    what: str,
+    synchronous: sqlite_common.Synchronous = "FULL",
+) -> None:
+    _open(self, path, schema=schema, what=what, synchronous=synchronous)
+    if what == "embedded queue" and synchronous == "FULL":
+        self.execute("PRAGMA synchronous=OFF")
+
+
+sqlite_common.SqliteDatabase.__init__ = _open_unsynced  # type: ignore[method-assign]
