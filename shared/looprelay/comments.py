@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from looprelay.core.policy import Marker, mark
+from looprelay.core.markers import Marker, mark
 from looprelay.errors import Transient
 from looprelay.ports import GitHub
 

@@ -10,17 +10,12 @@ import pytest
 from looprelay.core.envelope import Actor, Envelope, project_envelope
 from looprelay.core.policy import (
     HIDDEN,
-    LEGACY_MARKER,
     Authorization,
     AuthorizedUsers,
     DropReason,
-    Marker,
     authorize,
     drop_reason,
     event_actor,
-    is_marked,
-    mark,
-    read_marker,
     strip_quotes_and_code,
 )
 from tests.samples import payload
@@ -47,72 +42,6 @@ def _user(login: str, user_id: int = 1) -> dict[str, Any]:
     return {"login": login, "id": user_id, "type": "User"}
 
 
-class TestMarker:
-    def test_mark_appends_the_hidden_marker(self) -> None:
-        assert mark("Done.\n", kind="checklist", id="d-1") == f"Done.\n\n{OURS}"
-
-    def test_mark_is_idempotent(self) -> None:
-        once = mark("Done.", kind="checklist", id="d-1")
-        assert mark(once, kind="checklist", id="d-1") == once
-
-    def test_an_empty_body_is_just_the_marker(self) -> None:
-        assert mark("  ", kind="checklist", id="d-1") == OURS
-
-    @pytest.mark.parametrize(
-        ("kind", "ident"),
-        [
-            ("", "d-1"),
-            ("checklist", ""),
-            ("check list", "d-1"),
-            ("checklist", "a-->b"),
-            ("-lead", "d-1"),
-            ("checklist", "x" * 129),
-            ("ch\u00e9cklist", "d-1"),
-            ("checklist", "d-1\n"),
-        ],
-    )
-    def test_a_kind_or_id_that_would_break_the_comment_raises(self, kind: str, ident: str) -> None:
-        with pytest.raises(ValueError, match="must be 1-128 letters"):
-            mark("x", kind=kind, id=ident)
-
-    def test_read_marker_reads_back_kind_and_id(self) -> None:
-        body = mark("hi", kind="attach", id="dispatch:0f3a.9")
-        assert read_marker(body) == Marker(kind="attach", id="dispatch:0f3a.9")
-
-    def test_read_marker_takes_the_last_marker(self) -> None:
-        body = f"{OURS}\nquoted\n" + mark("reply", kind="confirmation", id="d-2")
-        assert read_marker(body) == Marker(kind="confirmation", id="d-2")
-
-    @pytest.mark.parametrize("body", ["", "plain", "<!-- looprelay:v1 kind=x -->", LEGACY_MARKER])
-    def test_read_marker_finds_nothing_without_a_well_formed_marker(self, body: str) -> None:
-        assert read_marker(body) is None
-
-    @pytest.mark.parametrize(
-        ("body", "expected"),
-        [
-            (OURS, True),
-            (f"text\n{OURS}", True),
-            ("<!--looprelay:v2 kind=y-->", True),
-            ("<!-- LOOPRELAY:v1 whatever -->", True),
-            (LEGACY_MARKER, True),
-            ("looprelay:v1 kind=checklist id=d-1", False),
-            ("<!-- an ordinary comment -->", False),
-            ("", False),
-        ],
-    )
-    def test_is_marked_detects_any_version_and_the_predecessors(
-        self, body: str, expected: bool
-    ) -> None:
-        assert is_marked(body) is expected
-
-    def test_detection_on_a_200000_character_body_is_fast(self) -> None:
-        body = "<!-- " * 40_000
-        started = time.perf_counter()
-        assert not is_marked(body)
-        assert read_marker(body) is None
-        assert time.perf_counter() - started < 1.0
-
-
 class TestDropReason:
     def test_a_marked_comment_is_dropped(self) -> None:
         envelope = _envelope("issue_comment.created", {"comment.body": f"Checklist\n{OURS}"})
@@ -127,6 +56,21 @@ class TestDropReason:
 
     def test_a_marked_review_body_is_dropped(self) -> None:
         envelope = _envelope("pull_request_review.submitted", {"review.body": OURS})
+        assert drop_reason(envelope, bot_logins=()) is DropReason.SELF_MARKED
+
+    def test_a_session_comment_longer_than_the_cap_is_still_dropped(self) -> None:
+        """The session ends its comments with the marker; a cap shorter than the comment cuts
+        that end off the envelope's body, and the comment still counts as the session's own."""
+        body = "x" * 5_000 + "\n\n<!-- looprelay:agent-comment -->"
+        data = payload("issue_comment.created")
+        data["comment"]["body"] = body
+        envelope = project_envelope(
+            event="issue_comment", delivery_id="d-1", payload=data, max_text_chars=1_000
+        )
+
+        assert envelope.comment is not None
+        assert "looprelay" not in envelope.comment.body
+        assert "comment.body" in envelope.truncated
         assert drop_reason(envelope, bot_logins=()) is DropReason.SELF_MARKED
 
     def test_a_marked_pr_description_is_not_a_reason(self) -> None:

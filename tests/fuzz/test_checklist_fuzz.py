@@ -24,7 +24,7 @@ from looprelay.core.checklist import (
     render_checklist,
     ticked_tokens,
 )
-from looprelay.core.policy import mark
+from looprelay.core.markers import mark
 from looprelay.core.prsessions import SESSION_PER_PR_MODES, SessionPerPr
 from tests.fuzz.budget import examples
 from tests.fuzz.strategies import hostile_text

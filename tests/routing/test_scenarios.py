@@ -40,6 +40,7 @@ from tests import test_ingress
 from tests.fake_github import APP_LOGIN
 from tests.routing.conftest import (
     AUTO_LABEL,
+    MAX_TEXT_CHARS,
     NOW,
     OTHER_REPOSITORY,
     REPO,
@@ -340,6 +341,20 @@ class TestAuthorization:
         counts as well."""
         deployment = relay()
         sent = deployment.comment(f"I have a question.\n\n{marker}", author=author)
+
+        record = deployment.ledger(sent.delivery_id)
+        assert (record.outcome, record.detail) == ("ignored", "dropped:self-marked")
+        assert deployment.item() is None
+
+    def test_a_session_comment_longer_than_the_text_cap_is_still_dropped(
+        self, relay: MakeRelay
+    ) -> None:
+        """A session ends its comments with its marker; the webhook caps comment bodies
+        (``webhook.maxTextChars``), which cuts that end off a longer comment. The comment is
+        still the session's own, posted under a user's login: routing it would loop."""
+        deployment = relay()
+        body = "Here is the full log.\n" + "x" * (MAX_TEXT_CHARS + 100)
+        sent = deployment.comment(f"{body}\n\n<!-- looprelay:agent-comment -->")
 
         record = deployment.ledger(sent.delivery_id)
         assert (record.outcome, record.detail) == ("ignored", "dropped:self-marked")

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from looprelay.core.markers import is_marked
+
 _Text = Callable[[Any, int, str], str]
 """Caps a free-text value and notes the field when it was cut."""
 
@@ -61,6 +63,9 @@ class Comment(_Value):
     body: str = ""
     author: Actor | None = None
     review_state: str | None = None
+    marked: bool = False
+    """The whole body carried the loop-prevention marker. A session ends its comments with it,
+    and the cap on ``body`` can cut that end off."""
 
 
 class PullRequest(_Value):
@@ -237,9 +242,11 @@ def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> 
     comment_id = _int(obj, "id")
     if comment_id is None:
         return None
+    body = obj.get("body")
     return Comment(
         id=comment_id,
-        body=text(obj.get("body"), cap, "comment.body"),
+        body=text(body, cap, "comment.body"),
+        marked=isinstance(body, str) and is_marked(body),
         author=_actor(_dict(obj, "user")),
         review_state=_str(obj, "state") if is_review else None,
     )

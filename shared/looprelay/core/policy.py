@@ -1,12 +1,9 @@
-"""Who may drive looprelay: the loop-prevention marker, the App's own bot, authorized actors,
-and which words of a comment are its author's own (quotes and code are not).
+"""Who may drive looprelay: loop prevention, the App's own bot, authorized actors, and which
+words of a comment are its author's own (quotes and code are not).
 
-Order (SPEC §2, B12): an event is dropped first if it is looprelay's own doing (a marked comment
-or review body, or the App's bot as sender or author), then judged by its actor.
-
-The marker means "written by looprelay" for loop prevention only. Anyone can paste it, and such a
-comment is dropped too: dropping is the safe side. It is never evidence of authorship; trust in
-a comment looprelay wrote comes from the comment id it recorded (fixes discrepancy 3).
+Order (SPEC §2, B12): an event is dropped first if it is looprelay's own doing (a comment or
+review body carrying the marker of :mod:`looprelay.core.markers`, or the App's bot as sender or
+author), then judged by its actor.
 """
 
 from __future__ import annotations
@@ -17,20 +14,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from looprelay.core.envelope import Actor, Envelope
+from looprelay.core.markers import is_marked
 from looprelay.core.workitems import CI_EVENTS
 
-MARKER_TAG = "looprelay:v1"
-LEGACY_MARKER = "<!-- the-loop:agent-comment -->"
-"""the-loop's marker (B7); sessions it set up may still write it, so it is dropped too."""
 COMMENT_EVENTS = frozenset({"issue_comment", "pull_request_review_comment", "pull_request_review"})
 LIFECYCLE_EVENTS = frozenset({"issues", "pull_request"})
 BOT_SUFFIX = "[bot]"
 
-_FIELD = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
-_FIELD_RE = re.compile(_FIELD, re.ASCII)
-_MARKER = re.compile(rf"<!-- {MARKER_TAG} kind=(?P<kind>{_FIELD}) id=(?P<id>{_FIELD}) -->", re.A)
-# Detection is wider than what we write: any version, spacing or case still counts as ours.
-_ANY_MARKER = re.compile(r"<!--\s*(?:looprelay:|the-loop:agent-comment)", re.IGNORECASE)
 HIDDEN = "\x00"
 """Stands in for text that is not read, so words on either side of it never join up."""
 _LINE_END = re.compile(r"\r\n|\r|\n")  # CommonMark's line endings, not str.splitlines()'
@@ -41,60 +31,6 @@ _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _TICKS = re.compile(r"`+")
 _LOGIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}(?:\[bot\])?", re.ASCII)
 _USER_ID = re.compile(r"[0-9]{1,20}", re.ASCII)
-
-
-@dataclass(frozen=True)
-class Marker:
-    """The hidden line ending every comment looprelay writes: what wrote it, for which id."""
-
-    kind: str
-    id: str
-
-    def __post_init__(self) -> None:
-        for name, value in (("kind", self.kind), ("id", self.id)):
-            if not _FIELD_RE.fullmatch(value):
-                raise ValueError(
-                    f"marker {name} {value[:80]!r} must be 1-128 letters, digits, '.', '_', ':' "
-                    "or '-', starting with a letter or digit"
-                )
-
-    def render(self) -> str:
-        """Return the marker as an HTML comment (invisible in rendered Markdown)."""
-        return f"<!-- {MARKER_TAG} kind={self.kind} id={self.id} -->"
-
-
-def mark(body: str, *, kind: str, id: str) -> str:
-    """Append the loop-prevention marker for ``kind`` and ``id`` to a comment body.
-
-    Expects the comment text and, as ``id``, a delivery or dispatch id. Idempotent: a body
-    already ending with the same marker comes back unchanged. Raises ``ValueError`` when
-    ``kind`` or ``id`` could not sit inside an HTML comment (see :class:`Marker`).
-    """
-    marker = Marker(kind=kind, id=id).render()
-    text = body.rstrip()
-    if text.endswith(marker):
-        return text
-    return f"{text}\n\n{marker}" if text else marker
-
-
-def is_marked(body: str) -> bool:
-    """Tell whether a body carries looprelay's marker (any version) or the-loop's.
-
-    Expects any text, of any length. Never raises.
-    """
-    return _ANY_MARKER.search(body) is not None
-
-
-def read_marker(body: str) -> Marker | None:
-    """Return the last well-formed looprelay marker in a body, or None.
-
-    Expects a comment body. What it returns says what the marker claims, not who wrote it.
-    Never raises.
-    """
-    last = None
-    for match in _MARKER.finditer(body):
-        last = match
-    return Marker(kind=last["kind"], id=last["id"]) if last else None
 
 
 def strip_quotes_and_code(body: str) -> str:
@@ -160,10 +96,12 @@ def drop_reason(envelope: Envelope, *, bot_logins: Collection[str]) -> DropReaso
 
     Expects the App's bot login(s) (``looprelay[bot]``; a bare slug also matches its
     ``[bot]`` login), compared case-insensitively with the sender and any comment author.
-    The comment or review body is checked for the marker (B7); issue and PR descriptions are
-    not, as they never carry commands. Never raises.
+    The comment or review body is checked for the marker (B7), in full: a marker the
+    envelope's cap cut off still counts (``Comment.marked``). Issue and PR descriptions are
+    not checked, as they never carry commands. Never raises.
     """
-    if envelope.comment is not None and is_marked(envelope.comment.body):
+    comment = envelope.comment
+    if comment is not None and (comment.marked or is_marked(comment.body)):
         return DropReason.SELF_MARKED
     bots = _bot_names(bot_logins)
     author = envelope.comment.author if envelope.comment else None
