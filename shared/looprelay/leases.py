@@ -79,8 +79,7 @@ def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecor
     """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
     heads = heads_of_line(items.list_dispatch_heads(statuses=DISPATCH_OPEN), now=now)
     refs = {d.work_item for d in heads if needs_session_pin(d)}
-    work_items = {ref: item for ref in refs if (item := items.get_work_item(ref)) is not None}
-    return pin_to_sessions(heads, work_items)
+    return pin_to_sessions(heads, items.get_work_items(refs) if refs else {})
 
 
 class LeaseDesk:

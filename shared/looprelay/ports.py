@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -119,6 +119,11 @@ class WorkItemStore(Protocol):
 
     def get_work_item(self, ref: str) -> WorkItemRecord | None:
         """Return the work item ``ref``, or None."""
+        ...
+
+    def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
+        """Return the work items of ``refs`` that exist, by ref, in one round trip (the lease
+        desk reads every work item with an open dispatch on each poll)."""
         ...
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:

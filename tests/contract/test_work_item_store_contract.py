@@ -55,6 +55,21 @@ class TestWorkItems:
         stored = work_item_store.get_work_item(REF)
         assert stored == _item(version=1)
 
+    def test_many_work_items_are_read_at_once(self, work_item_store: WorkItemStore) -> None:
+        """The lease desk reads every work item with an open dispatch on each poll; more than
+        one batch of them (Firestore's adapter asks for 100 at a time) comes back whole, and
+        a ref with no work item is left out rather than failing the rest."""
+        saved = {}
+        for number in range(1, 121):
+            record = _item(ref=f"github:octo/demo#{number}", number=number)
+            assert work_item_store.save_work_item(record, expected_version=0)
+            saved[record.ref] = record.model_copy(update={"version": 1})
+        wanted = [*saved, "github:octo/demo#999", "github:octo/demo#1"]
+
+        assert work_item_store.get_work_items(wanted) == saved
+        assert work_item_store.get_work_items([]) == {}
+        assert work_item_store.get_work_items(["github:octo/demo#999"]) == {}
+
     def test_a_rich_record_round_trips(self, work_item_store: WorkItemStore) -> None:
         record = _item(
             control="started",

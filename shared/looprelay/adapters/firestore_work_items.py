@@ -10,7 +10,7 @@ both, then ``created_at`` and ``seq`` ascending.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,8 @@ def work_item_document_id(ref: str) -> str:
     return base64.urlsafe_b64encode(ref.encode()).decode("ascii").rstrip("=")
 
 
+_REFS_PER_BATCH = 100
+"""Documents asked for in one batch get."""
 _HEADS_SCAN_LIMIT = 5_000
 """Open dispatches read to find the heads; each costs a document read."""
 
@@ -74,6 +76,25 @@ class FirestoreWorkItemStore:
         with translated("read a work item"):
             data = self._items.document(work_item_document_id(ref)).get().to_dict()
         return None if data is None else WorkItemRecord.model_validate(_plain(data))
+
+    def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
+        """See ``WorkItemStore.get_work_items``: one batch get per ``_REFS_PER_BATCH``
+        documents; ``Transient`` as above."""
+        wanted = sorted(set(refs))
+        found: dict[str, WorkItemRecord] = {}
+        for start in range(0, len(wanted), _REFS_PER_BATCH):
+            documents = [
+                self._items.document(work_item_document_id(ref))
+                for ref in wanted[start : start + _REFS_PER_BATCH]
+            ]
+            with translated("read work items"):
+                snapshots = list(self._client.get_all(documents))
+            for snapshot in snapshots:
+                data = snapshot.to_dict() if snapshot.exists else None
+                if data is not None:
+                    record = WorkItemRecord.model_validate(_plain(data))
+                    found[record.ref] = record
+        return found
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``; ``Transient`` as above."""

@@ -6,13 +6,16 @@ the fields the queries filter and order on, written in the same statement so the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from looprelay.adapters.sqlite_common import SqliteDatabase, open_database, utc_text
 from looprelay.records import DispatchRecord, WorkItemRecord
+
+_REFS_PER_QUERY = 500
+"""Well under SQLite's limit on a statement's parameters."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS work_items (
@@ -66,6 +69,18 @@ class SqliteWorkItemStore:
         """See ``WorkItemStore.get_work_item``."""
         rows = self._db.rows("SELECT doc FROM work_items WHERE ref = ?", (ref,))
         return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
+
+    def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
+        """See ``WorkItemStore.get_work_items``."""
+        wanted = sorted(set(refs))
+        found: dict[str, WorkItemRecord] = {}
+        for start in range(0, len(wanted), _REFS_PER_QUERY):
+            chunk = wanted[start : start + _REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT ref, doc FROM work_items WHERE ref IN ({marks})"  # noqa: S608 - values bound
+            rows = self._db.rows(query, tuple(chunk))
+            found |= {row["ref"]: WorkItemRecord.model_validate_json(row["doc"]) for row in rows}
+        return found
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``."""
