@@ -302,9 +302,9 @@ def test_a_watched_socket_is_read_on_the_loop_and_a_closed_ones_number_can_be_wa
 
     def read(sock: socket.socket) -> None:
         data = sock.recv(100)
-        got.put((data, threading.current_thread().name))
         if data == b"bye":
-            sock.close()
+            sock.close()  # before telling the test, which then expects the number free
+        got.put((data, threading.current_thread().name))
 
     rig.server.watch(ours, functools.partial(read, ours))
     theirs.sendall(b"ping")
