@@ -9,6 +9,11 @@ fresh store copies it aside, since the runner's result overwrites it moments lat
 waits until the previous dispatch was applied, so one measurement never queues behind another.
 
 Target (issue 6): p50 < 25 ms, p99 < 100 ms. Printed as pass/miss; nothing is asserted.
+
+Beside it, the time until the runner reported the dispatch applied (the result's ``updated_at``),
+for a paste into a live session and, measured apart, for a first spawn: a fresh work item whose
+start makes the runner add a git worktree of its checkout, accept Claude's folder trust, install
+the skill and start the harness in tmux.
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ WHEN NEW.status = 'leased' BEGIN
         json_extract(NEW.doc, '$.created_at')
     );
 END;
+CREATE TABLE IF NOT EXISTS bench_applied (delivery_id TEXT, applied_at TEXT);
+CREATE TRIGGER IF NOT EXISTS bench_apply AFTER UPDATE OF status ON dispatches
+WHEN NEW.status IN ('succeeded', 'failed') BEGIN
+    INSERT INTO bench_applied VALUES (
+        json_extract(NEW.doc, '$.delivery_id'), json_extract(NEW.doc, '$.updated_at')
+    );
+END;
 """
 
 
@@ -69,6 +81,16 @@ class Watcher:
             row[0]
         ).timestamp()
 
+    def applied_time(self, delivery_id: str) -> float:
+        """When the runner's result for ``delivery_id``'s dispatch was recorded (wall clock)."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT MIN(applied_at) FROM bench_applied WHERE delivery_id = ?", (delivery_id,)
+            ).fetchone()
+        if not row or not row[0]:
+            raise LoadError(f"{delivery_id} has no recorded result")
+        return datetime.fromisoformat(row[0]).timestamp()
+
     def applied(self, db: sqlite3.Connection, delivery_id: str) -> bool:
         row = db.execute(
             "SELECT status FROM dispatches WHERE json_extract(doc, '$.delivery_id') = ?",
@@ -90,14 +112,14 @@ class Watcher:
 
 def _measure(
     running: Rig, watcher: Watcher, *, senders: int, count: int, warmup: int
-) -> list[tuple[float, float, float, float]]:
-    """(send->lease, send->ack, send->dispatch written, dispatch written->lease) in seconds,
-    for ``count`` comments per sender after ``warmup`` unmeasured ones."""
+) -> list[tuple[float, float, float, float, float]]:
+    """(send->lease, send->ack, send->dispatch written, dispatch written->lease, send->applied)
+    in seconds, for ``count`` comments per sender after ``warmup`` unmeasured ones."""
     starts, comments = build_deliveries(total=senders * (count + warmup + 1), work_items=senders)
     send_all(running.url, starts, senders=senders, secret=running.secret)
     for start in starts:
         watcher.wait(start.delivery_id, applied=True)
-    spans: list[tuple[float, float, float, float]] = []
+    spans: list[tuple[float, float, float, float, float]] = []
     lock = threading.Lock()
 
     def sender(lane: int) -> None:
@@ -109,8 +131,9 @@ def _measure(
             created, leased = watcher.wait(item.delivery_id, applied=True)
             if index >= warmup:
                 stages = (leased - ack.sent_wall, ack.seconds, created - ack.sent_wall)
+                applied = watcher.applied_time(item.delivery_id) - ack.sent_wall
                 with lock:
-                    spans.append((*stages, leased - created))
+                    spans.append((*stages, leased - created, applied))
 
     threads = [threading.Thread(target=sender, args=(lane,)) for lane in range(senders)]
     for thread in threads:
@@ -122,12 +145,36 @@ def _measure(
     return spans
 
 
+def _measure_spawns(running: Rig, watcher: Watcher, *, count: int) -> list[float]:
+    """send->applied in seconds for ``count`` first spawns, one at a time, each a new work item
+    whose session gets a worktree of its own."""
+    starts, _ = build_deliveries(total=count, work_items=count)
+    spans = []
+    for start in starts:
+        [ack] = send_all(running.url, [start], senders=1, secret=running.secret)
+        if ack.status != 202:
+            raise LoadError(f"{start.delivery_id} answered {ack.status} {ack.error}")
+        watcher.wait(start.delivery_id, applied=True)
+        spans.append(watcher.applied_time(start.delivery_id) - ack.sent_wall)
+    return spans
+
+
+def _spawn_run(count: int) -> dict[str, float]:
+    with (
+        tempfile.TemporaryDirectory(prefix="looprelay-e2e-") as tmp,
+        rig(Path(tmp), capacity=count + 1) as running,
+    ):
+        spans = _measure_spawns(running, Watcher(running), count=count)
+    return summary_ms(spans)
+
+
 def main() -> int:
     """Measure and print p50/p99 per concurrency level; exit 1 if the rig failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200, help="measured sends per sender")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured sends per sender")
     parser.add_argument("--levels", default="1,4", help="concurrent senders, comma-separated")
+    parser.add_argument("--spawns", type=int, default=30, help="first spawns measured apart")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
@@ -148,17 +195,24 @@ def main() -> int:
                 name: summary_ms([span[i] for span in spans])["p50"]
                 for i, name in ((1, "ack_p50"), (2, "routed_p50"), (3, "lease_wait_p50"))
             }
+            pasted = summary_ms([span[4] for span in spans])
+            stages |= {"paste_applied_p50": pasted["p50"], "paste_applied_p99": pasted["p99"]}
             results.append(
                 {"senders": level, **figures, **stages, "target": "pass" if verdict else "miss"}
             )
             print(f"c={level}: done", file=sys.stderr, flush=True)
+        spawned = _spawn_run(args.spawns) if args.spawns else None
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(
             json.dumps(
-                {"target_ms": {"p50": TARGET_P50_MS, "p99": TARGET_P99_MS}, "runs": results},
+                {
+                    "target_ms": {"p50": TARGET_P50_MS, "p99": TARGET_P99_MS},
+                    "runs": results,
+                    "first_spawn_applied_ms": spawned,
+                },
                 indent=2,
             )
         )
@@ -178,6 +232,18 @@ def main() -> int:
         "stages (p50 each): ack = send -> 202; routed = send -> dispatch written by the worker;"
         " lease = dispatch written -> leased"
     )
+    print()
+    print("until the runner reported it applied (send -> result recorded):")
+    for r in results:
+        print(
+            f"  paste, c={r['senders']}: p50 {r['paste_applied_p50']:.1f} ms, "
+            f"p99 {r['paste_applied_p99']:.1f} ms"
+        )
+    if spawned is not None:
+        print(
+            f"  first spawn (worktree, trust, skill, tmux), one at a time, "
+            f"n={spawned['count']:.0f}: p50 {spawned['p50']:.1f} ms, p99 {spawned['p99']:.1f} ms"
+        )
     return 0
 
 

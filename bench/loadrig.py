@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 from looprelay.datadir import STORE_FILE, WEBHOOK_SECRET_FILE  # noqa: E402
 from tests import fake_harness  # noqa: E402
 from tests.fake_harness import FakeHarness  # noqa: E402
+from tests.gitrepos import operator_checkout  # noqa: E402
 
 LOOPRELAY = [sys.executable, "-m", "looprelay.cli"]
 REPOSITORY = "codertocat/hello-world"
@@ -233,8 +234,8 @@ def _start_runner(
     stack: ExitStack,
 ) -> Process:
     token = cli("runners", "token", *state).strip()
-    credentials, checkout = root / "runner.json", root / "checkout"
-    checkout.mkdir()
+    credentials = root / "runner.json"
+    checkout = operator_checkout(root / "checkout", REPOSITORY)
     cli(
         "runner", "register", "--server", base, "--token", token, "--name", "load",
         "--capacity", str(capacity), "--credentials", str(credentials),

@@ -18,6 +18,7 @@ from tests.rigs import Stores
 
 pytest_plugins = [
     "tests.firestore_emulator",
+    "tests.claude_cli",
     "tests.cloudtasks_recorder",
     "tests.embedded_queue_harness",
     "tests.fake_github",
@@ -114,3 +115,13 @@ def queue_harness(request: pytest.FixtureRequest) -> QueueHarness:
     """A fresh queue of each backend, with a view of what its backend holds."""
     harness: QueueHarness = request.getfixturevalue(f"{request.param}_queue_harness")
     return harness
+
+
+@pytest.fixture(autouse=True)
+def private_claude_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Claude's config directory for this test, never the machine's: the runner agent (in
+    process or as a child) pre-accepts folder trust and looks for transcripts there."""
+    directory = tmp_path_factory.mktemp("claude-config")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLAUDE_CONFIG_DIR", str(directory))
+        yield directory

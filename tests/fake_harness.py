@@ -1,9 +1,12 @@
 """Fixture plugin: a fake ``claude``/``cursor-agent`` first on PATH that records what it gets.
 
 The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv and
-cwd when it starts, ``ready`` once its terminal is raw with bracketed paste on, then every chunk
-it reads. Marker files beside it change its behaviour (``ignore-term``, ``exit-once``,
-``resume-fails``, ``headless-fail``, ``headless-hang``).
+cwd when it starts, ``ready`` once its terminal is raw with bracketed paste on and its first
+screen drawn, then every chunk it reads. Marker files beside it change its behaviour
+(``ignore-term``, ``exit-once``, ``draw-late``: raw a second before it draws, dropping what came
+in between, as Claude does,
+``resume-fails``, ``headless-fail``: Claude's real "Not logged in" result with exit 1,
+``headless-hang``, and ``headless-answer``, whose text is the answer a headless turn prints).
 """
 
 from __future__ import annotations
@@ -41,25 +44,47 @@ if (HERE / "ignore-term").exists():
 if "-p" in ARGV:
     if (HERE / "headless-hang").exists():
         time.sleep(60)
-    if (HERE / "headless-fail").exists():
-        print("boom: not logged in", file=sys.stderr)
-        sys.exit(2)
     flags = ("--session-id", "--resume")
     sid = next((ARGV[i + 1] for i, a in enumerate(ARGV) if a in flags), None)
     sid = sid or "11111111-2222-4333-8444-555555555555"
-    print("noise " * 2000)
-    print(json.dumps({"type": "result", "result": "ok", "session_id": sid}))
-    sys.exit(0)
+    failing = (HERE / "headless-fail").exists()
+    answer = HERE / "headless-answer"
+    # Claude 2.x's one result object (`-p --output-format json`); is_error exits 1.
+    result = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": failing,
+        "duration_ms": 1234,
+        "duration_api_ms": 0,
+        "num_turns": 1,
+        "result": "Not logged in · Please run /login" if failing
+        else answer.read_text("utf-8") if answer.exists() else "ok",
+        "session_id": sid,
+        "total_cost_usd": 0,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "permission_denials": [],
+        "uuid": "6f1c0e4a-2b8d-4c3e-9a7f-0d5b1e2c3a4f",
+    }
+    out = "noise " * 2000 + "\n" + json.dumps(result, ensure_ascii=False) + "\n"
+    sys.stdout.buffer.write(out.encode("utf-8"))
+    sys.stdout.buffer.flush()
+    sys.exit(1 if failing else 0)
 if "--resume" in ARGV and (HERE / "resume-fails").exists():
     print("No conversation found with that session ID")
     sys.exit(1)
 if (HERE / "exit-once").exists():
     (HERE / "exit-once").unlink()
     sys.exit(3)
-import tty
+import termios, tty
 
 tty.setraw(0)
 sys.stdout.write("\x1b[?2004h")  # enable bracketed paste, as claude's TUI does
+sys.stdout.flush()
+if (HERE / "draw-late").exists():
+    # Claude goes raw, then draws its first screen a moment later and drops what came before.
+    time.sleep(1.0)
+    termios.tcflush(0, termios.TCIFLUSH)
+sys.stdout.write("> fake harness ready\r\n")  # its first screen
 sys.stdout.flush()
 note(event="ready")
 while True:
@@ -102,6 +127,10 @@ class FakeHarness:
     def mark(self, *markers: str) -> None:
         for marker in markers:
             (self.bin / marker).touch()
+
+    def answer(self, text: str) -> None:
+        """Make headless turns answer ``text`` (the ``result`` of their JSON)."""
+        (self.bin / "headless-answer").write_text(text, encoding="utf-8")
 
     def calls(self) -> list[dict[str, Any]]:
         log = self.bin / "calls.jsonl"

@@ -18,3 +18,33 @@ def payload(name: str) -> dict[str, Any]:
 def payload_bytes(name: str) -> bytes:
     """The fixture's exact bytes, as GitHub would sign them."""
     return (FIXTURES / f"{name}.json").read_bytes()
+
+
+AUTO_LABEL = "the-loop: auto-execute"
+"""The label that arms a work item, as the default routing config names it."""
+
+
+def labeled(number: int, *, installation: int | None = None) -> dict[str, Any]:
+    """An ``issues.labeled`` delivery arming issue ``number``."""
+    data = payload("issues.labeled")
+    data["issue"]["number"] = number
+    data["label"]["name"] = AUTO_LABEL
+    return installed(data, installation)
+
+
+def commented(
+    number: int, body: str, *, comment_id: int, installation: int | None = None
+) -> dict[str, Any]:
+    """An ``issue_comment.created`` delivery: Codertocat says ``body`` on issue ``number``."""
+    data = payload("issue_comment.created")
+    data["issue"]["number"] = number
+    data["comment"]["id"] = comment_id
+    data["comment"]["body"] = body
+    return installed(data, installation)
+
+
+def installed(data: dict[str, Any], installation: int | None) -> dict[str, Any]:
+    """``data`` as a GitHub App installation ``installation`` sends it (None: unchanged)."""
+    if installation is not None:
+        data["installation"] = {"id": installation, "node_id": "MDIzOkludGVncmF0aW9uNzc="}
+    return data

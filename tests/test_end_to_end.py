@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fake_harness import FakeHarness, wait_until
+from tests.gitrepos import git, operator_checkout
 from tests.samples import payload
 from tests.test_up import LOOPRELAY, UpProcess, cli
 
@@ -71,8 +72,7 @@ class TestOneMachine:
             str(credentials),
         )
         assert registered.returncode == 0, registered.stderr
-        checkout = tmp_path / "checkout"
-        checkout.mkdir()
+        checkout = operator_checkout(tmp_path / "checkout", "codertocat/hello-world")
         state = tmp_path / "runner-state"
         runner = subprocess.Popen(
             [
@@ -103,7 +103,10 @@ class TestOneMachine:
             _send(stack, tmp_path, "issue_comment", start)
 
             (spawned,) = fake_harness.wait_ready(1)
-            assert spawned["cwd"] == str(checkout)
+            # A worktree of the operator's checkout, at its commit, never the checkout itself.
+            tree = Path(spawned["cwd"])
+            assert tree.parent == state / "worktrees" and tree.name.startswith("loop-github-")
+            assert git("rev-parse", "HEAD", cwd=tree) == git("rev-parse", "HEAD", cwd=checkout)
             assert spawned["argv"][0] == "--session-id"
             boot_prompt = spawned["argv"][-1]
             assert "## Interaction mode: work-item" in boot_prompt

@@ -22,6 +22,11 @@ from looprelay.adapters.github_rest import GitHubRest
 from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.config import RunnersConfig
 from looprelay.core.prsessions import tmux_session_name
+from looprelay.core.replies import (
+    GITHUB_MAX_COMMENT_CHARS,
+    MAX_FAILURE_NOTE_CHARS,
+    MAX_REPLY_CHARS,
+)
 from looprelay.leases import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
@@ -31,7 +36,7 @@ from looprelay.leases import (
 from looprelay.progress import Progress
 from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
-from looprelay.runnerapi_models import PollBody
+from looprelay.runnerapi_models import MAX_BODY_BYTES, PollBody
 from looprelay.runnerauth import runner_bearer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
@@ -172,6 +177,10 @@ class Desk:
     def attach_comments(self, number: int) -> list[str]:
         return [c.body for c in self.github.on(number) if c.author == APP_LOGIN]
 
+    def replies(self, number: int) -> list[str]:
+        """Comments our bot posted on ``number`` as a headless turn's reply."""
+        return [body for body in self.attach_comments(number) if "kind=reply " in body]
+
 
 def _ref(number: int) -> str:
     return f"github:{REPOSITORY}#{number}"
@@ -184,12 +193,18 @@ def _lease_desk(
     waker: DispatchWaker | None,
     github: FakeGitHub,
     monotonic: Callable[[], float] = time.monotonic,
+    headless_replies: bool = True,
 ) -> LeaseDesk:
     """The lease desk as ``looprelay.wiring.build_runner_api`` builds it, on ``stores``."""
     github.tokens[GITHUB_TOKEN] = APP_LOGIN
     client = GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
     progress = Progress(
-        work_items=stores.work_items, store=stores.events, github=client, clock=clock
+        work_items=stores.work_items,
+        store=stores.events,
+        github=client,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+        headless_replies=headless_replies,
     )
     return LeaseDesk(
         registry=stores.registry,
@@ -203,22 +218,34 @@ def _lease_desk(
     )
 
 
-@pytest.fixture
-def desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
+def serve_desk(
+    stores: Stores, github: FakeGitHub, *, headless_replies: bool = True
+) -> Iterator[Desk]:
+    """Serve the runner API over real HTTP on ``stores``, progress going to ``github``."""
     clock = SteppingClock()
     waker = DispatchWaker()
-    runner_api = RunnerApi(
-        registry=stores.registry,
-        store=stores.events,
-        clock=clock,
-        config=CONFIG,
-        desk=_lease_desk(stores, clock=clock, waker=waker, github=fake_github),
+    lease_desk = _lease_desk(
+        stores, clock=clock, waker=waker, github=github, headless_replies=headless_replies
     )
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1 << 20)
+    runner_api = RunnerApi(
+        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=lease_desk
+    )
+    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=MAX_BODY_BYTES)
     server.start(Routes({}, {"/runner/": runner_api.handle}))
     host, port = server.address
-    yield Desk(f"http://{host}:{port}", stores, clock, waker, fake_github)
+    yield Desk(f"http://{host}:{port}", stores, clock, waker, github)
     server.stop()
+
+
+@pytest.fixture
+def desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
+    yield from serve_desk(stores, fake_github)
+
+
+@pytest.fixture
+def quiet_desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
+    """The desk of an operator who turned headless replies off (``routing.headlessReplies``)."""
+    yield from serve_desk(stores, fake_github, headless_replies=False)
 
 
 def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requests.Response]]:
@@ -537,6 +564,135 @@ class TestResults:
     def test_a_result_for_an_unknown_dispatch_is_404(self, desk: Desk) -> None:
         runner = desk.runner("laptop")
         assert desk.report(runner, "dp-nope", status="done").status_code == 404
+
+
+NOT_LOGGED_IN = "Not logged in · Please run /login"
+
+
+class TestHeadlessReplies:
+    """Issue 12 item 6: what a headless turn says reaches the work item (or its PR) once."""
+
+    def _turn(self, desk: Desk, number: int = 1, **changes: Any) -> tuple[Runner, DispatchRecord]:
+        """A runner that leased a headless (``process``) spawn of work item ``number``."""
+        runner = desk.runner("laptop", workspace=True)
+        dispatch = desk.dispatch(number, **{"runner_kind": "process", **changes})
+        desk.seed(number, dispatch)
+        assert desk.polled_id(runner) == dispatch.dispatch_id
+        return runner, dispatch
+
+    def test_an_answer_is_posted_once_on_the_issue_with_the_marker(self, desk: Desk) -> None:
+        runner, dispatch = self._turn(desk)
+        answer = "Fixed: `parse()` now skips blank lines.\n\nThe-loop stop"
+        report = desk.report(runner, "dp-1-1", status="done", reply=f"\n{answer}\n")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        marker = f"<!-- looprelay:v1 kind=reply id={dispatch.dispatch_id} -->"
+        assert desk.replies(1) == [f"{answer}\n\n{marker}"]
+        assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]
+        again = desk.report(runner, "dp-1-1", status="done", reply=answer)  # a retried report
+        assert again.status_code == 409
+        assert len(desk.replies(1)) == 1
+
+    def test_a_post_whose_answer_was_lost_is_found_not_posted_again(self, desk: Desk) -> None:
+        runner, _ = self._turn(desk)
+        desk.github.script(match="POST .*/issues/1/comments", status=502, after=True)
+        report = desk.report(runner, "dp-1-1", status="done", reply="All green.")
+        assert report.json() == {"status": "succeeded"}
+        assert [body.split("\n")[0] for body in desk.replies(1)] == ["All green."]
+        assert desk.events("github.failed") == []
+
+    def test_a_pr_sessions_answer_goes_on_the_pull_request(self, desk: Desk) -> None:
+        pr = _ref(7)
+        runner, _ = self._turn(desk, endpoint=pr, session_name=tmux_session_name(pr))
+        assert desk.report(runner, "dp-1-1", status="done", reply="Rebased.").status_code == 200
+        assert [body.split("\n")[0] for body in desk.replies(7)] == ["Rebased."]
+        assert desk.replies(1) == []
+
+    def test_the_longest_reply_is_taken_and_posted_within_githubs_limit(self, desk: Desk) -> None:
+        runner, _ = self._turn(desk)
+        # Each emoji travels as two \\uXXXX escapes: the largest body a runner can send.
+        longest = "🙂" * MAX_REPLY_CHARS
+        assert desk.report(runner, "dp-1-1", status="done", reply=longest).status_code == 200
+        [body] = desk.replies(1)
+        assert body.startswith(longest) and len(body) <= GITHUB_MAX_COMMENT_CHARS
+
+    def test_a_reply_over_the_limit_is_refused_by_name(self, desk: Desk) -> None:
+        runner, _ = self._turn(desk)
+        report = desk.report(runner, "dp-1-1", status="done", reply="x" * (MAX_REPLY_CHARS + 1))
+        assert report.status_code == 400 and "reply" in report.json()["error"]
+        assert desk.stored("dp-1-1").status == "leased"
+
+    def test_a_failed_turn_leaves_a_short_note_its_message_in_the_log_and_the_dispatch(
+        self, desk: Desk
+    ) -> None:
+        runner, dispatch = self._turn(desk)
+        detail = f"claude: {NOT_LOGGED_IN} (exit 1)"
+        note = f"😕 claude turn failed: `{NOT_LOGGED_IN}`"
+        report = desk.report(
+            runner,
+            "dp-1-1",
+            status="failed",
+            reason="harness-failed",
+            detail=detail + "; " + "x" * 1_900,
+            reply=note,
+        )
+        assert report.json() == {"status": "failed"}
+        [body] = desk.replies(1)
+        assert body.startswith(note + "\n\n<!-- looprelay:v1 kind=reply id=dp-1-1 -->")
+        assert desk.reactions(dispatch.comment_id or 0) == ["confused"]
+        [event] = desk.events("dispatch.failed")
+        assert (event["reason"], event["final"]) == ("harness-failed", "failed")
+        assert event["detail"].startswith(detail) and len(event["detail"]) == 500
+        stored = desk.stored("dp-1-1")
+        assert (stored.result, stored.detail) == ("harness-failed", event["detail"])
+
+    def test_a_failure_without_a_note_is_named_by_its_reason_and_a_long_note_is_cut(
+        self, desk: Desk
+    ) -> None:
+        runner, _ = self._turn(desk)
+        desk.report(runner, "dp-1-1", status="failed", reason="harness-timeout", detail="/home/x")
+        second = desk.dispatch(2, runner_kind="process")
+        desk.seed(2, second)
+        assert desk.polled_id(runner) == "dp-2-1"
+        desk.report(runner, "dp-2-1", status="failed", reason="harness-failed", reply="😕" * 900)
+        [timeout] = desk.replies(1)
+        assert timeout.startswith("😕 claude turn failed: `harness-timeout`\n\n<!--")
+        [long] = desk.replies(2)
+        note = long.split("\n\n<!--")[0]
+        assert len(note) == MAX_FAILURE_NOTE_CHARS and "(cut: " in note
+
+    def test_a_failure_offered_again_posts_nothing_yet(self, desk: Desk) -> None:
+        runner, _ = self._turn(desk)
+        report = desk.report(
+            runner, "dp-1-1", status="failed", reason="draining", retryable=True, reply="later"
+        )
+        assert report.json() == {"status": "pending"}
+        assert desk.replies(1) == []
+
+    def test_a_tmux_dispatch_never_gets_a_reply_posted(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        desk.seed(1, desk.dispatch(1))
+        assert desk.polled_id(runner) == "dp-1-1"
+        assert desk.report(runner, "dp-1-1", status="spawned", reply="hi").status_code == 200
+        assert desk.replies(1) == []
+
+    def test_github_trouble_with_the_reply_does_not_fail_the_result(self, desk: Desk) -> None:
+        runner, _ = self._turn(desk)
+        desk.github.script(3, match="POST .*/issues/1/comments", status=502)
+        report = desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        [failure] = desk.events("github.failed")
+        assert failure["dispatch_id"] == "dp-1-1" and "502" in failure["error"]
+
+    def test_with_replies_switched_off_nothing_is_posted(self, quiet_desk: Desk) -> None:
+        runner, dispatch = self._turn(quiet_desk)
+        quiet_desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
+        second = quiet_desk.dispatch(2, runner_kind="process")
+        quiet_desk.seed(2, second)
+        assert quiet_desk.polled_id(runner) == "dp-2-1"
+        quiet_desk.report(runner, "dp-2-1", status="failed", reason="harness-failed", reply="😕")
+        assert quiet_desk.replies(1) == quiet_desk.replies(2) == []
+        assert quiet_desk.reactions(dispatch.comment_id or 0) == ["hooray"]
+        assert quiet_desk.reactions(second.comment_id or 0) == ["confused"]
 
 
 class TestOrderAndAffinity:

@@ -16,10 +16,12 @@ from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.agent.credentials import Credentials, write_credentials
-from looprelay.agent.start import build_agent
+from looprelay.agent.start import RunnerOptions, build_agent
 from looprelay.config import RunnersConfig
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerauth import runner_bearer
+from tests.fake_harness import FakeHarness
+from tests.gitrepos import offline_github
 from tests.rigs import T0, SteppingClock
 
 
@@ -133,7 +135,7 @@ class TestAuthenticatedCalls:
         assert stored is not None and stored.last_seen_at == api.clock.current
 
     def test_an_agent_with_one_worker_keeps_the_sessions_it_registered_for(
-        self, api: Api, tmp_path: Path
+        self, api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_harness: FakeHarness
     ) -> None:
         # `runner register --capacity 3` (sessions), `runner run --capacity 1` (workers): the
         # agent's heartbeat used to overwrite 3 with 1, so its second work item never started
@@ -149,16 +151,18 @@ class TestAuthenticatedCalls:
                 name=runner["name"],
             ),
         )
-        checkout = tmp_path / "checkout"
-        checkout.mkdir()
+        repos = offline_github(tmp_path / "git", monkeypatch)
+        repos.create("octo/repo")
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
         agent = build_agent(
-            credentials_path=credentials,
-            state_dir=tmp_path / "state",
-            checkout_pairs=[f"octo/repo={checkout}"],
-            workspace=None,
-            tmux_socket="looprelay-unused",
-            capacity=1,
-            poll_wait_seconds=1,
+            RunnerOptions(
+                credentials_path=credentials,
+                state_dir=tmp_path / "state",
+                checkout_pairs=[f"octo/repo={checkout}"],
+                tmux_socket="looprelay-unused",
+                capacity=1,
+                poll_wait_seconds=1,
+            )
         )
         agent.client.heartbeat(agent.describe())
         stored = api.registry.get_runner(runner["runner_id"])

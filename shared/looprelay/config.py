@@ -324,6 +324,13 @@ class RoutingConfig(_Section):
         default="tmux",
         description="`tmux` (interactive, attachable) or `process` (headless `-p` runs).",
     )
+    headless_replies: bool = Field(
+        default=True,
+        description="Post what a headless (`process`) turn says as a comment on the work item, "
+        "or on the pull request of a PR session: its answer (cut to GitHub's 65,536-character "
+        "limit), or a short 😕 note with the harness's message when it fails. `false` posts "
+        "neither; reactions and the event log stay.",
+    )
     prompt_template: str | None = Field(
         default=None,
         description="Path of an operator's event-prompt template (Jinja2, rendered sandboxed); "

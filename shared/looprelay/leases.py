@@ -26,7 +26,7 @@ from looprelay.core.scheduling import (
 )
 from looprelay.httpmsg import Response, json_response
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
-from looprelay.progress import Progress
+from looprelay.progress import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.records import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.runnerapi_models import (
     Leased,
@@ -186,6 +186,7 @@ class LeaseDesk:
             status=status,
             result=body.reason or body.status,
             now=now,
+            detail=body.detail[:MAX_KEPT_DETAIL_CHARS],
         ):
             return json_response(409, {"error": "this runner no longer holds that lease"})
         self._progress.record(dispatch, runner, body, final_status=status)

@@ -177,10 +177,17 @@ class WorkItemStore(Protocol):
         ...
 
     def finish_dispatch(
-        self, dispatch_id: str, *, runner_id: str, status: str, result: str, now: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        status: str,
+        result: str,
+        now: datetime,
+        detail: str = "",
     ) -> bool:
         """Record the lease holder's result (``succeeded``, ``failed``, or ``pending`` to offer
-        it again); False when ``runner_id`` does not hold the lease."""
+        it again) and its ``detail``; False when ``runner_id`` does not hold the lease."""
         ...
 
 

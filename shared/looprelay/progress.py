@@ -1,5 +1,6 @@
 """What a runner's result means outside the dispatch: the session's record, the event log,
-and progress on GitHub (🎉 delivered, 😕 failed, one attach comment after a first spawn)."""
+and progress on GitHub (🎉 delivered, 😕 failed, one attach comment after a first spawn, and a
+headless turn's answer or failure note as a reply on the work item or its pull request)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ from typing import TYPE_CHECKING
 from looprelay.besteffort import best_effort
 from looprelay.comments import post_once
 from looprelay.core.render import render_comment
+from looprelay.core.replies import (
+    MAX_FAILURE_NOTE_CHARS,
+    REPLY_MARKER_KIND,
+    cut_to,
+    failure_note,
+    reply_body,
+)
+from looprelay.core.workitems import parse_ref
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
 from looprelay.records import DispatchRecord, EventRecord, RunnerRecord, WorkItemRecord
 from looprelay.templateloader import ATTACH_COMMENT, bundled_template
@@ -20,6 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("looprelay.progress")
 
 MAX_SAVE_ROUNDS = 8
+MAX_KEPT_DETAIL_CHARS = 500
+"""How much of a result's detail the event log and the dispatch keep."""
+_TURN_KINDS = frozenset({"spawn", "deliver"})
 
 
 class Progress:
@@ -33,12 +45,15 @@ class Progress:
         github: GitHub | None,
         clock: Clock,
         bot_logins: Collection[str] = (),
+        headless_replies: bool = True,
     ) -> None:
+        """``headless_replies`` (``routing.headlessReplies``) posts what headless turns say."""
         self._items = work_items
         self._store = store
         self._github = github
         self._clock = clock
         self._bot_logins = tuple(bot_logins)
+        self._headless_replies = headless_replies
 
     def record(
         self,
@@ -59,9 +74,11 @@ class Progress:
                 "reason": result.reason,
                 "runner_id": runner.runner_id,
                 "final": final_status,
-                "detail": result.detail[:500],
+                "detail": result.detail[:MAX_KEPT_DETAIL_CHARS],
             },
         )
+        for reported in result.events:
+            self._event(reported.name, dispatch, {"runner_id": runner.runner_id, **reported.data})
         if result.reason == "resume-failed":
             self._event(
                 "session.resume_failed",
@@ -145,6 +162,9 @@ class Progress:
             )
         if announce and dispatch.runner_kind == "tmux":
             self._best_effort(dispatch, lambda: self._announce(dispatch, runner, result, item))
+        reply = self._reply_text(dispatch, result, final)
+        if reply:
+            self._best_effort(dispatch, lambda: self._reply(dispatch, item, reply))
 
     def _best_effort(self, dispatch: DispatchRecord, call: Callable[[], object]) -> None:
         best_effort(
@@ -182,6 +202,38 @@ class Progress:
             number=item.number,
             body=body,
             kind="attach",
+            marker_id=dispatch.dispatch_id,
+            bot_logins=self._bot_logins,
+        )
+
+    def _reply_text(self, dispatch: DispatchRecord, result: ResultBody, final: str) -> str:
+        """The text a headless turn leaves on GitHub: its answer, or a short note on failure."""
+        headless_turn = dispatch.runner_kind == "process" and dispatch.kind in _TURN_KINDS
+        if not (self._headless_replies and headless_turn):
+            return ""
+        if final == "succeeded":
+            return reply_body(result.reply)
+        # A runner that sent no note still gets one, naming only the reason: its detail may
+        # hold local paths that do not belong on a public issue.
+        note = result.reply.strip() or failure_note(dispatch.harness, result.reason)
+        return cut_to(note, MAX_FAILURE_NOTE_CHARS)
+
+    def _reply(self, dispatch: DispatchRecord, item: WorkItemRecord, text: str) -> None:
+        """Post ``text`` once on the session's endpoint: the work item, or the pull request a
+        PR session works on (its ref names the number; the dispatch names the repository)."""
+        assert self._github is not None
+        try:
+            number = parse_ref(dispatch.endpoint).number
+        except ValueError:
+            log.warning("no reply for %s: its endpoint is no ref", dispatch.dispatch_id)
+            return
+        post_once(
+            self._github,
+            installation_id=dispatch.installation_id,
+            repository=dispatch.repository or item.repository,
+            number=number,
+            body=text,
+            kind=REPLY_MARKER_KIND,
             marker_id=dispatch.dispatch_id,
             bot_logins=self._bot_logins,
         )

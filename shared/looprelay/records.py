@@ -227,6 +227,8 @@ class DispatchRecord(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     resume: bool = False
     """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
+    closing: bool = False
+    """For a cleanup: the work item closed (a runner may keep its checkout on close)."""
     runner_id: str | None = None
     """The runner that must apply it (session affinity), or None for any eligible runner."""
     status: str = "pending"
@@ -235,6 +237,9 @@ class DispatchRecord(BaseModel):
     lease_expires_at: datetime | None = None
     attempts: int = 0
     result: str = ""
+    detail: str = Field(default="", max_length=MAX_DETAIL_CHARS)
+    """The runner's account of its last result (a failed turn's message first), for
+    ``looprelay dispatches``."""
     created_at: datetime
     updated_at: datetime | None = None
     comment_id: int | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 from collections.abc import Callable
 
 from looprelay.besteffort import best_effort
@@ -106,6 +107,7 @@ class Router:
             target=target,
             work_item=item,
             now=self._clock.now(),
+            session_seed=uuid.uuid4().hex,
             recorded_checklist_body=self._checklist_body(envelope, item),
             pr_checkout_available=self._pr_checkouts(item),
         )

@@ -14,10 +14,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from looprelay.core.replies import MAX_REPLY_CHARS
 from looprelay.records import MAX_RUNNER_LABELS, DispatchRecord
 
 API_PREFIX = "/runner/v1/"
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1024 * 1024
+"""Largest request body: a result's reply of ``MAX_REPLY_CHARS`` characters JSON-escaped as
+``\\uXXXX`` pairs (12 bytes each, as Python's and requests' encoders write them) fits."""
 # Each pattern is also stated in the OpenAPI document; checked with fullmatch, since re's "$"
 # would let a trailing newline through where JSON Schema's does not.
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -107,6 +110,31 @@ class RenewBody(_Body):
     dispatch_id: str = Field(min_length=1, max_length=100)
 
 
+AgentEventName = Literal[
+    "workspace.prepared",
+    "workspace.cleaned",
+    "workspace.trusted",
+    "workspace.trust_failed",
+    "skill.installed",
+    "skill.install_failed",
+    "session.id_replaced",
+]
+"""Events a runner may report with a result; the server logs each beside the dispatch's own."""
+MAX_AGENT_EVENTS = 16
+MAX_AGENT_EVENT_VALUE_CHARS = 300
+
+
+_EventKey = Annotated[str, Field(max_length=40)]
+_EventValue = Annotated[str, Field(max_length=MAX_AGENT_EVENT_VALUE_CHARS)]
+
+
+class AgentEvent(_Body):
+    """Something the runner did while applying a dispatch (a tree prepared, a folder trusted)."""
+
+    name: AgentEventName
+    data: dict[_EventKey, _EventValue] = Field(default_factory=dict, max_length=8)
+
+
 class ResultBody(_Body):
     """What the runner did with a dispatch it leased."""
 
@@ -119,6 +147,13 @@ class ResultBody(_Body):
     tmux_target: str | None = Field(default=None, pattern=r"^loop-[A-Za-z0-9_-]{1,80}$")
     tmux_socket: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     resumed: bool = False
+    reply: str = Field(
+        default="",
+        max_length=MAX_REPLY_CHARS,
+        description="A headless turn's answer, or a short note that it failed, for the server "
+        "to post on the work item (or its pull request); empty: nothing to post.",
+    )
+    events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_AGENT_EVENTS)
 
 
 class EmptyBody(_Body):

@@ -76,6 +76,7 @@ def build_runner_api(
         github=github,
         clock=clock,
         bot_logins=config.routing.bot_logins,
+        headless_replies=config.routing.headless_replies,
     )
     desk = LeaseDesk(
         registry=registry,

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from looprelay.agent.apply import Applier
-from looprelay.agent.checkouts import Checkouts
 from looprelay.agent.ledger import Ledger
+from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.tmux import TmuxTerminal
+from looprelay.agent.workspaces import Workspaces
 from looprelay.records import DispatchRecord
 from tests import dispatches
+from tests.gitrepos import GitRepos, offline_github
 
 
 @pytest.fixture
@@ -55,32 +57,45 @@ def make_dispatch(**fields: Any) -> DispatchRecord:
     return dispatches.make_dispatch(repository="octo/repo", number=15, **{**defaults, **fields})
 
 
+@pytest.fixture
+def git_repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GitRepos:
+    """An offline GitHub (``tests.gitrepos``) holding ``octo/repo`` with one commit on main."""
+    repos = offline_github(tmp_path / "git", monkeypatch)
+    repos.create("octo/repo")
+    return repos
+
+
 @dataclass
 class Rig:
-    """An applier wired to real tmux, a real ledger file and two checkout kinds."""
+    """An applier wired to real tmux, a real ledger file and real git: ``checkout`` is the
+    operator's clone of octo/repo, ``workspace`` the root; ``repos`` has pull request 16."""
 
     applier: Applier
     ledger: Ledger
     terminal: TmuxTerminal
     checkout: Path
     workspace: Path
+    repos: GitRepos
 
 
 @pytest.fixture
-def rig(terminal: TmuxTerminal, tmp_path: Path) -> Iterator[Rig]:
+def rig(terminal: TmuxTerminal, tmp_path: Path, git_repos: GitRepos) -> Iterator[Rig]:
     """Short grace and probe (0.3 s) keep the suite fast; fresh ids are always FRESH_ID."""
-    checkout, workspace = tmp_path / "checkout", tmp_path / "workspace"
-    checkout.mkdir()
+    git_repos.add_pull_request("octo/repo", 16)
+    checkout = git_repos.clone("octo/repo", tmp_path / "checkout")
+    workspace = tmp_path / "workspace"
     ledger = Ledger(tmp_path / "state" / "ledger.db")
+    workspaces = Workspaces(
+        configured={"octo/repo": checkout}, root=workspace, worktrees=tmp_path / "worktrees"
+    )
     applier = Applier(
         terminal,
         ledger,
-        Checkouts(configured={"octo/repo": checkout}, workspace_root=workspace),
-        harness_args={"claude": ["--model", "opus"]},
+        SessionPreparer(workspaces, ledger, {"claude": ("--model", "opus")}),
         kill_grace_seconds=0.3,
         headless_timeout_seconds=10.0,
         resume_probe_seconds=0.3,
         new_uuid=lambda: uuid.UUID(FRESH_ID),
     )
-    yield Rig(applier, ledger, terminal, checkout, workspace)
+    yield Rig(applier, ledger, terminal, checkout, workspace, git_repos)
     ledger.close()

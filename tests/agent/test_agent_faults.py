@@ -35,14 +35,15 @@ import pytest
 
 from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.agent.apply import Applier
-from looprelay.agent.checkouts import Checkouts
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, write_credentials
 from looprelay.agent.ledger import Ledger
+from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.register import register
 from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import TmuxTerminal
+from looprelay.agent.workspaces import Workspaces
 from looprelay.config import RunnersConfig
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.leases import DispatchWaker, LeaseDesk
@@ -52,6 +53,7 @@ from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import API_PREFIX
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_harness import FakeHarness, wait_until
+from tests.gitrepos import GitRepos
 from tests.rigs import SteppingClock, Stores
 
 REPOSITORY = "octo/repo"
@@ -266,10 +268,9 @@ def relay(stores: Stores) -> Iterator[Relay]:
 
 
 @pytest.fixture
-def checkout(tmp_path: Path) -> Path:
-    path = tmp_path / "checkout"
-    path.mkdir()
-    return path
+def checkout(git_repos: GitRepos, tmp_path: Path) -> Path:
+    """The operator's clone of octo/repo; sessions get worktrees of it."""
+    return git_repos.clone(REPOSITORY, tmp_path / "checkout")
 
 
 @dataclass
@@ -305,7 +306,13 @@ def start_agent(
         applier = Applier(
             terminal,
             ledger,
-            Checkouts(configured={REPOSITORY: checkout}),
+            SessionPreparer(
+                Workspaces(
+                    configured={REPOSITORY: checkout}, root=None, worktrees=state / "worktrees"
+                ),
+                ledger,
+                {},
+            ),
             kill_grace_seconds=0.3,
             resume_probe_seconds=0.3,
         )
@@ -619,7 +626,7 @@ class TestDrain:
 
 class TestRevokedRunner:
     def test_a_revoked_runner_stops_with_exit_code_1_and_says_to_register_again(
-        self, relay: Relay, launch: Callable[..., RunnerProcess]
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
     ) -> None:
         box = launch("old-box")
         wait_until(lambda: relay.runner(box.runner_id).repositories, seconds=DEADLINE)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from looprelay.agent.apply import ApplyResult
-from looprelay.agent.checkouts import Checkouts, parse_checkout_pairs
 from looprelay.agent.ledger import LocalSession
-from looprelay.errors import ConfigError
+from looprelay.agent.workspaces import Workspaces
 from tests.agent.conftest import FRESH_ID, SESSION, SESSION_ID, WORK_ITEM, Rig, make_dispatch
 from tests.fake_harness import FakeHarness, wait_until
+from tests.gitrepos import git
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 FLAG_SHAPED = "--dangerously-skip-permissions"
@@ -24,16 +26,32 @@ def _bracketed(text: str) -> str:
 
 
 class TestSpawn:
-    def test_spawns_the_harness_in_the_configured_checkout(
+    def test_spawns_the_harness_in_a_worktree_of_the_configured_checkout(
         self, rig: Rig, fake_harness: FakeHarness
     ) -> None:
+        tree = rig.workspace / SESSION
         result = rig.applier.apply(make_dispatch(prompt="# Issue 15\nfix the bug"))
-        assert result == ApplyResult(
-            "spawned",
-            detail=f"spawned in {rig.checkout}",
+        commit = git("rev-parse", "HEAD", cwd=rig.checkout)
+        assert result == replace(
+            result,
+            status="spawned",
+            reason="",
+            detail=f"spawned in {tree}",
             session_id=SESSION_ID,
             tmux_target=SESSION,
         )
+        events = {event["name"]: event["data"] for event in result.events}
+        assert events["workspace.prepared"] == {
+            "checkout": str(tree),
+            "strategy": "operator-worktree",
+            "branch": SESSION,
+            "commit": commit,
+            "reused": "false",
+        }
+        assert events["skill.installed"]["cwd"] == str(tree)
+        assert events["workspace.trusted"]["cwd"] == str(tree)
+        assert (tree / ".claude" / "skills" / "looprelay" / "SKILL.md").is_file()
+        assert git("status", "--porcelain", cwd=tree) == ""  # the skill ignores itself
         (start,) = fake_harness.wait_ready()
         assert start["argv"] == [
             "--session-id",
@@ -42,14 +60,15 @@ class TestSpawn:
             "opus",
             "# Issue 15\nfix the bug",
         ]
-        assert start["cwd"] == str(rig.checkout)
+        assert start["cwd"] == str(tree)
+        assert git("rev-parse", "HEAD", cwd=tree) == git("rev-parse", "HEAD", cwd=rig.checkout)
         assert rig.ledger.session(SESSION) == LocalSession(
             session_name=SESSION,
             work_item=WORK_ITEM,
             endpoint=WORK_ITEM,
             session_id=SESSION_ID,
-            checkout=str(rig.checkout),
-            created_checkout=False,
+            checkout=str(tree),
+            created_checkout=True,
             harness="claude",
             runner_kind="tmux",
         )
@@ -89,8 +108,55 @@ class TestSpawn:
         assert rig.applier.apply(dispatch).status == "spawned"
         (start,) = fake_harness.wait_ready()
         assert start["cwd"] == str(rig.workspace / name)
+        head = git("rev-parse", "HEAD", cwd=rig.workspace / name)
+        assert head == rig.repos.tip("octo/repo", "refs/pull/16/head")  # at the PR's head
         local = rig.ledger.session(name)
         assert local is not None and local.created_checkout
+
+    def test_a_session_id_claude_already_has_is_swapped_for_a_fresh_one(
+        self, rig: Rig, fake_harness: FakeHarness, private_claude_config: Path
+    ) -> None:
+        # A store reset, or a second deployment on this machine, offers an id Claude has used.
+        project = private_claude_config / "projects" / "-somewhere-else"
+        project.mkdir(parents=True)
+        (project / f"{SESSION_ID}.jsonl").write_text("{}\n")
+
+        result = rig.applier.apply(make_dispatch())
+
+        assert (result.status, result.reason, result.session_id) == (
+            "spawned",
+            "session-id-in-use",
+            FRESH_ID,
+        )
+        (start,) = fake_harness.wait_ready()
+        assert start["argv"][:2] == ["--session-id", FRESH_ID]
+        replaced = [e for e in result.events if e["name"] == "session.id_replaced"]
+        assert replaced == [
+            {"name": "session.id_replaced", "data": {"was": SESSION_ID, "now": FRESH_ID}}
+        ]
+
+    def test_a_config_claude_cannot_parse_is_reported_and_the_spawn_goes_ahead(
+        self, rig: Rig, fake_harness: FakeHarness, private_claude_config: Path
+    ) -> None:
+        config = private_claude_config / ".claude.json"
+        config.write_text("{not json")
+
+        result = rig.applier.apply(make_dispatch())
+
+        assert result.status == "spawned"
+        [failed] = [e for e in result.events if e["name"] == "workspace.trust_failed"]
+        assert "trust" in str(failed["data"]) or str(config) in str(failed["data"])
+        assert config.read_text() == "{not json"  # never written over
+        fake_harness.wait_ready()
+
+    def test_folder_trust_is_accepted_for_the_sessions_tree(
+        self, rig: Rig, fake_harness: FakeHarness, private_claude_config: Path
+    ) -> None:
+        rig.applier.apply(make_dispatch())
+
+        config = json.loads((private_claude_config / ".claude.json").read_text())
+        tree = str((rig.workspace / SESSION).resolve())
+        assert config["projects"][tree]["hasTrustDialogAccepted"] is True
 
 
 class TestRespawn:
@@ -164,7 +230,9 @@ class TestRefusals:
         assert fake_harness.starts() == []
 
     def test_no_checkout_fails_with_its_reason(self, rig: Rig, fake_harness: FakeHarness) -> None:
-        rig.applier.checkouts = Checkouts()
+        rig.applier.preparer.workspaces = Workspaces(
+            configured={}, root=None, worktrees=rig.workspace
+        )
         result = rig.applier.apply(make_dispatch())
         assert (result.status, result.reason) == ("failed", "checkout-missing")
 
@@ -217,24 +285,58 @@ class TestCleanup:
         )
         fake_harness.wait_ready(3)
         result = rig.applier.apply(make_dispatch(kind="cleanup"))
-        assert result == ApplyResult(
-            "done", detail="killed 2 tmux session(s), removed 1 checkout(s)"
+        assert (result.status, result.detail) == (
+            "done",
+            "killed 2 tmux session(s); checkouts removed 2",
+        )
+        assert sorted(e["data"]["checkout"] for e in result.events) == sorted(
+            [str(rig.workspace / SESSION), str(rig.workspace / pr_session)]
         )
         assert rig.terminal.pane_dead(SESSION) is None
         assert rig.terminal.pane_dead(pr_session) is None
         assert rig.terminal.pane_dead(other) is False
-        assert rig.checkout.is_dir()  # configured: never removed
+        assert rig.checkout.is_dir()  # the operator's: only its worktree goes
+        assert not (rig.workspace / SESSION).exists()
         assert not (rig.workspace / pr_session).exists()
+        assert (rig.workspace / other).is_dir()
         assert rig.ledger.session(other) is not None
         assert rig.ledger.sessions_for(WORK_ITEM) == []
+
+
+class TestCleanupOnClose:
+    def test_a_close_keeps_the_tree_when_the_operator_asked(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        rig.applier.apply(make_dispatch())
+        fake_harness.wait_ready()
+        rig.applier.preparer.workspaces.keep_on_close = True
+
+        result = rig.applier.apply(make_dispatch(kind="cleanup", closing=True))
+
+        assert (result.status, result.detail) == (
+            "done",
+            "killed 1 tmux session(s); checkouts kept on close",
+        )
+        assert (rig.workspace / SESSION).is_dir()
+        assert rig.terminal.pane_dead(SESSION) is None
+
+    def test_a_cleanup_command_removes_it_even_then(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        rig.applier.apply(make_dispatch())
+        fake_harness.wait_ready()
+        rig.applier.preparer.workspaces.keep_on_close = True
+
+        rig.applier.apply(make_dispatch(kind="cleanup"))
+
+        assert not (rig.workspace / SESSION).exists()
 
 
 class TestHeadless:
     def test_one_turn_then_a_resumed_turn(self, rig: Rig, fake_harness: FakeHarness) -> None:
         first = rig.applier.apply(make_dispatch(runner_kind="process", prompt="-- go"))
         assert (first.status, first.session_id, first.tmux_target) == ("done", SESSION_ID, "")
-        assert first.detail.startswith("exit 0; stdout: ")
-        assert SESSION_ID in first.detail
+        assert (first.reply, first.detail) == ("ok", "exit 0; success; answered in 2 characters")
         second = rig.applier.apply(make_dispatch(runner_kind="process", kind="deliver", seq=2))
         assert (second.status, second.resumed) == ("done", True)
         argvs = [start["argv"] for start in fake_harness.starts()]
@@ -243,26 +345,63 @@ class TestHeadless:
             *("--model", "opus", " -- go"),
         ]
         assert argvs[1][:6] == ["-p", "--output-format", "json", "--resume", SESSION_ID, "--model"]
-        assert {start["cwd"] for start in fake_harness.starts()} == {str(rig.checkout)}
+        assert {start["cwd"] for start in fake_harness.starts()} == {str(rig.workspace / SESSION)}
 
-    def test_a_failing_turn_reports_its_exit_code_and_stderr(
+    def test_the_answer_is_the_reply_whole_however_long(
         self, rig: Rig, fake_harness: FakeHarness
     ) -> None:
-        fake_harness.mark("headless-fail")
+        # About 300 KB printed: far past the 4 KiB tail a turn kept before.
+        answer = "## Done\n\n" + "Fixed ü 🙂 `x`.\n" * 20_000
+        fake_harness.answer(answer)
         result = rig.applier.apply(make_dispatch(runner_kind="process"))
-        assert (result.status, result.reason, result.retryable) == (
+        assert (result.status, result.reply) == ("done", answer.strip())
+        assert result.detail == f"exit 0; success; answered in {len(answer.strip())} characters"
+
+    def test_a_failing_turn_reports_the_harness_message_first_and_a_short_reply(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        """Claude 2.x not logged in: ``is_error`` true, its message as ``result``, exit 1."""
+        fake_harness.mark("headless-fail")
+        dispatch = make_dispatch(runner_kind="process")
+        result = rig.applier.apply(dispatch)
+        assert replace(result, events=()) == ApplyResult(
             "failed",
-            "harness-failed",
-            False,
+            reason="harness-failed",
+            detail="claude: Not logged in · Please run /login (exit 1)",
+            reply="😕 claude turn failed: `Not logged in · Please run /login`",
         )
-        assert result.detail.startswith("exit 2;")
-        assert "boom: not logged in" in result.detail
+        local = rig.ledger.session(SESSION)
+        assert local is not None and local.session_id == ""  # nothing to resume from it
+        assert rig.applier.apply(dispatch) == result  # the ledger gives the same reply again
+        # The tree it ran in is still the agent's to remove.
+        rig.applier.apply(make_dispatch(kind="cleanup"))
+        assert not Path(local.checkout).exists()
+
+    def test_a_harness_that_dies_without_json_is_failed_with_its_last_words(
+        self, rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        crash = tmp_path / "crash"
+        crash.mkdir()
+        script = crash / "claude"
+        script.write_text(
+            "#!/bin/sh\necho loading >&2\necho 'Error: Session ID in use' >&2\nexit 1\n"
+        )
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{crash}:/usr/bin:/bin")
+        result = rig.applier.apply(make_dispatch(runner_kind="process"))
+        assert (result.status, result.reason) == ("failed", "harness-failed")
+        assert result.detail.startswith("claude: loading · Error: Session ID in use (exit 1); ")
+        assert result.reply == "😕 claude turn failed: `loading · Error: Session ID in use`"
 
     def test_a_turn_past_its_timeout_is_killed(self, rig: Rig, fake_harness: FakeHarness) -> None:
         fake_harness.mark("headless-hang")
         rig.applier.headless_timeout_seconds = 0.5
         result = rig.applier.apply(make_dispatch(runner_kind="process"))
         assert (result.status, result.reason) == ("failed", "harness-timeout")
+
+    def test_a_ledger_row_from_before_replies_still_loads(self) -> None:
+        old_row = {"status": "done", "reason": "", "retryable": False, "detail": "exit 0"}
+        assert ApplyResult.from_record(old_row) == ApplyResult("done", detail="exit 0")
 
     def test_cursor_agent_reports_the_id_it_printed(
         self, rig: Rig, fake_harness: FakeHarness
@@ -275,33 +414,3 @@ class TestHeadless:
         (start,) = fake_harness.starts()
         assert start["harness"] == "cursor-agent"
         assert "--session-id" not in start["argv"]
-
-
-class TestCheckouts:
-    def test_pairs_parse_and_bad_ones_name_the_fix(self, tmp_path: Path) -> None:
-        assert parse_checkout_pairs([f"Octo/Repo={tmp_path}"]) == {"octo/repo": tmp_path}
-        for bad in ["octo/repo", "octo=/x", "octo/repo=relative/path", "a/b/c=/x"]:
-            with pytest.raises(ConfigError, match="owner/repo=/absolute/path"):
-                parse_checkout_pairs([bad])
-
-    def test_only_a_workspace_can_check_out_pull_requests(self, tmp_path: Path) -> None:
-        assert not Checkouts(configured={"octo/repo": tmp_path}).can_checkout_pull_requests()
-        assert Checkouts(workspace_root=tmp_path).can_checkout_pull_requests()
-
-    def test_remove_touches_only_directories_directly_in_the_workspace(
-        self, tmp_path: Path
-    ) -> None:
-        root, outside = tmp_path / "ws", tmp_path / "outside"
-        configured = root / "loop-configured"
-        for directory in (root / "loop-a" / "deep", outside, configured):
-            directory.mkdir(parents=True)
-        (root / "loop-link").symlink_to(outside)
-        checkouts = Checkouts(configured={"octo/repo": configured}, workspace_root=root)
-        assert not checkouts.remove(outside)
-        assert not checkouts.remove(root)
-        assert not checkouts.remove(root / "loop-a" / "deep")
-        assert not checkouts.remove(root / "loop-link")
-        assert not checkouts.remove(configured)
-        assert checkouts.remove(root / "loop-a")
-        assert sorted(p.name for p in root.iterdir()) == ["loop-configured", "loop-link"]
-        assert outside.is_dir()

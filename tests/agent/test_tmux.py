@@ -117,6 +117,19 @@ class TestPaste:
         assert fake_harness.received(pid) == expected
         assert len(fake_harness.starts()) == 1
 
+    def test_a_paste_right_after_a_spawn_waits_for_the_first_screen(
+        self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
+    ) -> None:
+        # Claude goes raw before it draws and drops input that came in between; a paste sent
+        # in that gap used to sit in its input box without the Enter (seen with the real CLI).
+        fake_harness.mark("draw-late")
+        argv = [fake_harness.claude, "--session-id", SESSION_ID, "boot"]
+        terminal.spawn("loop-t1", cwd=tmp_path, argv=argv)
+        terminal.paste("loop-t1", "the first comment")  # no wait for the fake to be ready
+        [start] = fake_harness.starts()
+        expected = PASTE_START + "the first comment" + PASTE_END + "\r"
+        wait_until(lambda: fake_harness.received(start["pid"]) == expected)
+
     def test_control_characters_cannot_close_the_bracket(
         self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
     ) -> None:

@@ -46,6 +46,7 @@ from tests.samples import payload
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 REF = "github:codertocat/hello-world#1"
 PR_REF = "github:codertocat/hello-world#2"
+SEED = "5f0c2b7e9d1a4c3b8e6f0a2d4c6e8b1f"
 REPOSITORY = "Codertocat/Hello-World"
 DELIVERY = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
 BOUNDARY = "b0undary0123456789abcdef"
@@ -106,7 +107,7 @@ def _plan(
         sessions={s.endpoint: s for s in sessions},
         next_seq=next_seq,
     )
-    return Plan(item, envelope or _envelope(), POLICY, templates, T0)
+    return Plan(item, envelope or _envelope(), POLICY, templates, T0, SEED)
 
 
 def _context(**changes: str) -> PromptContext:
@@ -152,14 +153,17 @@ class TestDispatchId:
 
 class TestSessionUuid:
     def test_is_a_deterministic_version_5_uuid(self) -> None:
-        value = session_uuid(REF, 3)
-        assert value == session_uuid(REF, 3)
+        value = session_uuid(SEED, REF, 3)
+        assert value == session_uuid(SEED, REF, 3)
         parsed = uuid.UUID(value)
         assert str(parsed) == value and parsed.version == 5
 
-    @pytest.mark.parametrize(("endpoint", "seq"), [(PR_REF, 3), (REF, 4)])
-    def test_differs_per_endpoint_and_seq(self, endpoint: str, seq: int) -> None:
-        assert session_uuid(endpoint, seq) != session_uuid(REF, 3)
+    @pytest.mark.parametrize(
+        ("seed", "endpoint", "seq"), [(SEED, PR_REF, 3), (SEED, REF, 4), ("another-seed", REF, 3)]
+    )
+    def test_differs_per_seed_endpoint_and_seq(self, seed: str, endpoint: str, seq: int) -> None:
+        # The seed is what keeps a reset store or a second deployment from reusing an id.
+        assert session_uuid(seed, endpoint, seq) != session_uuid(SEED, REF, 3)
 
 
 class TestPlanSend:
@@ -189,7 +193,7 @@ class TestPlanSend:
         plan = _plan(*([_session(status=status)] if status else []), next_seq=4)
         dispatch = plan.send(endpoint=REF, spawn_fresh=spawn_fresh)
         assert (dispatch.kind, dispatch.resume, dispatch.runner_id) == (kind, resume, runner_id)
-        assert dispatch.session_id == (PREVIOUS_ID if keeps_id else session_uuid(REF, 4))
+        assert dispatch.session_id == (PREVIOUS_ID if keeps_id else session_uuid(SEED, REF, 4))
         assert dispatch.dispatch_id == dispatch_id(DELIVERY, REF, kind)
         assert (dispatch.seq, plan.item.next_seq) == (4, 5)
         assert plan.dispatches == [dispatch]
@@ -215,6 +219,17 @@ class TestPlanSend:
             assert prompt.count(DIRECTIVE_WORK_ITEM) == 1
             assert f"{UNTRUSTED_BEGIN} {BOUNDARY}" in prompt
             assert f"delivery `{DELIVERY}`" in prompt
+
+    def test_a_pull_requests_own_session_is_told_which_pull_request_it_is(self) -> None:
+        # A PR session used to be told it worked on the issue, though it runs at the PR's head.
+        plan = _plan()
+        spawn = plan.send(endpoint=PR_REF, repository="octocat/fork-home")
+        deliver = plan.send(endpoint=PR_REF)
+        assert spawn.prompt.startswith(f"# You are starting work on {PR_REF}\n")
+        assert f"for {PR_REF}, a pull request linked to {REF}, in `octocat/fork-home`" in (
+            spawn.prompt
+        )
+        assert deliver.prompt.startswith(f"# New activity on {PR_REF}\n")
 
     def test_the_dispatch_names_where_it_runs_and_where_progress_goes(self) -> None:
         dispatch = _plan().send(endpoint=REF)

@@ -34,14 +34,14 @@ from looprelay.records import DeliveryRecord, DispatchRecord
 from looprelay.sender import post_delivery
 from looprelay.stores import open_store, open_work_item_store
 from tests.fake_harness import FakeHarness, wait_until
-from tests.samples import payload
+from tests.gitrepos import operator_checkout
+from tests.samples import commented, labeled
 from tests.test_up import LOOPRELAY, UpProcess, cli
 
 BOOT = [sys.executable, "-m", "tests.faults.agent_boot"]
 """`looprelay` with the agent's report step patched to crash (see ``agent_boot``)."""
 REPOSITORY = "Codertocat/Hello-World"
 REPO = REPOSITORY.lower()
-AUTO_LABEL = "the-loop: auto-execute"
 DEADLINE = 60.0
 """How long a fault test waits for the system to settle; generous for a loaded 2-core box."""
 POLL_WAIT = "1"
@@ -59,31 +59,6 @@ def token(number: int, index: int) -> str:
 
 
 # --- payloads ----------------------------------------------------------------------------------
-
-
-def labeled(number: int, *, installation: int | None = None) -> dict[str, Any]:
-    """An ``issues.labeled`` delivery arming issue ``number``."""
-    data = payload("issues.labeled")
-    data["issue"]["number"] = number
-    data["label"]["name"] = AUTO_LABEL
-    return _installed(data, installation)
-
-
-def commented(
-    number: int, body: str, *, comment_id: int, installation: int | None = None
-) -> dict[str, Any]:
-    """An ``issue_comment.created`` delivery by Codertocat on issue ``number``."""
-    data = payload("issue_comment.created")
-    data["issue"]["number"] = number
-    data["comment"]["id"] = comment_id
-    data["comment"]["body"] = body
-    return _installed(data, installation)
-
-
-def _installed(data: dict[str, Any], installation: int | None) -> dict[str, Any]:
-    if installation is not None:
-        data["installation"] = {"id": installation, "node_id": "MDIzOkludGVncmF0aW9uNzc="}
-    return data
 
 
 # --- the server ----------------------------------------------------------------------------------
@@ -322,8 +297,7 @@ def register_runner(
         *("--capacity", str(sessions), "--credentials", str(credentials), *label_args),
     )
     assert registered.returncode == 0, registered.stderr
-    checkout = tmp_path / f"checkout-{name}"
-    checkout.mkdir()
+    checkout = operator_checkout(tmp_path / f"checkout-{name}", REPOSITORY)
     return Runner(
         name=name,
         credentials=credentials,

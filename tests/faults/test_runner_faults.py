@@ -235,6 +235,7 @@ class TestTwoRunnersCompete:
         for seen in sightings(fake_harness):
             holder = spawner[seen.number]
             assert holder is not None
-            assert seen.cwd == str(by_id[holder].checkout)
+            # Its own worktree of the holder's checkout, made under the holder's state.
+            assert Path(seen.cwd).parent == by_id[holder].state / "worktrees", seen.cwd
         _assert_one_harness_each(fake_harness, numbers)
         print(f"spawns per runner: {Counter(spawner.values())}")

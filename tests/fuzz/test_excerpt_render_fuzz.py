@@ -222,5 +222,5 @@ def _prompt(envelope: Envelope, templates: Templates, *, mode: str, live: bool) 
     item = WorkItemRecord(
         ref=REF, repository="Codertocat/Hello-World", number=1, sessions=sessions, next_seq=1
     )
-    plan = Plan(item, envelope, _policy(mode), templates, T0)
+    plan = Plan(item, envelope, _policy(mode), templates, T0, "fuzz-seed")
     return plan.send(endpoint=REF).prompt

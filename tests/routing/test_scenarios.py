@@ -430,6 +430,19 @@ class TestClose:
         assert _kinds(deployment, sent.delivery_id) == [("terminate", ISSUE), ("cleanup", ISSUE)]
         assert deployment.events("cleanup.deferred", delivery_id=sent.delivery_id) == []
         assert deployment.must_item().sessions[ISSUE].status == "cleaned"
+        # The runner keeps the checkout on close when its operator asked it to.
+        [cleanup] = [
+            d for d in deployment.dispatches(delivery_id=sent.delivery_id) if d.kind == "cleanup"
+        ]
+        assert cleanup.closing
+
+    def test_a_cleanup_command_is_not_a_close(self, relay: MakeRelay) -> None:
+        deployment = relay()
+        deployment.start()
+        sent = deployment.comment("the-loop cleanup", author="octocat")
+
+        [cleanup] = deployment.dispatches(delivery_id=sent.delivery_id)
+        assert (cleanup.kind, cleanup.closing) == ("cleanup", False)
 
     def test_the_unlisted_closer_is_dropped_for_anything_but_closing(
         self, relay: MakeRelay

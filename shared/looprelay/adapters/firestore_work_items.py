@@ -247,7 +247,14 @@ class FirestoreWorkItemStore:
         return self._transition(dispatch_id, renew, action="renew a lease") is not None
 
     def finish_dispatch(
-        self, dispatch_id: str, *, runner_id: str, status: str, result: str, now: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        status: str,
+        result: str,
+        now: datetime,
+        detail: str = "",
     ) -> bool:
         """See ``WorkItemStore.finish_dispatch``; clears the lease expiry (the holder stays on
         record, as in SQLite).
@@ -261,7 +268,13 @@ class FirestoreWorkItemStore:
         def finish(current: DispatchRecord) -> dict[str, Any] | None:
             if not _held_by(current, runner_id):
                 return None
-            return {"status": status, "result": result, "lease_expires_at": None, "updated_at": now}
+            return {
+                "status": status,
+                "result": result,
+                "detail": detail,
+                "lease_expires_at": None,
+                "updated_at": now,
+            }
 
         return self._transition(dispatch_id, finish, action="finish a dispatch") is not None
 

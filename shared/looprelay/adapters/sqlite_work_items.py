@@ -185,7 +185,14 @@ class SqliteWorkItemStore:
         return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
 
     def finish_dispatch(
-        self, dispatch_id: str, *, runner_id: str, status: str, result: str, now: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        status: str,
+        result: str,
+        now: datetime,
+        detail: str = "",
     ) -> bool:
         """See ``WorkItemStore.finish_dispatch``.
 
@@ -194,7 +201,13 @@ class SqliteWorkItemStore:
         if status not in _FINISHED_STATUSES:
             raise ValueError(f"{status!r} is not a status a dispatch can finish with")
         # The holder stays recorded; only the expiry goes, so nothing reads it as still leased.
-        changes = {"status": status, "result": result, "lease_expires_at": None, "updated_at": now}
+        changes = {
+            "status": status,
+            "result": result,
+            "detail": detail,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
         return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
 
     def _transition(

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, asdict, dataclass, field, fields
+from dataclasses import KW_ONLY, asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 
 from looprelay.agent import harness
-from looprelay.agent.checkouts import Checkout, Checkouts
+from looprelay.agent.headless import parse_turn
 from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
-from looprelay.agent.process import run_headless, session_id_from_output
+from looprelay.agent.prepare import Note, SessionPreparer
+from looprelay.agent.process import run_headless
 from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
+from looprelay.agent.workspaces import Checkout
+from looprelay.core.replies import failure_note
 from looprelay.errors import RunnerError
 from looprelay.records import DISPATCH_KINDS, MAX_DETAIL_CHARS, DispatchRecord
 
@@ -39,7 +42,9 @@ class ApplyResult:
 
     ``status`` is ``spawned``, ``delivered``, ``done`` or ``failed``; ``reason`` is
     machine-readable and, on success, empty unless the session id had to be replaced
-    (``resume-failed``, ``invalid-session-id``); ``session_id`` is the one actually in use.
+    (``resume-failed``, ``invalid-session-id``); ``session_id`` is the one actually in use;
+    ``reply`` is what a headless turn leaves on the work item (its answer, or a short note that
+    it failed), empty when there is nothing to post.
     """
 
     status: str
@@ -49,22 +54,29 @@ class ApplyResult:
     session_id: str = ""
     tmux_target: str = ""
     resumed: bool = False
+    reply: str = ""
+    events: tuple[Mapping[str, object], ...] = ()
+    """Notes for the event log (``workspace.prepared``, ``workspace.trusted``, ...)."""
 
-    def to_record(self) -> dict[str, str | bool]:
-        """Return the result as the flat JSON object the ledger stores."""
+    def to_record(self) -> dict[str, object]:
+        """Return the result as the JSON object the ledger stores."""
         return asdict(self)
 
     @classmethod
     def from_record(cls, record: ResultRecord) -> ApplyResult:
         """Rebuild a result the ledger stored (the inverse of :meth:`to_record`)."""
-        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+        known = {f.name: record[f.name] for f in fields(cls) if f.name in record}
+        known["events"] = tuple(known.get("events", ()))
+        return cls(**known)
 
 
 @dataclass
 class Applier:
-    """Applies dispatches through ``terminal`` (tmux) or a headless process.
+    """Applies dispatches through ``terminal`` (tmux) or a headless process, in the working
+    trees ``preparer`` gives each session.
 
-    ``harness_args`` are extra argv per harness (``routing.harnessArgs``); ``kill_grace_seconds``
+    ``harness_args`` are the runner's own extra argv per harness (``runner run --harness-arg``;
+    a dispatch never carries any); ``kill_grace_seconds``
     is the SIGTERM-to-SIGKILL grace of terminate; ``headless_timeout_seconds`` bounds one headless
     turn; ``resume_probe_seconds`` is how long a resumed harness must stay up before its id is
     trusted; ``new_uuid`` makes fresh session ids.
@@ -72,14 +84,18 @@ class Applier:
 
     terminal: TmuxTerminal
     ledger: Ledger
-    checkouts: Checkouts
+    preparer: SessionPreparer
     _: KW_ONLY
-    harness_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     kill_grace_seconds: float = 5.0
     keep_session_on_terminate: bool = True
     headless_timeout_seconds: float = 1_800.0
     resume_probe_seconds: float = 3.0
     new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
+
+    @property
+    def harness_args(self) -> Mapping[str, Sequence[str]]:
+        """The runner's own extra argv per harness."""
+        return self.preparer.harness_args
 
     def apply(self, dispatch: DispatchRecord) -> ApplyResult:
         """Apply ``dispatch`` once and return its result; a seen dispatch returns its old result.
@@ -135,21 +151,28 @@ class Applier:
             prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
-        checkout = self._checkout(d)
+        prepared = self.preparer.prepare(d, trust=True)
+        notes, cwd = list(prepared.notes), prepared.checkout.path
         fresh = str(self.new_uuid())
         session_id, reason = harness.usable_session_id(stored_id, resume=resume, fresh=fresh)
         resumed = resume and not reason
+        if not resumed:
+            session_id, swapped = self.preparer.usable_fresh_id(d, session_id, fresh)
+            if swapped:
+                reason = swapped
+                notes.append(Note("session.id_replaced", {"was": stored_id, "now": session_id}))
         argv = argv_for(session_id=session_id, resume=resumed)
+        # Known before the harness starts, so a spawn that fails still leaves its tree to cleanup.
+        self._remember(d, session_id, prepared.checkout)
         if state is True:
             self.terminal.kill(name)
-        self.terminal.spawn(name, cwd=checkout.path, argv=argv)
+        self.terminal.spawn(name, cwd=cwd, argv=argv)
         if resumed and self.terminal.wait_dead(name, self.resume_probe_seconds):
             session_id, reason, resumed = fresh, "resume-failed", False
             self.terminal.kill(name)
-            argv = argv_for(session_id=fresh, resume=False)
-            self.terminal.spawn(name, cwd=checkout.path, argv=argv)
-        self._remember(d, session_id, checkout)
-        detail = f"spawned in {checkout.path}" + ("; started fresh" if reason else "")
+            self.terminal.spawn(name, cwd=cwd, argv=argv_for(session_id=fresh, resume=False))
+        self._remember(d, session_id, prepared.checkout)
+        detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
             reason=reason,
@@ -157,6 +180,7 @@ class Applier:
             session_id=session_id,
             tmux_target=name,
             resumed=resumed,
+            events=tuple(note.to_record() for note in notes),
         )
 
     def _terminate(self, d: DispatchRecord) -> ApplyResult:
@@ -174,26 +198,39 @@ class Applier:
         names = sorted({s.session_name for s in sessions} | {d.session_name})
         for name in names:
             self.terminal.kill(name)
-        # Only checkouts the agent made; Checkouts.remove refuses anything outside its root.
-        removed = sum(
-            self.checkouts.remove(Path(s.checkout)) for s in sessions if s.created_checkout
-        )
+        workspaces = self.preparer.workspaces
+        keep = d.closing and workspaces.keep_on_close
+        # Only trees the agent made; Workspaces.remove refuses anything outside its roots.
+        removed = [
+            s.checkout
+            for s in sessions
+            if s.created_checkout and not keep and workspaces.remove(Path(s.checkout))
+        ]
         for session in sessions:
             self.ledger.forget(session.session_name)
-        detail = f"killed {len(names)} tmux session(s), removed {removed} checkout(s)"
-        return ApplyResult(DONE, detail=detail)
+        kept = "kept on close" if keep else f"removed {len(removed)}"
+        notes = [Note("workspace.cleaned", {"checkout": path}) for path in removed]
+        return ApplyResult(
+            DONE,
+            detail=f"killed {len(names)} tmux session(s); checkouts {kept}",
+            events=tuple(note.to_record() for note in notes),
+        )
 
     def _headless(self, d: DispatchRecord) -> ApplyResult:
         binary = harness.resolve_binary(d.harness)
-        checkout = self._checkout(d)
-        local = self.ledger.session(d.session_name)
+        prepared = self.preparer.prepare(d, trust=False)  # no trust dialog without a TUI
+        checkout, events = prepared.checkout, tuple(n.to_record() for n in prepared.notes)
+        local, fresh = self.ledger.session(d.session_name), str(self.new_uuid())
         session_id, resume, reason = harness.headless_session(
             d.harness,
             known=local.session_id if local else None,
             offered=d.session_id,
             resume=d.resume,
-            fresh=str(self.new_uuid()),
+            fresh=fresh,
         )
+        if session_id is not None and not resume:
+            session_id, swapped = self.preparer.usable_fresh_id(d, session_id, fresh)
+            reason = reason or swapped
         argv = harness.headless_argv(
             binary=binary,
             harness=d.harness,
@@ -202,24 +239,32 @@ class Applier:
             prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
+        if local is None:  # the tree is ours even if this turn fails; no id to resume yet
+            self._remember(d, "", checkout)
         run = run_headless(argv, cwd=checkout.path, timeout_seconds=self.headless_timeout_seconds)
-        printed = session_id_from_output(run.stdout_tail)
-        used = session_id or (printed if printed and harness.is_session_id(printed) else "")
-        detail = f"exit {run.exit_code}; stdout: {run.stdout_tail[-400:]}"
-        if run.exit_code != 0:
-            return _failed("harness-failed", f"{detail}; stderr: {run.stderr_tail[-400:]}")
+        turn = parse_turn(
+            d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
+        )
+        if not turn.ok:
+            # The harness's own message first: the event log keeps only the detail's start.
+            detail = f"{d.harness}: {turn.error} (exit {run.exit_code})"
+            if run.stderr_tail.strip():
+                detail += f"; stderr: {run.stderr_tail[-400:]}"
+            failed = _failed("harness-failed", detail)
+            return replace(failed, reply=failure_note(d.harness, turn.error), events=events)
+        printed = turn.session_id if harness.is_session_id(turn.session_id) else ""
+        used = session_id or printed
         if used:
             self._remember(d, used, checkout)
-        return ApplyResult(DONE, reason=reason, detail=detail, session_id=used, resumed=resume)
-
-    def _checkout(self, d: DispatchRecord) -> Checkout:
-        local = self.ledger.session(d.session_name)
-        if local is not None and Path(local.checkout).is_dir():
-            return Checkout(path=Path(local.checkout), created=local.created_checkout)
-        return self.checkouts.locate(
-            repository=d.repository,
-            session_name=d.session_name,
-            pull_request=d.endpoint != d.work_item,
+        detail = f"exit 0; {turn.subtype or 'result'}; answered in {len(turn.result)} characters"
+        return ApplyResult(
+            DONE,
+            reason=reason,
+            detail=detail,
+            session_id=used,
+            resumed=resume,
+            reply=turn.result,
+            events=events,
         )
 
     def _remember(self, d: DispatchRecord, session_id: str, checkout: Checkout) -> None:

@@ -21,8 +21,11 @@ from typing import Any
 
 from looprelay.agent.apply import Applier, ApplyResult
 from looprelay.agent.client import LeaseLost, RunnerClient
+from looprelay.agent.statedir import StateLock
+from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import Transient, Unauthorized
 from looprelay.records import DispatchRecord
+from looprelay.runnerapi_models import MAX_AGENT_EVENTS
 
 log = logging.getLogger("looprelay.agent")
 
@@ -78,10 +81,15 @@ class Agent:
     lease_renew_seconds: float = 20.0
     drain: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
+    locks: list[StateLock] = field(default_factory=list)
+    """Its state (and workspace) directories, held until it stops."""
+    serving: list[str] = field(default_factory=list)
 
     def run(self) -> int:
         """Run until drained or stopped; returns the exit code (1: credentials refused)."""
         log.info("runner agent started", extra={"runner_id": self.client.runner_id})
+        for line in self.serving:
+            log.info("serving %s", line)
         threads = [threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")]
         threads += [
             threading.Thread(target=self._work_loop, daemon=True, name=f"worker-{i}")
@@ -98,6 +106,8 @@ class Agent:
             self.stop.wait(0.2)
         self.stop.set()
         self.state.update(note="stopped")
+        for lock in self.locks:
+            lock.release()
         log.info("runner agent stopped", extra={"runner_id": self.client.runner_id})
         return 1 if self.state.counts.get("refused") else 0
 
@@ -179,6 +189,11 @@ class Agent:
             "resumed": result.resumed,
             "tmux_socket": self.tmux_socket,
         }
+        if result.reply:
+            # Sent only when there is one, so a server that predates replies still takes it.
+            body["reply"] = cut_to(result.reply, MAX_REPLY_CHARS)
+        if result.events:
+            body["events"] = list(result.events[:MAX_AGENT_EVENTS])
         delay = 1.0
         while True:
             try:

@@ -1,49 +1,109 @@
-"""Build a runner agent from the command line's choices (credentials, checkouts, tmux)."""
+"""Build a runner agent from the command line's choices, after checking them.
+
+Everything an operator can get wrong is checked here, before the agent takes any work, and
+refused with one line that says what to fix: credentials, each checkout (a git work tree of
+the repository it names), the workspace root, the harness binaries, capacity, harness flags,
+and a state directory no other agent is using.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from looprelay.agent import harness
 from looprelay.agent.apply import Applier
-from looprelay.agent.checkouts import Checkouts, parse_checkout_pairs
 from looprelay.agent.client import RunnerClient
-from looprelay.agent.credentials import read_credentials
+from looprelay.agent.credentials import Credentials, read_credentials
 from looprelay.agent.ledger import Ledger
+from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
+from looprelay.agent.statedir import StateLock, default_state_dir
 from looprelay.agent.tmux import TmuxTerminal
+from looprelay.agent.workspaces import Workspaces, parse_checkout_pairs
+from looprelay.errors import ConfigError, RunnerError
 
 LEDGER_FILE = "ledger.db"
 STATUS_FILE = "status.json"
+WORKTREES_DIR = "worktrees"
+"""Under the state directory: worktrees of operator checkouts when no workspace is given."""
 
 
-def default_state_dir() -> Path:
-    """Return ``$XDG_STATE_HOME/looprelay-runner`` (``~/.local/state/...`` by default)."""
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "looprelay-runner"
+@dataclass(frozen=True)
+class RunnerOptions:
+    """What ``looprelay runner run`` was told; every default is the CLI's."""
+
+    credentials_path: Path
+    state_dir: Path | None = None
+    checkout_pairs: Sequence[str] = ()
+    workspace: Path | None = None
+    strategy: str = "worktree"
+    clone_protocol: str = "https"
+    git_host: str = "github.com"
+    git_timeout_seconds: float = 300.0
+    keep_checkout_on_close: bool = False
+    tmux_socket: str | None = None
+    capacity: int = 2
+    poll_wait_seconds: float = 25.0
+    keep_session_on_terminate: bool = True
+    harness_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def build_agent(
-    *,
-    credentials_path: Path,
-    state_dir: Path,
-    checkout_pairs: Sequence[str],
-    workspace: Path | None,
-    tmux_socket: str,
-    capacity: int,
-    poll_wait_seconds: float,
-    keep_session_on_terminate: bool = True,
+def default_tmux_socket(runner_id: str) -> str:
+    """Return the tmux socket of a runner: its own, so two runners never share sessions."""
+    return f"looprelay-{runner_id}"
+
+
+def build_agent(options: RunnerOptions) -> Agent:
+    """Check ``options`` and assemble the agent, holding its state directory's lock.
+
+    Raises ``ConfigError`` (one line naming the fix) for anything the operator must change.
+    """
+    if options.capacity < 1:
+        raise ConfigError(f"--capacity {options.capacity}: a runner applies at least 1 at once")
+    credentials = read_credentials(options.credentials_path)
+    state_dir = options.state_dir or default_state_dir(credentials.runner_id)
+    locks = [StateLock.acquire(state_dir, option="--state (or its own --credentials)")]
+    try:
+        if options.workspace is not None:
+            # Session trees are named after their work item: two agents on one root would
+            # share a tree whenever they served the same issue.
+            locks.append(StateLock.acquire(options.workspace, option="--workspace"))
+        return _assemble(options, credentials, state_dir, locks)
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+
+
+def _assemble(
+    options: RunnerOptions, credentials: Credentials, state_dir: Path, locks: list[StateLock]
 ) -> Agent:
-    """Assemble the agent. Raises ``ConfigError`` for bad credentials, checkouts or socket."""
-    credentials = read_credentials(credentials_path)
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    checkouts = Checkouts(configured=parse_checkout_pairs(checkout_pairs), workspace_root=workspace)
-    terminal = TmuxTerminal(tmux_socket)
+    configured = parse_checkout_pairs(options.checkout_pairs)
+    workspaces = Workspaces(
+        configured=configured,
+        root=options.workspace,
+        worktrees=state_dir / WORKTREES_DIR,
+        strategy=options.strategy,
+        protocol=options.clone_protocol,
+        host=options.git_host,
+        git_timeout_seconds=options.git_timeout_seconds,
+        keep_on_close=options.keep_checkout_on_close,
+    )
+    workspaces.check()
+    binaries = available_harnesses()
+    if not binaries:
+        raise ConfigError(
+            f"none of {', '.join(harness.HARNESSES)} is on PATH; install Claude Code "
+            "(npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
+        )
+    socket_name = options.tmux_socket or default_tmux_socket(credentials.runner_id)
+    terminal = TmuxTerminal(socket_name)
     ledger = Ledger(state_dir / LEDGER_FILE)
-    repositories = sorted(parse_checkout_pairs(checkout_pairs))
+    repositories = sorted(configured)
 
     def describe() -> dict[str, Any]:
         # No "capacity": ``capacity`` counts workers applying at once, while the server's
@@ -51,18 +111,55 @@ def build_agent(
         return {
             "version": version("looprelay"),
             "repositories": repositories,
-            "workspace": workspace is not None,
+            "workspace": options.workspace is not None,
             "sessions": ledger.session_count(),
         }
 
     return Agent(
         client=RunnerClient(credentials),
         applier=Applier(
-            terminal, ledger, checkouts, keep_session_on_terminate=keep_session_on_terminate
+            terminal,
+            ledger,
+            SessionPreparer(workspaces, ledger, options.harness_args),
+            keep_session_on_terminate=options.keep_session_on_terminate,
         ),
         state=AgentState(state_dir / STATUS_FILE),
         describe=describe,
-        tmux_socket=tmux_socket,
-        capacity=capacity,
-        poll_wait_seconds=poll_wait_seconds,
+        tmux_socket=socket_name,
+        capacity=options.capacity,
+        poll_wait_seconds=options.poll_wait_seconds,
+        locks=locks,
+        serving=serving_lines(options, binaries, state_dir, socket_name),
     )
+
+
+def available_harnesses() -> dict[str, str]:
+    """Return each harness whose binary is on PATH, with its absolute path."""
+    found = {}
+    for name in harness.HARNESSES:
+        try:
+            found[name] = harness.resolve_binary(name)
+        except RunnerError:
+            continue
+    return found
+
+
+def serving_lines(
+    options: RunnerOptions, binaries: Mapping[str, str], state_dir: Path, socket_name: str
+) -> list[str]:
+    """Say what this runner serves, in the lines ``runner run`` prints at start."""
+    lines = [
+        f"checkout {repository}: {path} (sessions get worktrees of it)"
+        for repository, path in sorted(parse_checkout_pairs(options.checkout_pairs).items())
+    ]
+    if options.workspace is not None:
+        lines.append(
+            f"workspace {options.workspace}: any repository and pull-request sessions "
+            f"({options.strategy}, {options.clone_protocol} clones from {options.git_host})"
+        )
+    for name, path in sorted(binaries.items()):
+        extra = " ".join(options.harness_args.get(name, ())) or "no extra flags"
+        lines.append(f"harness {name}: {path} ({extra})")
+    lines.append(f"capacity {options.capacity}; state {state_dir}")
+    lines.append(f"attach: tmux -L {socket_name} ls, then tmux -L {socket_name} attach -t NAME")
+    return lines

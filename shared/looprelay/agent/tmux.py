@@ -121,8 +121,11 @@ class TmuxTerminal:
 
         A harness spawned a moment ago may not read its terminal yet: until its TUI takes the
         terminal raw (and asks for bracketed paste) a paste is echoed as typed lines or flushed
-        away when it does. So the paste waits, up to ``ready_wait_seconds``, for the pane's
-        terminal to leave canonical mode; a program that never does gets the paste after that.
+        away when it does. Claude also goes raw about half a second (seconds, under load)
+        before it draws its first screen, and input that arrives in between lands in its input
+        box without the Enter. So the paste waits, up to ``ready_wait_seconds``, for the pane's
+        terminal to leave canonical mode and for something to be drawn on the pane; a program
+        that never does gets the paste after that.
 
         ``load-buffer`` from a private temp file (always unlinked), ``paste-buffer -p -d``, then
         ``send-keys Enter``. CR and CRLF become LF and control characters other than tab and LF are
@@ -137,7 +140,7 @@ class TmuxTerminal:
         if pane is None:
             raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
         deadline = time.monotonic() + self._ready_wait_seconds
-        while _canonical(pane.tty) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (_canonical(pane.tty) or not self._drawn(pane)):
             time.sleep(POLL_SECONDS)
         buffer = f"looprelay-{name}"
         fd, path = tempfile.mkstemp(prefix="looprelay-paste-")
@@ -205,6 +208,11 @@ class TmuxTerminal:
             return None
         pane_id, dead, pid, tty = lines[0].split(" ", 3)
         return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
+
+    def _drawn(self, pane: _Pane) -> bool:
+        """Tell whether the pane shows anything but blanks (its program drew its screen)."""
+        lines = self._query("capture-pane", "-p", "-t", pane.pane_id) or []
+        return any(line.strip() for line in lines)
 
     def wait_dead(self, name: str, seconds: float) -> bool:
         """Tell whether ``name``'s pane dies (or its session goes) within ``seconds``.

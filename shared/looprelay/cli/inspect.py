@@ -12,6 +12,8 @@ import click
 from looprelay.cli.common import data_path, emit, load, state_options
 
 FOLLOW_POLL_SECONDS = 1.0
+DETAIL_SHOWN_CHARS = 200
+"""How much of a dispatch's detail one line of `looprelay dispatches` shows (--json: all)."""
 
 
 @click.group("deliveries", invoke_without_command=True)
@@ -181,7 +183,8 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
 def dispatches(
     config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
 ) -> None:
-    """List dispatches; an open one no runner may take says why it waits."""
+    """List dispatches; an open one no runner may take says why it waits, a settled one what
+    its runner reported (result, and the detail: a failed turn's message first)."""
     from datetime import UTC, datetime, timedelta
 
     from looprelay.core.scheduling import is_live, waiting_reasons
@@ -212,8 +215,12 @@ def dispatches(
             "runner": dispatch.lease_holder or dispatch.runner_id,
             "waiting": why,
             "created_at": dispatch.created_at.isoformat(),
+            "result": dispatch.result or None,
+            "detail": dispatch.detail or None,
         }
         if as_json:
-            click.echo(json.dumps(row))
+            click.echo(json.dumps(row, ensure_ascii=False))
         else:
+            # The detail goes last and on the row's one line: it is the runner's free text.
+            row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
             click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))

@@ -185,23 +185,57 @@ def runner_register(
     "--checkout",
     "checkouts",
     multiple=True,
-    help="owner/repo=/absolute/path of an existing checkout; repeat for several.",
+    help="owner/repo=/absolute/path of your git checkout; sessions get worktrees of it. Repeat.",
 )
 @click.option(
     "--workspace",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="Root under which the agent creates one checkout per session.",
+    help="Root for clones and worktrees; serves any repository and pull-request sessions.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["worktree", "clone"]),
+    default="worktree",
+    show_default=True,
+    help="Workspace layout: one clone per repository plus a worktree per work item, or a "
+    "full clone per work item.",
+)
+@click.option(
+    "--clone-protocol",
+    type=click.Choice(["https", "ssh"]),
+    default="https",
+    show_default=True,
+    help="How workspace clones reach the repository (your git config and keys apply).",
+)
+@click.option("--git-host", default="github.com", show_default=True, help="Host to clone from.")
+@click.option(
+    "--git-timeout",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds any one git command may take.",
+)
+@click.option(
+    "--keep-checkout-on-close",
+    is_flag=True,
+    help="Keep a work item's worktree or clone when its issue or PR closes.",
+)
+@click.option(
+    "--harness-arg",
+    "harness_args",
+    multiple=True,
+    help="HARNESS=ARG, one extra argv element for that harness, in order; repeat "
+    "(e.g. claude=--model=opus, claude=--permission-mode=acceptEdits).",
 )
 @click.option(
     "--tmux-socket",
-    default="looprelay",
-    show_default=True,
-    help="Private tmux socket (tmux -L NAME); never your default server.",
+    default=None,
+    help="Private tmux socket (tmux -L NAME) [default: looprelay-<runner id>].",
 )
 @click.option(
     "--capacity",
-    type=int,
+    type=click.IntRange(min=1),
     default=2,
     show_default=True,
     help="Dispatches applied at once (different work items run in parallel).",
@@ -211,7 +245,7 @@ def runner_register(
     "state_dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Ledger and status [default: ~/.local/state/looprelay-runner].",
+    help="Ledger and status [default: ~/.local/state/looprelay-runner/<runner id>].",
 )
 @click.option(
     "--poll-wait",
@@ -231,7 +265,13 @@ def runner_run(
     credentials_path: Path | None,
     checkouts: tuple[str, ...],
     workspace: Path | None,
-    tmux_socket: str,
+    strategy: str,
+    clone_protocol: str,
+    git_host: str,
+    git_timeout: float,
+    keep_checkout_on_close: bool,
+    harness_args: tuple[str, ...],
+    tmux_socket: str | None,
     capacity: int,
     state_dir: Path | None,
     poll_wait: float,
@@ -240,19 +280,28 @@ def runner_run(
 ) -> None:
     """Run the agent in the foreground; first SIGTERM drains, a second stops at once."""
     from looprelay.agent.credentials import default_credentials_path
-    from looprelay.agent.start import build_agent, default_state_dir
+    from looprelay.agent.harness_options import parse_harness_args
+    from looprelay.agent.start import RunnerOptions, build_agent
     from looprelay.logs import configure_logging
 
     configure_logging(log_level)
     agent = build_agent(
-        credentials_path=credentials_path or default_credentials_path(),
-        state_dir=state_dir or default_state_dir(),
-        checkout_pairs=checkouts,
-        workspace=workspace.resolve() if workspace else None,
-        tmux_socket=tmux_socket,
-        capacity=capacity,
-        poll_wait_seconds=poll_wait,
-        keep_session_on_terminate=keep_session_on_terminate,
+        RunnerOptions(
+            credentials_path=credentials_path or default_credentials_path(),
+            state_dir=state_dir,
+            checkout_pairs=checkouts,
+            workspace=workspace.resolve() if workspace else None,
+            strategy=strategy,
+            clone_protocol=clone_protocol,
+            git_host=git_host,
+            git_timeout_seconds=git_timeout,
+            keep_checkout_on_close=keep_checkout_on_close,
+            tmux_socket=tmux_socket,
+            capacity=capacity,
+            poll_wait_seconds=poll_wait,
+            keep_session_on_terminate=keep_session_on_terminate,
+            harness_args=parse_harness_args(harness_args),
+        )
     )
 
     def _signal(signum: int, frame: FrameType | None) -> None:
@@ -261,31 +310,50 @@ def runner_run(
 
     signal.signal(signal.SIGINT, _signal)
     signal.signal(signal.SIGTERM, _signal)
-    click.echo(f"runner agent up; attach to sessions with: tmux -L {tmux_socket} ls", err=True)
+    click.echo("runner agent up; serving:", err=True)
+    for line in agent.serving:
+        click.echo(f"  {line}", err=True)
     sys.exit(agent.run())
 
 
 @runner_group.command("status")
 @click.option(
+    "--credentials",
+    "credentials_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The runner's credentials, which name its state "
+    "[default: ~/.config/looprelay/runner.json].",
+)
+@click.option(
     "--state",
     "state_dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="The agent's state directory [default: ~/.local/state/looprelay-runner].",
+    help="The agent's state directory [default: ~/.local/state/looprelay-runner/<runner id>].",
 )
-@click.option("--tmux-socket", default="looprelay", show_default=True)
+@click.option(
+    "--tmux-socket", default=None, help="The agent's tmux socket [default: looprelay-<runner id>]."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def runner_status(state_dir: Path | None, tmux_socket: str, as_json: bool) -> None:
+def runner_status(
+    credentials_path: Path | None, state_dir: Path | None, tmux_socket: str | None, as_json: bool
+) -> None:
     """Show what the local agent holds and how to attach to its sessions."""
+    from looprelay.agent.credentials import default_credentials_path, read_credentials
     from looprelay.agent.ledger import Ledger
-    from looprelay.agent.start import LEDGER_FILE, STATUS_FILE, default_state_dir
+    from looprelay.agent.start import LEDGER_FILE, STATUS_FILE, default_tmux_socket
+    from looprelay.agent.statedir import default_state_dir
 
-    directory = state_dir or default_state_dir()
-    status_file = directory / STATUS_FILE
+    if state_dir is None or tmux_socket is None:
+        runner_id = read_credentials(credentials_path or default_credentials_path()).runner_id
+        state_dir = state_dir or default_state_dir(runner_id)
+        tmux_socket = tmux_socket or default_tmux_socket(runner_id)
+    status_file = state_dir / STATUS_FILE
     if not status_file.exists():
-        raise click.ClickException(f"no agent state in {directory}; is `runner run` started?")
+        raise click.ClickException(f"no agent state in {state_dir}; is `runner run` started?")
     status = json.loads(status_file.read_text())
-    sessions = Ledger(directory / LEDGER_FILE).all_sessions()
+    sessions = Ledger(state_dir / LEDGER_FILE).all_sessions()
     status["sessions"] = [
         {
             "session": s.session_name,

@@ -63,7 +63,9 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives t
         )
     if situation.target is None:
         return _ignored("no-work-item")
-    plan = Plan(_linked(situation), envelope, policy, templates, situation.now)
+    plan = Plan(
+        _linked(situation), envelope, policy, templates, situation.now, situation.session_seed
+    )
     reading = read_command(envelope, keywords=policy.keywords, authorization=authorization)
     if reading.verdict is Verdict.AMBIGUOUS:
         commands = sorted(str(record.command) for record in reading.records)
@@ -221,6 +223,7 @@ def _close(plan: Plan, situation: Situation, authorization: Authorization) -> De
             "cleanup",
             statuses=frozenset({"pending", "live", "lost", "terminated"}),
             becomes="cleaned",
+            closing=True,
         )
         return _finish(
             plan, list(decision.comments), list(decision.notes), idle_detail=decision.detail

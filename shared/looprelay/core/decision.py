@@ -20,6 +20,9 @@ class Situation:
     target: WorkItemRef | None
     work_item: WorkItemRecord | None
     now: datetime
+    session_seed: str
+    """Random text the caller draws once per delivery; a fresh session's id derives from it, so
+    ids never repeat across store resets or deployments sharing a runner machine."""
     recorded_checklist_body: str | None = None
     pr_checkout_available: bool = False
 

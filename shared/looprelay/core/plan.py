@@ -1,8 +1,8 @@
 """Building what a decision writes: sessions, dispatches and prompts for one work item.
 
 Pure: ids are derived from the delivery and the endpoint (a redelivered event derives the same
-dispatch, which the store then leaves alone), session ids are UUIDv5 of the endpoint and the
-sequence number, and time comes in as an argument.
+dispatch, which the store then leaves alone), a fresh session's id is a UUIDv5 of a random seed the
+caller draws per delivery, the endpoint and the sequence number, and time comes in as an argument.
 """
 
 from __future__ import annotations
@@ -62,9 +62,14 @@ def dispatch_id(delivery_id: str, endpoint: str, kind: str) -> str:
     return "dp-" + digest[:32]
 
 
-def session_uuid(endpoint: str, seq: int) -> str:
-    """Return the harness session id of a session spawned for ``endpoint`` at ``seq``."""
-    return str(uuid.uuid5(_SESSION_NAMESPACE, f"{endpoint}|{seq}"))
+def session_uuid(seed: str, endpoint: str, seq: int) -> str:
+    """Return the harness session id of a session spawned for ``endpoint`` at ``seq``.
+
+    ``seed`` is random per delivery (see ``Situation.session_seed``): without it two stores, or
+    one store after a reset, would hand the same issue the same id, and Claude refuses an id
+    it has seen ("Session ID ... is already in use").
+    """
+    return str(uuid.uuid5(_SESSION_NAMESPACE, f"{seed}|{endpoint}|{seq}"))
 
 
 def graph_context(graph: GraphRecord | None) -> str:
@@ -90,6 +95,7 @@ class Plan:
     policy: RoutingPolicy
     templates: Templates
     now: datetime
+    session_seed: str
     dispatches: list[DispatchRecord] = field(default_factory=list)
 
     def send(
@@ -99,13 +105,15 @@ class Plan:
         resume when a session existed and ended) carrying the event as its first prompt."""
         session = self.item.sessions.get(endpoint)
         if session is not None and session.status in LIVE_STATUSES and not spawn_fresh:
-            return self._add("deliver", session, self._prompt(spawn=False))
+            return self._add("deliver", session, self._prompt(session, spawn=False))
         seq = self.item.next_seq
         resume = session is not None and session.status in {"lost", "terminated"}
         fresh = SessionRecord(
             endpoint=endpoint,
             session_name=tmux_session_name(endpoint),
-            session_id=session.session_id if resume and session else session_uuid(endpoint, seq),
+            session_id=session.session_id
+            if resume and session
+            else session_uuid(self.session_seed, endpoint, seq),
             harness=self.policy.harness,
             runner_kind=self.policy.runner_kind,
             interaction=self.policy.interaction.mode,
@@ -113,14 +121,16 @@ class Plan:
             runner_id=session.runner_id if session and session.status == "terminated" else None,
         )
         self._set_session(fresh)
-        return self._add("spawn", fresh, self._prompt(spawn=True), resume=resume)
+        return self._add("spawn", fresh, self._prompt(fresh, spawn=True), resume=resume)
 
-    def control(self, kind: str, *, statuses: frozenset[str], becomes: str) -> None:
+    def control(
+        self, kind: str, *, statuses: frozenset[str], becomes: str, closing: bool = False
+    ) -> None:
         """Send a ``kind`` control dispatch to every session in ``statuses``, which then
-        take the status ``becomes``."""
+        take the status ``becomes``; ``closing`` says the work item closed."""
         for session in list(self.item.sessions.values()):
             if session.status in statuses:
-                self._add(kind, session, "")
+                self._add(kind, session, "", closing=closing)
                 self._set_session(session.model_copy(update={"status": becomes}))
 
     def end_session(self, endpoint: str) -> None:
@@ -135,7 +145,13 @@ class Plan:
         self.item = self.item.model_copy(update={"sessions": sessions})
 
     def _add(
-        self, kind: str, session: SessionRecord, prompt: str, *, resume: bool = False
+        self,
+        kind: str,
+        session: SessionRecord,
+        prompt: str,
+        *,
+        resume: bool = False,
+        closing: bool = False,
     ) -> DispatchRecord:
         comment = self.envelope.comment
         record = DispatchRecord(
@@ -153,6 +169,7 @@ class Plan:
             interaction=session.interaction,
             prompt=prompt,
             resume=resume,
+            closing=closing,
             runner_id=session.runner_id,
             created_at=self.now,
             installation_id=self.envelope.installation_id,
@@ -167,13 +184,14 @@ class Plan:
         self.dispatches.append(record)
         return record
 
-    def _prompt(self, *, spawn: bool) -> str:
+    def _prompt(self, session: SessionRecord, *, spawn: bool) -> str:
         envelope = self.envelope
         context = PromptContext(
             work_item=self.item.ref,
+            endpoint=session.endpoint,
             event=envelope.event,
             action=envelope.action or "",
-            repository=self.item.repository,
+            repository=session.repository or self.item.repository,
             delivery_id=envelope.delivery_id,
             interaction_directive=self.policy.interaction.directive,
             graph_context=graph_context(self.item.graph),

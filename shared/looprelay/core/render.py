@@ -22,6 +22,7 @@ from looprelay.core.interaction import append_directive, needs_directive_appende
 PROMPT_VARIABLES = frozenset(
     {
         "work_item",
+        "endpoint",
         "event",
         "action",
         "repository",
@@ -55,8 +56,12 @@ class PromptContext:
     interaction_directive: str
     graph_context: str
     payload_excerpt: str
+    endpoint: str = ""
+    """The session's own ref: a pull request's for a PR session, else the work item's."""
 
     def __post_init__(self) -> None:
+        if not self.endpoint:
+            object.__setattr__(self, "endpoint", self.work_item)
         # event/action/repository/delivery come from the payload: only their safe shapes may
         # stand outside the UNTRUSTED block.
         if not _NAME.match(self.event) or (self.action and not _NAME.match(self.action)):

@@ -1,0 +1,135 @@
+"""What a session needs before its harness starts: its own working tree, the loop's skill, and
+Claude's consent to run there (folder trust), each reported as a note for the event log.
+
+The tree comes first and is required: without it there is nothing to work on, so a git failure
+fails the dispatch (``workspace-failed``). The skill and the trust are best effort, as the
+predecessor's were (D12): a failure is reported (``skill.install_failed``,
+``workspace.trust_failed``) and the spawn goes ahead, because a session that shows a dialog is
+still one an operator can attach to and fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from looprelay.agent import claude_config, harness
+from looprelay.agent.ledger import Ledger
+from looprelay.agent.skill import install_skill
+from looprelay.agent.workspaces import Checkout, Workspaces
+from looprelay.core.workitems import parse_ref
+from looprelay.errors import RunnerError
+from looprelay.records import DispatchRecord
+from looprelay.runnerapi_models import MAX_AGENT_EVENT_VALUE_CHARS
+
+
+@dataclass(frozen=True)
+class Note:
+    """One event the agent saw while applying, reported with the result for the event log."""
+
+    name: str
+    data: Mapping[str, str]
+
+    def to_record(self) -> dict[str, object]:
+        """The note as the flat JSON object the ledger and the runner API carry."""
+        return {
+            "name": self.name,
+            "data": {
+                key: str(value)[:MAX_AGENT_EVENT_VALUE_CHARS] for key, value in self.data.items()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """Where a session runs, and what preparing it did."""
+
+    checkout: Checkout
+    notes: tuple[Note, ...] = ()
+
+
+@dataclass
+class SessionPreparer:
+    """Prepares sessions with ``workspaces``; ``environ`` locates Claude's files (tests)."""
+
+    workspaces: Workspaces
+    ledger: Ledger
+    harness_args: Mapping[str, Sequence[str]]
+    environ: Mapping[str, str] | None = None
+
+    def prepare(self, d: DispatchRecord, *, trust: bool) -> Preparation:
+        """Return ``d``'s session tree with the skill installed and, with ``trust``, Claude's
+        folder trust accepted. Raises ``RunnerError`` when the tree cannot be had."""
+        checkout, notes = self._checkout(d)
+        if d.harness != harness.CLAUDE:
+            return Preparation(checkout, tuple(notes))
+        notes += self._skill(checkout.path)
+        if trust:
+            notes += self._trust(checkout.path, self.harness_args.get(d.harness, ()))
+        return Preparation(checkout, tuple(notes))
+
+    def usable_fresh_id(self, d: DispatchRecord, session_id: str, fresh: str) -> tuple[str, str]:
+        """Return the id a fresh Claude spawn starts with, and a reason when it was swapped.
+
+        Claude refuses an id it has a transcript for ("Session ID ... is already in use"), as
+        after a store reset or with two deployments on one machine; such an id gets ``fresh``.
+        """
+        if d.harness != harness.CLAUDE or not harness.is_session_id(session_id):
+            return session_id, ""
+        try:
+            taken = claude_config.session_id_in_use(session_id, environ=self.environ)
+        except RunnerError:
+            return session_id, ""  # unreadable state: let Claude say so itself
+        return (fresh, "session-id-in-use") if taken else (session_id, "")
+
+    def _checkout(self, d: DispatchRecord) -> tuple[Checkout, list[Note]]:
+        local = self.ledger.session(d.session_name)
+        if local is not None and Path(local.checkout).is_dir():
+            return Checkout(path=Path(local.checkout), created=local.created_checkout), []
+        checkout = self.workspaces.prepare(
+            repository=d.repository,
+            session_name=d.session_name,
+            pull_request=pull_request_number(d),
+        )
+        data = {
+            "checkout": str(checkout.path),
+            "strategy": checkout.strategy,
+            "branch": checkout.branch,
+            "commit": checkout.commit,
+            "reused": str(checkout.reused).lower(),
+        }
+        return checkout, [Note("workspace.prepared", data)]
+
+    def _skill(self, directory: Path) -> list[Note]:
+        try:
+            written = install_skill(directory)
+        except RunnerError as exc:
+            return [Note("skill.install_failed", {"cwd": str(directory), "error": str(exc)})]
+        if not written:
+            return []
+        return [Note("skill.installed", {"cwd": str(directory), "files": str(len(written))})]
+
+    def _trust(self, directory: Path, args: Sequence[str]) -> list[Note]:
+        try:
+            changed = claude_config.prepare_claude(
+                directory, harness_args=args, environ=self.environ
+            )
+        except RunnerError as exc:
+            return [Note("workspace.trust_failed", {"cwd": str(directory), "error": str(exc)})]
+        if not changed:
+            return []
+        return [Note("workspace.trusted", {"cwd": str(directory), "applied": ", ".join(changed)})]
+
+
+def pull_request_number(d: DispatchRecord) -> int | None:
+    """Return the PR number of a pull request's own session, None for a work item's session.
+
+    Raises ``RunnerError`` ``invalid-dispatch`` for an endpoint that is not a ref.
+    """
+    if d.endpoint == d.work_item:
+        return None
+    try:
+        return parse_ref(d.endpoint).number
+    except ValueError as exc:
+        raise RunnerError(str(exc), reason="invalid-dispatch") from exc

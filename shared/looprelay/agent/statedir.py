@@ -1,0 +1,62 @@
+"""Where one registered runner keeps its ledger and status, and the lock that makes it its own.
+
+The default directory is keyed by the runner's id, so two runners registered on one machine
+(two deployments, or two capacities) never read each other's sessions. An agent holds an
+exclusive lock on its directory for as long as it runs: a second agent on the same state is
+refused at start instead of applying dispatches from the first one's ledger.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from looprelay.errors import ConfigError
+
+LOCK_FILE = "agent.lock"
+
+
+def default_state_dir(runner_id: str) -> Path:
+    """Return ``$XDG_STATE_HOME/looprelay-runner/<runner_id>`` (``~/.local/state/...``)."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "looprelay-runner" / runner_id
+
+
+class StateLock:
+    """An exclusive, process-lifetime lock on a state directory (released on close or exit)."""
+
+    def __init__(self, fd: int, directory: Path) -> None:
+        self._fd = fd
+        self.directory = directory
+
+    @classmethod
+    def acquire(cls, directory: Path, *, option: str = "--state") -> StateLock:
+        """Create ``directory`` (mode 0700) and lock it for this process.
+
+        Raises ``ConfigError`` when another agent holds it (naming its pid and ``option``, the
+        flag that gives this agent a directory of its own) or the directory cannot be made.
+        """
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot use state directory {directory}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"another runner agent (pid {holder}) is using {directory}; stop it, or give "
+                f"this one its own {option}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, directory)
+
+    def release(self) -> None:
+        """Give the directory up; closing the descriptor drops the lock."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

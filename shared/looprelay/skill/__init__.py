@@ -1,0 +1,1 @@
+"""The loop's Claude Code skill, shipped as package data (``SKILL.md``, ``reference/*.md``)."""
