@@ -107,6 +107,8 @@ class RunnerRecord(BaseModel):
 
 MAX_LINKED_PULL_REQUESTS = 50
 MAX_SESSIONS = 20
+"""Sessions a work item keeps: past it, saving prunes the oldest ended ones (core.plan). Not
+checked on reading, so an item saved past it by an older version stays readable."""
 MAX_COMMANDS = 20
 MAX_PROMPT_CHARS = 60_000
 """A rendered prompt is bounded so a dispatch document stays far below Firestore's 1 MiB."""
@@ -193,7 +195,7 @@ class WorkItemRecord(BaseModel):
     pull_requests: list[str] = Field(default_factory=list, max_length=MAX_LINKED_PULL_REQUESTS)
     checklist_comment_id: int | None = None
     graph: GraphRecord | None = None
-    sessions: dict[str, SessionRecord] = Field(default_factory=dict, max_length=MAX_SESSIONS)
+    sessions: dict[str, SessionRecord] = Field(default_factory=dict)
     next_seq: int = 1
     commands: list[CommandLog] = Field(default_factory=list, max_length=MAX_COMMANDS)
     applied: list[AppliedDelivery] = Field(default_factory=list, max_length=MAX_APPLIED)

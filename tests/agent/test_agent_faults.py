@@ -40,7 +40,7 @@ from looprelay.agent.credentials import Credentials, write_credentials
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.register import register
-from looprelay.agent.run import Agent, AgentState
+from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
@@ -232,9 +232,9 @@ class Relay:
         found = self.stored(dispatch_id)
         return found if found.status in SETTLED else None
 
-    def wait_settled(self, *dispatch_ids: str) -> list[DispatchRecord]:
+    def wait_settled(self, *dispatch_ids: str, seconds: float = DEADLINE) -> list[DispatchRecord]:
         """Wait until every dispatch named has its final status; return them."""
-        wait_until(lambda: all(self.settled(d) for d in dispatch_ids), seconds=DEADLINE)
+        wait_until(lambda: all(self.settled(d) for d in dispatch_ids), seconds=seconds)
         return [self.stored(d) for d in dispatch_ids]
 
     def events(self, name: str) -> list[dict[str, Any]]:
@@ -665,6 +665,9 @@ class TestServerDown:
         relay.serve()
         assert relay.port == port
 
-        [done] = relay.wait_settled("dp-1-1")
+        # A worker may be in its longest wait yet, or fail once more (doubling) as the server
+        # comes back: the deadline follows from that backoff, not from a guess.
+        backoff = min(2 * max(backoffs()), MAX_BACKOFF_SECONDS) * BACKOFF_JITTER[1]
+        [done] = relay.wait_settled("dp-1-1", seconds=backoff + DEADLINE)
         assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
         _eventually_equal(lambda: len(fake_harness.starts()), 1)

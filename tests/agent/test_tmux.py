@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import signal
 import subprocess
 import tempfile
 import time
@@ -200,3 +201,30 @@ def _clients(terminal: TmuxTerminal) -> int:
         check=False,
     )
     return len(listed.stdout.splitlines())
+
+
+class TestWedgedServer:
+    def test_a_server_that_stops_answering_fails_the_call_in_time_with_its_reason(
+        self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
+    ) -> None:
+        _spawn(terminal, fake_harness, tmp_path)
+        impatient = TmuxTerminal(terminal.socket_name, command_timeout_seconds=1.0)
+        server_pid = int(
+            subprocess.run(
+                ["tmux", "-L", terminal.socket_name, "display-message", "-p", "#{pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout
+        )
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RunnerError) as raised:  # not a wait for good
+                impatient.paste("loop-t1", "nobody will read this")
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+
+        assert raised.value.reason == "tmux-timeout"
+        assert f"tmux -L {terminal.socket_name} ls" in str(raised.value)
+        assert impatient.pane_dead("loop-t1") is False  # the server answers again once resumed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from jinja2.exceptions import SecurityError
@@ -32,7 +32,7 @@ from looprelay.core.render import (
     render_prompt,
     template_variables,
 )
-from looprelay.records import GraphRecord, SessionRecord, WorkItemRecord
+from looprelay.records import MAX_SESSIONS, GraphRecord, SessionRecord, WorkItemRecord
 from looprelay.templateloader import (
     ATTACH_COMMENT,
     CHECKLIST_COMMENT,
@@ -471,3 +471,41 @@ class TestPromptContext:
     )
     def test_safe_shapes_pass(self, changes: dict[str, str]) -> None:
         _context(**changes)
+
+
+class TestSessionsCap:
+    @staticmethod
+    def _many(count: int, *, status: str, first: int = 100) -> list[SessionRecord]:
+        return [
+            _session(
+                f"github:codertocat/hello-world#{first + n}",
+                status=status,
+                spawned_at=T0 + timedelta(minutes=n),
+            )
+            for n in range(count)
+        ]
+
+    def test_a_full_item_drops_its_oldest_ended_sessions_to_make_room(self) -> None:
+        ended = self._many(MAX_SESSIONS, status="terminated")
+        plan = _plan(*ended)
+
+        plan.send(endpoint=PR_REF)
+
+        assert len(plan.item.sessions) == MAX_SESSIONS
+        assert ended[0].endpoint not in plan.item.sessions  # the oldest went
+        assert ended[1].endpoint in plan.item.sessions and PR_REF in plan.item.sessions
+
+    def test_live_and_lost_sessions_are_never_pruned(self) -> None:
+        kept = self._many(MAX_SESSIONS - 5, status="live") + self._many(5, status="lost", first=200)
+        plan = _plan(*kept)
+
+        plan.send(endpoint=PR_REF)
+
+        assert len(plan.item.sessions) == MAX_SESSIONS + 1
+        assert {s.endpoint for s in kept} <= set(plan.item.sessions)
+
+    def test_an_item_saved_past_the_cap_stays_readable(self) -> None:
+        # 21 sessions once made every delivery of the item a dead letter (read-time check).
+        sessions = {s.endpoint: s for s in self._many(25, status="live")}
+        item = WorkItemRecord(ref=REF, repository=REPOSITORY, number=1, sessions=sessions)
+        assert len(WorkItemRecord.model_validate_json(item.model_dump_json()).sessions) == 25

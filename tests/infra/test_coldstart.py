@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-NEVER_ON_IMPORT = ("google.cloud.firestore", "google.cloud.tasks_v2", "libtmux", "jinja2.sandbox")
+NEVER_ON_IMPORT = ("google.cloud.firestore", "google.cloud.tasks_v2", "jinja2.sandbox")
 NEVER_FOR_THE_WEBHOOK = (
     "google.cloud.firestore",
     "jinja2",
-    "libtmux",
     "google.cloud.tasks_v2",
     "google.api_core",
     "grpc",

@@ -30,6 +30,8 @@ from looprelay.runnerapi_models import MAX_AGENT_EVENTS
 log = logging.getLogger("looprelay.agent")
 
 MAX_BACKOFF_SECONDS = 30.0
+BACKOFF_JITTER = (0.5, 1.5)
+"""Each backoff wait is its nominal value times a factor drawn from this range."""
 
 
 @dataclass
@@ -134,7 +136,7 @@ class Agent:
             except Transient as exc:
                 # Server down: wait with jitter so many agents do not return in step.
                 log.warning("poll failed, retrying in about %.0fs: %s", backoff, exc)
-                self.stop.wait(backoff * random.uniform(0.5, 1.5))  # noqa: S311 - jitter only
+                self.stop.wait(backoff * random.uniform(*BACKOFF_JITTER))  # noqa: S311 - jitter only
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                 continue
             except Unauthorized as exc:

@@ -1,10 +1,13 @@
-"""tmux on the agent's own socket, through libtmux: the one module that imports it (STYLE).
+"""tmux on the agent's own socket: the one module that runs tmux.
+
+Each call is one ``tmux -L <socket> -f <config> ...`` client, run with a deadline
+(``command_timeout_seconds``): a tmux server that stops answering (stopped, wedged) makes the
+call fail with ``tmux-timeout`` instead of stalling the work item for good. libtmux, used
+before, has no timeout per command, and the agent needs nothing else from it.
 
 Targets are exact: a session as ``=name`` (tmux would otherwise match a prefix of another name),
 a pane by its ``%id``. An argument ending in ``;`` is escaped (tmux splits its own argv there,
 even after ``--``) and ``-c`` is format-escaped (tmux expands ``#{...}`` in it).
-Timeouts: none per tmux command (libtmux 0.62 has none); a local server answers in milliseconds,
-and a wedged one blocks the caller until tmux answers or is killed.
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import libtmux
-from libtmux import exc as libtmux_exc
-
+from looprelay.agent.children import Overran, run_child
 from looprelay.errors import ConfigError, RunnerError
 
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
 """The only session names the agent touches (the-loop E6: never signal anything else)."""
 POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 2.0  # how long a SIGKILLed harness may take to be reaped
+COMMAND_TIMEOUT_SECONDS = 10.0
+"""Longest one tmux command may take; a local server answers in milliseconds."""
 READY_WAIT_SECONDS = 10.0
 """Longest a paste waits for a just-started harness to take its terminal raw (see paste)."""
 MAX_INLINE_COMMAND_BYTES = 12_000
@@ -69,6 +72,7 @@ class TmuxTerminal:
         *,
         config_file: str = os.devnull,
         ready_wait_seconds: float = READY_WAIT_SECONDS,
+        command_timeout_seconds: float = COMMAND_TIMEOUT_SECONDS,
     ) -> None:
         if not _SOCKET_NAME.fullmatch(socket_name):
             raise ConfigError(
@@ -76,7 +80,8 @@ class TmuxTerminal:
             )
         self.socket_name = socket_name
         self._ready_wait_seconds = ready_wait_seconds
-        self._server = libtmux.Server(socket_name=socket_name, config_file=config_file)
+        self._client = ["tmux", "-L", socket_name, "-f", config_file]
+        self._timeout = command_timeout_seconds
 
     def has_session(self, name: str) -> bool:
         """Tell whether session ``name`` exists. Raises ``RunnerError`` ``tmux-failed``."""
@@ -231,12 +236,18 @@ class TmuxTerminal:
     def _query(self, *args: str) -> list[str] | None:
         """Run a tmux command; None when its session (or the whole server) does not exist."""
         try:
-            proc = self._server.cmd(*args)
-        except (libtmux_exc.LibTmuxException, OSError) as exc:
+            done = run_child([*self._client, *args], cwd=None, timeout_seconds=self._timeout)
+        except OSError as exc:
             raise RunnerError(f"tmux {args[0]} failed: {exc}", reason="tmux-failed") from exc
-        if proc.returncode == 0:
-            return list(proc.stdout)
-        error = " ".join(proc.stderr)[:300]
+        except Overran as exc:
+            raise RunnerError(
+                f"tmux {args[0]} got no answer from the server on socket {self.socket_name} "
+                f"in {self._timeout:g} s; check it with `tmux -L {self.socket_name} ls`",
+                reason="tmux-timeout",
+            ) from exc
+        if done.exit_code == 0:
+            return done.stdout.splitlines()
+        error = " ".join(done.stderr.split())[:300]
         if _ABSENT.search(error):
             return None
         raise RunnerError(f"tmux {args[0]} failed: {error}", reason="tmux-failed")

@@ -20,11 +20,19 @@ from looprelay.core.interaction import ModeResolution
 from looprelay.core.policy import AuthorizedUsers
 from looprelay.core.prsessions import SessionPerPr, tmux_session_name
 from looprelay.core.render import PromptContext, render_prompt
-from looprelay.records import DispatchRecord, GraphRecord, SessionRecord, WorkItemRecord
+from looprelay.records import (
+    MAX_SESSIONS,
+    DispatchRecord,
+    GraphRecord,
+    SessionRecord,
+    WorkItemRecord,
+)
 
 _SESSION_NAMESPACE = uuid.UUID("6f1e7d0a-3c55-4c4e-9a8e-6c1f2b0d9a11")
 LIVE_STATUSES = frozenset({"pending", "live"})
 """A session in one of these receives deliveries; any other status needs a (re)spawn."""
+ENDED_STATUSES = frozenset({"terminated", "cleaned"})
+"""Sessions in these may be pruned from a full work item (a lost one may still be resumed)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,24 @@ def session_uuid(seed: str, endpoint: str, seq: int) -> str:
     it has seen ("Session ID ... is already in use").
     """
     return str(uuid.uuid5(_SESSION_NAMESPACE, f"{seed}|{endpoint}|{seq}"))
+
+
+def prune_sessions(sessions: dict[str, SessionRecord], *, keep: int) -> dict[str, SessionRecord]:
+    """Return ``sessions`` with the oldest ended ones dropped until at most ``keep`` remain.
+
+    Only terminated or cleaned sessions go, oldest spawn first (never spawned counts as
+    oldest); live, pending and lost ones stay even past ``keep``, since each still has a
+    harness or a conversation to resume. Order of the rest is kept.
+    """
+    excess = len(sessions) - keep
+    if excess <= 0:
+        return sessions
+    ended = sorted(
+        (s for s in sessions.values() if s.status in ENDED_STATUSES),
+        key=lambda s: (s.spawned_at is not None, s.spawned_at or datetime.min),
+    )
+    dropped = {s.endpoint for s in ended[:excess]}
+    return {endpoint: s for endpoint, s in sessions.items() if endpoint not in dropped}
 
 
 def graph_context(graph: GraphRecord | None) -> str:
@@ -142,7 +168,8 @@ class Plan:
 
     def _set_session(self, session: SessionRecord) -> None:
         sessions = dict(self.item.sessions) | {session.endpoint: session}
-        self.item = self.item.model_copy(update={"sessions": sessions})
+        kept = prune_sessions(sessions, keep=MAX_SESSIONS)
+        self.item = self.item.model_copy(update={"sessions": kept})
 
     def _add(
         self,
