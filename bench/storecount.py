@@ -38,7 +38,7 @@ _FACTORIES = (
     ("open_runner_registry", "RunnerRegistry"),
 )
 """The store factories of ``looprelay.stores``; wrapped there and wherever they were imported."""
-_IMPORTERS = ("looprelay.embedded", "looprelay.wiring")
+_IMPORTERS = ("looprelay.app.compose", "looprelay.wiring")
 
 
 class OpCounts:

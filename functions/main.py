@@ -1,4 +1,5 @@
-"""Cloud Functions entry points: each builds its handler once, then hands it the request."""
+"""Cloud Functions entry points: each serves looprelay's ASGI application for its function
+through functions-framework's ASGI mode (``functions_framework.aio``, Starlette on uvicorn)."""
 
 from __future__ import annotations
 
@@ -6,87 +7,60 @@ import functools
 import os
 from typing import TYPE_CHECKING
 
-import functions_framework
+import functions_framework.aio
+from starlette.responses import Response
 
-from looprelay.cloud import (
-    build_ingress,
-    build_runner_api,
-    build_sweeper,
-    build_worker,
-    cloud_config,
-)
-from looprelay.flaskmsg import request_from_flask, response_to_flask
+from looprelay.app.compose import build_app
+from looprelay.cloud import cloud_config
 from looprelay.logs import configure_logging
 
 if TYPE_CHECKING:
-    import flask
-
-    from looprelay.ingress import Ingress
-    from looprelay.runnerapi import RunnerApi
-    from looprelay.sweeper import SweepHandler
-    from looprelay.worker import Worker
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.types import Receive, Scope, Send
 
 
 @functools.cache
-def _ingress() -> Ingress:
+def _app(function: str) -> Starlette:
     configure_logging()
-    return build_ingress(cloud_config(os.environ), os.environ)
+    return build_app(cloud_config(os.environ), os.environ, function=function)
 
 
-@functools.cache
-def _worker() -> Worker:
-    configure_logging()
-    return build_worker(cloud_config(os.environ), os.environ)
+class _Served(Response):
+    """Hands the request, unread, to looprelay's application, which sends the answer."""
+
+    def __init__(self, function: str) -> None:
+        self._function = function
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _app(self._function)(scope, receive, send)
 
 
-@functools.cache
-def _runner_api() -> RunnerApi:
-    configure_logging()
-    return build_runner_api(cloud_config(os.environ), os.environ)
-
-
-@functools.cache
-def _sweeper() -> SweepHandler:
-    configure_logging()
-    return build_sweeper(cloud_config(os.environ), os.environ)
-
-
-# Build the deployed target's handler at import, so a misconfigured deployment fails to
+# Build the deployed target's application at import, so a misconfigured deployment fails to
 # start (and the rollout stops) instead of answering 500 to every delivery.
-def _build_deployed_target() -> None:
-    target = os.environ.get("FUNCTION_TARGET")
-    if target == "webhook":
-        _ingress()
-    elif target == "worker":
-        _worker()
-    elif target == "runners":
-        _runner_api()
-    elif target == "sweeper":
-        _sweeper()
+if os.environ.get("FUNCTION_TARGET") in ("webhook", "worker", "runners", "sweeper"):
+    _app(os.environ["FUNCTION_TARGET"])
 
 
-_build_deployed_target()
-
-
-@functions_framework.http
-def webhook(request: flask.Request) -> flask.Response:
+@functions_framework.aio.http
+async def webhook(request: Request) -> Response:
     """GitHub's deliveries: verify, enqueue, 202."""
-    return response_to_flask(_ingress().handle(request_from_flask(request)))
+    return _Served("webhook")
 
 
-@functions_framework.http
-def worker(request: flask.Request) -> flask.Response:
+@functions_framework.aio.http
+async def worker(request: Request) -> Response:
     """Cloud Tasks' target: settle the delivery in the ledger."""
-    return response_to_flask(_worker().handle(request_from_flask(request)))
+    return _Served("worker")
 
 
-@functions_framework.http
-def runners(request: flask.Request) -> flask.Response:
-    """Runner agents: register, heartbeat, rotate (``/runner/v1/...``)."""
-    return response_to_flask(_runner_api().handle(request_from_flask(request)))
+@functions_framework.aio.http
+async def runners(request: Request) -> Response:
+    """Runner agents: register, heartbeat, rotate, poll, results (``/runner/v1/...``)."""
+    return _Served("runners")
 
 
-@functions_framework.http
-def sweeper(request: flask.Request) -> flask.Response:
+@functions_framework.aio.http
+async def sweeper(request: Request) -> Response:
     """Cloud Scheduler's target: redeliver failed GitHub deliveries the ledger lacks."""
-    return response_to_flask(_sweeper().handle(request_from_flask(request)))
+    return _Served("sweeper")

@@ -43,6 +43,19 @@ locals {
       collection = "events"
       fields     = [["name", "ASCENDING"], ["sort_key", "ASCENDING"]]
     }
+    # FirestoreStore.list_events(newest=True): the same, newest first (`looprelay events`).
+    events_by_delivery_newest = {
+      collection = "events"
+      fields     = [["delivery_id", "ASCENDING"], ["sort_key", "DESCENDING"]]
+    }
+    events_by_work_item_newest = {
+      collection = "events"
+      fields     = [["work_item", "ASCENDING"], ["sort_key", "DESCENDING"]]
+    }
+    events_by_name_newest = {
+      collection = "events"
+      fields     = [["name", "ASCENDING"], ["sort_key", "DESCENDING"]]
+    }
     # FirestoreWorkItemStore.list_dispatches: ordered by created_at then seq, with no filter
     # (`looprelay` listing all), status IN (the lease desk), work_item ==, or both.
     dispatches_in_order = {

@@ -69,11 +69,12 @@ resource "google_cloudfunctions2_function" "fn" {
     # sweeper only by their OIDC identities.
     ingress_settings = "ALLOW_ALL"
 
-    # THREADS: functions-framework's gunicorn threads, matched to the request concurrency.
+    # functions-framework serves the entry points in its ASGI mode (uvicorn): a request waits
+    # on the event loop, and blocking store and GitHub calls run on looprelay's own bounded
+    # thread pool (shared/looprelay/app/asgi.py), so no thread count is set here.
     environment_variables = merge(
       local.config_env,
       var.extra_config_env,
-      { THREADS = tostring(each.value.concurrency) },
     )
 
     # Secret values are resolved when an instance starts ("latest"): a new value reaches new

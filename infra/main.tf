@@ -9,7 +9,7 @@ locals {
   # and the worker's own settings cannot refer to the worker.)
   worker_url = "https://${var.region}-${var.project}.cloudfunctions.net/${var.name_prefix}-worker"
 
-  # One entry per @functions_framework.http entry point in functions/main.py
+  # One entry per @functions_framework.aio.http entry point in functions/main.py
   # (tests/infra/test_terraform.py keeps the two equal). secret_env lists the environment
   # variables each function gets from Secret Manager, and no others: the webhook verifies
   # signatures and never calls GitHub; the others call GitHub as the App.

@@ -19,7 +19,6 @@ import requests
 
 from looprelay.adapters.github_auth import TokenAuth
 from looprelay.adapters.github_rest import GitHubRest
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.config import RunnersConfig
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.replies import (
@@ -38,6 +37,7 @@ from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import MAX_BODY_BYTES, PollBody
 from looprelay.runnerauth import runner_bearer
+from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
 from tests.rigs import SteppingClock, Stores
@@ -230,10 +230,9 @@ def serve_desk(
     runner_api = RunnerApi(
         registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=lease_desk
     )
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=MAX_BODY_BYTES)
-    server.start(Routes({}, {"/runner/": runner_api.handle}))
-    host, port = server.address
-    yield Desk(f"http://{host}:{port}", stores, clock, waker, github)
+    server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
+    server.start()
+    yield Desk(server.url, stores, clock, waker, github)
     server.stop()
 
 

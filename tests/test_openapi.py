@@ -10,12 +10,12 @@ import pytest
 import requests
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.config import Config
 from looprelay.openapi import runner_api_document, runner_api_document_text
 from looprelay.runnerapi_models import API_PREFIX, ENDPOINTS
 from looprelay.wiring import build_runner_api
+from tests.app_server import AppServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENT = ROOT / "schema" / "runner-api.openapi.json"
@@ -63,8 +63,8 @@ def url(tmp_path: Path) -> Iterator[str]:
     api = build_runner_api(
         config, store=store, clock=SystemClock(), data_dir=None, github=None, waker=None
     )
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1 << 20)
-    server.start(Routes({}, {"/runner/": api.handle}))
+    server = AppServer(runner_api=api)
+    server.start()
     host, port = server.address
     yield f"http://{host}:{port}{API_PREFIX}"
     server.stop()

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.agent.credentials import Credentials, write_credentials
@@ -20,6 +19,7 @@ from looprelay.agent.start import RunnerOptions, build_agent
 from looprelay.config import RunnersConfig
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerauth import runner_bearer
+from tests.app_server import AppServer
 from tests.fake_harness import FakeHarness
 from tests.gitrepos import offline_github
 from tests.rigs import T0, SteppingClock
@@ -54,10 +54,9 @@ def api(tmp_path: Path) -> Iterator[Api]:
     store = SqliteStore(tmp_path / "store.db")
     clock = SteppingClock()
     runner_api = RunnerApi(registry=registry, store=store, clock=clock, config=RunnersConfig())
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1 << 20)
-    server.start(Routes({}, {"/runner/": runner_api.handle}))
-    host, port = server.address
-    yield Api(f"http://{host}:{port}", registry, store, clock)
+    server = AppServer(runner_api=runner_api)
+    server.start()
+    yield Api(server.url, registry, store, clock)
     server.stop()
     registry.close()
     store.close()

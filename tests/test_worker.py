@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.core.envelope import Envelope
 from looprelay.errors import Transient, Unauthorized
 from looprelay.records import DeliveryRecord
 from looprelay.worker import Outcome, Worker
+from tests.app_server import AppServer
 
 SECRET = "worker-secret-abc"
 DELIVERY_ID = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
@@ -90,7 +90,7 @@ Deploy = Callable[..., Deployment]
 @pytest.fixture
 def deploy(tmp_path: Path) -> Iterator[Deploy]:
     """Build and serve a worker around a scripted handler; everything stops after the test."""
-    started: list[tuple[EmbeddedHttpServer, SqliteStore]] = []
+    started: list[tuple[AppServer, SqliteStore]] = []
 
     def _deploy(*steps: Step) -> Deployment:
         store = SqliteStore(tmp_path / "store.db")
@@ -102,8 +102,8 @@ def deploy(tmp_path: Path) -> Iterator[Deploy]:
             clock=clock,
             handler=handler,
         )
-        server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1_000_000)
-        server.start(Routes({"/worker": worker.handle}, {}))
+        server = AppServer(exact={"/worker": worker.handle}, max_body_bytes=1_000_000)
+        server.start()
         started.append((server, store))
         host, port = server.address
         return Deployment(f"http://{host}:{port}/worker", store, clock, handler)

@@ -1,11 +1,10 @@
-"""The ``unsynced`` receiver of ``bench/ingress.py``: ``looprelay up`` whose enqueue writer
-commits without fsync.
+"""The ``unsynced`` receiver of ``bench/ingress.py``: ``looprelay up`` whose enqueues commit
+without fsync.
 
 Not a mode looprelay offers (its ack would not survive a power cut): ``bench/ingress.py`` puts
-this folder on ``PYTHONPATH`` of that one ``looprelay up``, and the enqueue writer it starts
-inherits it, so the table shows what the durable ack itself costs next to the real one.
-Python imports ``sitecustomize`` at start-up; only the writer's connection changes (it is the
-only one that opens the queue fully synced).
+this folder on ``PYTHONPATH`` of that one ``looprelay up``; Python imports ``sitecustomize`` at
+start-up. Only the queue's connection changes (the only one that opens the embedded queue
+fully synced), so the table shows what the durable ack itself costs next to the real one.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ def _open_unsynced(
     _open(self, path, schema=schema, what=what, synchronous=synchronous)
     if what == "embedded queue" and synchronous == "FULL":
         self.execute("PRAGMA synchronous=OFF")
+        # Unsynced writes switch a FULL connection to NORMAL and back; this one stays OFF.
+        self._synchronous = "NORMAL"
 
 
 sqlite_common.SqliteDatabase.__init__ = _open_unsynced  # type: ignore[method-assign]

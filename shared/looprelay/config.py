@@ -291,13 +291,43 @@ class InteractionConfig(_Section):
     )
 
 
+class AuthorizedUser(_Section):
+    """One person in ``routing.authorizedUsers`` named by login and pinned to their user id."""
+
+    login: str = Field(description="GitHub login (case-insensitive).")
+    id: int = Field(gt=0, description="Numeric GitHub user id (`gh api users/LOGIN --jq .id`).")
+
+
+def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
+    try:
+        return AuthorizedUser.model_validate(entry)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'entry'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(
+            f"entry {index} must be {{login: LOGIN, id: NUMERIC_ID}} ({problems})"
+        ) from None
+
+
 class RoutingConfig(_Section):
     """Policy and routing in the worker (SPEC §2)."""
 
-    authorized_users: list[str | int] = Field(
+    authorized_users: list[str | int | AuthorizedUser] = Field(
         default_factory=list,
-        description="Logins (case-insensitive) or numeric GitHub user ids whose events and "
-        "commands count. Empty means nobody (fail closed); CI events have no actor and pass.",
+        description="Whose events and commands count: `{login, id}` objects (the login pinned "
+        "to that numeric user id), numeric user ids, or bare logins (case-insensitive; each is "
+        "pinned to the first user id seen with it, kept in the store, and a warning at start "
+        "names them). An event whose login carries another id than the pinned one is refused "
+        "and logged. Empty means nobody (fail closed); CI events have no actor and pass.",
+    )
+
+    close_ends_session: Literal["authorized", "anyone"] = Field(
+        default="authorized",
+        description="Whose closing of an issue or pull request ends its session: `authorized` "
+        "(people in `authorizedUsers`; a close by anyone else is refused and the session keeps "
+        "running) or `anyone` (anyone's close ends it, only an authorized one cleans up).",
     )
     bot_logins: list[str] = Field(
         default_factory=list,
@@ -350,6 +380,15 @@ class RoutingConfig(_Section):
         )
         + ".",
     )
+
+    @field_validator("authorized_users", mode="before")
+    @classmethod
+    def _pinned_users(cls, entries: Any) -> Any:
+        # A mapping can only mean {login, id}: report what is wrong with it, not also that it
+        # is neither a string nor a number.
+        if not isinstance(entries, list):
+            return entries
+        return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
 
 
 class RunnersConfig(_Section):

@@ -1,7 +1,7 @@
 """Framework-free HTTP messages: what every handler takes and returns.
 
-Servers (the embedded one, functions-framework) convert at their edge, lower-casing header
-names, so handlers never see a web framework.
+The ASGI application converts at its edge (``app.asgi``), lower-casing header names, so
+handlers never see a web framework.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from looprelay.core.signature import verify_signature
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
 from looprelay.httpmsg import Request, Response, json_response
+from looprelay.logsampling import LogSampler
 from looprelay.ports import MAX_TASK_BYTES, Queue, Task
 
 log = logging.getLogger("looprelay.ingress")
@@ -55,8 +56,11 @@ class Ingress:
         queue: Queue,
         config: WebhookConfig,
         verify: bool = True,
+        rejections: LogSampler | None = None,
     ) -> None:
-        """Raises ``ConfigError`` when verification is on and there is no secret (fail closed)."""
+        """``rejections`` decides which refusals are logged (default: the first 10 of each
+        status a minute). Raises ``ConfigError`` when verification is on and there is no
+        secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
                 "no webhook secret: set github.webhookSecrets to the names of environment "
@@ -67,6 +71,7 @@ class Ingress:
         self._config = config
         self._allowed = config.allowed_events()
         self._verify = verify
+        self._rejections = rejections or LogSampler()
 
     def handle(self, request: Request) -> Response:
         """Answer one webhook request, enqueueing it through the queue port; never raises."""
@@ -118,11 +123,14 @@ class Ingress:
         status = "queued" if queued else "duplicate"
         return json_response(202, {"status": status, "delivery": delivery_id})
 
-    @staticmethod
-    def _refused(exc: BadDelivery, delivery_id: str) -> Response:
-        log.warning(
+    def _refused(self, exc: BadDelivery, delivery_id: str) -> Response:
+        # Anyone can send refused requests: the log takes a sample, so noise cannot fill a disk.
+        self._rejections.warning(
+            log,
+            exc.status,
             "webhook rejected: %s",
             exc,
+            kind=f"webhook rejections with status {exc.status}",
             extra={"delivery_id": _loggable(delivery_id), "fields": {"status": exc.status}},
         )
         return json_response(exc.status, {"error": str(exc)})

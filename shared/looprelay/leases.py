@@ -10,6 +10,8 @@ ledger keeps a paste from happening twice on the runner that died and comes back
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -43,24 +45,34 @@ MAX_DISPATCH_ATTEMPTS = 5
 """Leases of one dispatch before a retryable failure becomes final."""
 CLOUD_POLL_INTERVAL_SECONDS = 1.0
 """Without an in-process signal (separate functions), a long poll looks again this often."""
+NOTHING_TO_LEASE = Response(status=204, body=b"")
+"""A poll's answer when nothing came within its wait."""
 
 
 class DispatchWaker:
     """Wakes long polls when a dispatch may have become available (in-process only).
 
     Each :meth:`notify` counts a generation, so a ring between a poll's look and its wait
-    (read :meth:`generation` before looking, pass it to :meth:`wait`) is not lost.
+    (read :meth:`generation` before looking, pass it to a wait) is not lost. A poll waits on
+    a thread (:meth:`wait`) or, holding none, on its event loop (:meth:`wait_async`): a
+    notify from any thread reaches each loop once, through ``call_soon_threadsafe``.
     """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._generation = 0
+        self._loops: dict[asyncio.AbstractEventLoop, set[asyncio.Future[None]]] = {}
 
     def notify(self) -> None:
         """Something changed: wake every waiting poll."""
         with self._changed:
             self._generation += 1
             self._changed.notify_all()
+            loops, self._loops = self._loops, {}
+        for loop, waiters in loops.items():
+            # One hand-off per loop however many polls wait on it; a closed loop has no polls.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake_all, waiters)
 
     def generation(self) -> int:
         """How many times :meth:`notify` has been called so far."""
@@ -73,6 +85,30 @@ class DispatchWaker:
         with self._changed:
             seen = self._generation if since is None else since
             self._changed.wait_for(lambda: self._generation != seen, seconds)
+
+    async def wait_async(self, seconds: float, *, since: int) -> None:
+        """:meth:`wait` without a thread: return after a :meth:`notify` past generation
+        ``since``, or after ``seconds``; at once if one already came. Must run on an event
+        loop; cancelling it leaves nothing behind."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        with self._changed:
+            if self._generation != since:
+                return
+            self._loops.setdefault(loop, set()).add(woken)
+        try:
+            await asyncio.wait_for(woken, seconds)
+        except TimeoutError:
+            pass
+        finally:
+            with self._changed:
+                self._loops.get(loop, set()).discard(woken)
+
+
+def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
+    for woken in waiters:
+        if not woken.done():
+            woken.set_result(None)
 
 
 def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
@@ -108,22 +144,48 @@ class LeaseDesk:
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
         """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
-        (capped by ``runners.pollWaitSeconds``); 204 when nothing came."""
-        wait = min(body.wait_seconds, float(self._config.poll_wait_seconds))
-        deadline = self._monotonic() + wait
+        (capped by ``runners.pollWaitSeconds``) on this thread; 204 when nothing came.
+
+        The ASGI application waits without a thread instead (``app.longpoll``), between
+        :meth:`try_lease` calls.
+        """
+        deadline = self._monotonic() + self.poll_seconds(body)
         while True:
             # Read before looking: a dispatch saved after the look rings a later generation.
             seen = self._waker.generation() if self._waker is not None else 0
-            leased = self._lease_next(runner)
+            leased = self.try_lease(runner)
             if leased is not None:
-                return json_response(200, Leased(dispatch=leased).model_dump(mode="json"))
+                return leased
             remaining = deadline - self._monotonic()
             if remaining <= 0:
-                return Response(status=204, body=b"")
+                return NOTHING_TO_LEASE
             if self._waker is not None:
                 self._waker.wait(remaining, since=seen)
             else:
                 time.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))
+
+    @property
+    def waker(self) -> DispatchWaker | None:
+        """The in-process signal a poll waits on, or None (look every
+        ``CLOUD_POLL_INTERVAL_SECONDS``)."""
+        return self._waker
+
+    def monotonic(self) -> float:
+        """The desk's monotonic clock, which poll deadlines are measured on (tests move it)."""
+        return self._monotonic()
+
+    def poll_seconds(self, body: PollBody) -> float:
+        """How long a poll with ``body`` may wait: its ``wait_seconds``, capped by
+        ``runners.pollWaitSeconds``."""
+        return min(body.wait_seconds, float(self._config.poll_wait_seconds))
+
+    def try_lease(self, runner: RunnerRecord) -> Response | None:
+        """One look: the 200 answer leasing the next dispatch ``runner`` may take, or None
+        when there is none now. Raises ``Transient`` when the store fails."""
+        leased = self._lease_next(runner)
+        if leased is None:
+            return None
+        return json_response(200, Leased(dispatch=leased).model_dump(mode="json"))
 
     def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
         now = self._clock.now()

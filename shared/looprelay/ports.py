@@ -49,7 +49,7 @@ class Queue(Protocol):
 
 
 class Store(Protocol):
-    """Durable state: the delivery ledger and the event log."""
+    """Durable state: the delivery ledger, the event log and the authorized logins' pins."""
 
     def begin_delivery(
         self, record: DeliveryRecord, *, event: EventRecord | None = None
@@ -106,11 +106,28 @@ class Store(Protocol):
         delivery_id: str | None = None,
         work_item: str | None = None,
         name: str | None = None,
-        after: datetime | None = None,
+        after: str | None = None,
+        since: datetime | None = None,
+        newest: bool = False,
         limit: int = 1000,
     ) -> list[EventRecord]:
-        """Return events oldest first, filtered by every argument given; ``after`` is
-        exclusive, for following the log."""
+        """Return at most ``limit`` events in the order they were written, filtered by every
+        argument given.
+
+        ``after`` is the ``cursor`` of an event already seen (exclusive), for following the
+        log: events written at the same instant are each seen once. ``since`` keeps events at
+        or after that time. ``newest`` takes the newest ``limit`` instead of the oldest.
+        """
+        ...
+
+    def pin_user_id(self, login: str, *, user_id: int, at: datetime) -> tuple[int, bool]:
+        """Pin ``login`` (as given: the caller lower-cases it) to GitHub user ``user_id``
+        unless it is pinned already; return the pinned id and whether this call pinned it.
+
+        Exactly one of several racing calls pins; a pin is never replaced and, unlike the
+        ledger and the event log, never expires. Raises ``Transient`` when the store is
+        unavailable.
+        """
         ...
 
 

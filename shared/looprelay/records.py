@@ -62,6 +62,9 @@ class EventRecord(BaseModel):
     work_item: str | None = None
     severity: str = "INFO"
     data: dict[str, Any] = Field(default_factory=dict)
+    cursor: str = Field(default="", exclude=True)
+    """Where the event sits in its store's log, set when read: pass it as ``after`` to list
+    what came later. Opaque; each store orders by its own (SQLite: insertion order)."""
 
 
 class RegistrationToken(BaseModel):

@@ -11,15 +11,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from looprelay.besteffort import best_effort
 from looprelay.comments import post_once
 from looprelay.core.control import Command, find_commands
-from looprelay.core.decide import decide
+from looprelay.core.decide import USER_ID_MISMATCH, decide
 from looprelay.core.decision import CommentPost, Decision, Situation
 from looprelay.core.envelope import Envelope
 from looprelay.core.plan import RoutingPolicy
+from looprelay.core.policy import pin_to_record
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
@@ -69,8 +70,9 @@ class Router:
 
     def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
         """Handle one delivery; raises ``Transient`` when the store or GitHub must be retried."""
+        pinned = self._pin(envelope)
         for _ in range(MAX_SAVE_ROUNDS):
-            situation = self._load(envelope)
+            situation = self._load(envelope, pinned)
             applied = _applied(situation.work_item, envelope.delivery_id)
             if situation.work_item is not None and applied is not None:
                 return self._replay(envelope, situation.work_item, applied)
@@ -80,13 +82,41 @@ class Router:
         else:
             raise Transient("work item stayed contended; the queue will retry")
         self._record_notes(envelope, decision)
+        if decision.outcome == USER_ID_MISMATCH:
+            log.warning("refused: %s", decision.detail, extra={"delivery_id": envelope.delivery_id})
         if decision.dispatches:
             self._on_dispatch()
         if decision.work_item is not None:
             self._tell_github(envelope, decision.work_item, decision)
         return Outcome(decision.outcome, decision.detail)
 
-    def _load(self, envelope: Envelope) -> Situation:
+    def _pin(self, envelope: Envelope) -> dict[str, int]:
+        """The first-sight pin of the actor's login, made now if this event is its first
+        sight (a login listed alone in ``routing.authorizedUsers``); empty otherwise."""
+        wanted = pin_to_record(envelope, users=self._policy.users)
+        if wanted is None:
+            return {}
+        pinned, created = self._store.pin_user_id(
+            wanted.login, user_id=wanted.user_id, at=self._clock.now()
+        )
+        if created:
+            log.info(
+                "pinned %s to user id %d on first sight",
+                wanted.login,
+                pinned,
+                extra={"delivery_id": envelope.delivery_id},
+            )
+            self._store.append_event(
+                EventRecord(
+                    name="routing.user_pinned",
+                    at=self._clock.now(),
+                    delivery_id=envelope.delivery_id,
+                    data={"login": wanted.login, "user_id": pinned},
+                )
+            )
+        return {wanted.login: pinned}
+
+    def _load(self, envelope: Envelope, pinned: Mapping[str, int]) -> Situation:
         names = work_items(envelope)
         bound = next(
             (
@@ -110,6 +140,7 @@ class Router:
             session_seed=uuid.uuid4().hex,
             recorded_checklist_body=self._checklist_body(envelope, item),
             pr_checkout_available=self._pr_checkouts(item),
+            pinned_ids=pinned,
         )
 
     def _target(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import secrets
 
-from looprelay.config import RoutingConfig
+from looprelay.config import AuthorizedUser, RoutingConfig
 from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
 from looprelay.core.interaction import resolve_mode
 from looprelay.core.plan import RoutingPolicy, Templates
-from looprelay.core.policy import AuthorizedUsers
+from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
 from looprelay.core.prsessions import resolve_session_per_pr
 from looprelay.errors import ConfigError
 from looprelay.templateloader import (
@@ -26,10 +26,11 @@ log = logging.getLogger("looprelay.routing")
 
 
 def routing_policy(config: RoutingConfig) -> RoutingPolicy:
-    """Build the policy, logging a warning for each value that fell back to a default.
+    """Build the policy, logging a warning for each value that fell back to a default and for
+    logins authorized without a user id.
 
-    Raises ``ConfigError`` for values that cannot mean anything (a bad login, two commands
-    sharing a keyword, a malformed phase token).
+    Raises ``ConfigError`` for values that cannot mean anything (a bad login, a login pinned
+    to two ids, two commands sharing a keyword, a malformed phase token).
     """
     interaction = resolve_mode(config.interaction.mode, runner_kind=config.runner_kind)
     session_per_pr, warning = resolve_session_per_pr(config.session_per_pr)
@@ -37,8 +38,13 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
         if text:
             log.warning(text)
     try:
+        users = AuthorizedUsers.from_config(
+            [_core_entry(entry) for entry in config.authorized_users]
+        )
+        if users.logins:
+            log.warning(_unpinned_warning(users.logins))
         return RoutingPolicy(
-            users=AuthorizedUsers.from_config(config.authorized_users),
+            users=users,
             bot_logins=frozenset(config.bot_logins),
             keywords=Keywords.from_config(config.control.keywords),
             auto_execute_label=config.auto_execute_label,
@@ -48,9 +54,25 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
             harness=config.harness,
             runner_kind=config.runner_kind,
             phases=tuple(Phase(p.token, p.label, p.opt_in) for p in config.phases),
+            close_ends_session=CloseEndsSession(config.close_ends_session),
         )
     except ValueError as exc:
         raise ConfigError(f"routing: {exc}") from exc
+
+
+def _core_entry(entry: str | int | AuthorizedUser) -> str | int | UserPin:
+    if isinstance(entry, AuthorizedUser):
+        return UserPin(entry.login, entry.id)
+    return entry
+
+
+def _unpinned_warning(logins: frozenset[str]) -> str:
+    names = ", ".join(sorted(logins))
+    return (
+        f"routing.authorizedUsers lists {names} by login alone: each login is pinned to the "
+        "user id of the first event seen with it, so whoever holds a login then is trusted; "
+        "write `{login: LOGIN, id: ID}` to pin it now (`gh api users/LOGIN --jq .id`)"
+    )
 
 
 class TemplateSource:

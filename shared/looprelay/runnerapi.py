@@ -17,7 +17,8 @@ from pydantic import BaseModel, ValidationError
 from looprelay.config import RunnersConfig
 from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
-from looprelay.leases import LeaseDesk
+from looprelay.leases import NOTHING_TO_LEASE, LeaseDesk
+from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.records import EventRecord, RegistrationToken, RunnerRecord
 from looprelay.runnerapi_models import (
@@ -66,6 +67,7 @@ class RunnerApi:
         self._store = store
         self._clock = clock
         self._config = config
+        self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
         self._routes: dict[str, Callable[[Request], Response]] = {
             "register": self._register,
             "heartbeat": self._heartbeat,
@@ -84,12 +86,46 @@ class RunnerApi:
             return json_response(404, {"error": "no such runner API path"})
         if request.method != "POST":
             return json_response(405, {"error": "only POST is accepted here"})
+        return self._answer(lambda: route(request))
+
+    @property
+    def desk(self) -> LeaseDesk | None:
+        """The lease desk serving poll, renew and results, if any."""
+        return self._desk
+
+    def admit_poll(self, request: Request) -> Response | tuple[RunnerRecord, PollBody]:
+        """A poll's checks without its wait: the runner and body to poll for, or the final
+        answer (401, 404, 422, 503...) when it is refused. Never raises.
+
+        A server that waits without a thread (``app.longpoll``) uses it with
+        ``LeaseDesk.try_lease``; :meth:`handle` serves the same poll on one thread.
+        """
+        if request.method != "POST":
+            return json_response(405, {"error": "only POST is accepted here"})
+        admitted: list[tuple[RunnerRecord, PollBody]] = []
+
+        def admit() -> Response:
+            runner = self._authenticate(request)
+            self._work_desk()
+            admitted.append((runner, _parse(request, PollBody)))
+            return NOTHING_TO_LEASE
+
+        refused = self._answer(admit)
+        return admitted[0] if admitted else refused
+
+    def _answer(self, route: Callable[[], Response]) -> Response:
         try:
-            return route(request)
+            return route()
         except BadDelivery as exc:
             return json_response(exc.status, {"error": str(exc)})
         except Unauthorized as exc:
-            log.warning("runner API refused: %s", exc)
+            self._refusals.warning(
+                log,
+                exc.status,
+                "runner API refused: %s",
+                exc,
+                kind=f"runner API refusals with status {exc.status}",
+            )
             return json_response(exc.status, {"error": str(exc)})
         except Transient as exc:
             log.error("runner API store failure: %s", exc)

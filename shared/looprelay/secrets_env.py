@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from looprelay.config import GitHubConfig
+from looprelay.datadir import warn_if_weak
 from looprelay.errors import ConfigError
 
 
 def webhook_secrets_from_env(github: GitHubConfig, environ: Mapping[str, str]) -> list[bytes]:
     """Return the configured webhook secrets, primary first.
 
-    Raises ``ConfigError`` naming the variable when one is unset or empty: a half-configured
-    rotation must not silently drop a secret.
+    Called once as a deployment starts; a secret under 128 bits is used, with a warning naming
+    its variable. Raises ``ConfigError`` naming the variable when one is unset or empty: a
+    half-configured rotation must not silently drop a secret.
     """
     values = []
     for name in github.webhook_secrets:
@@ -22,5 +24,6 @@ def webhook_secrets_from_env(github: GitHubConfig, environ: Mapping[str, str]) -
                 f"github.webhookSecrets names {name}, but that environment variable is "
                 "unset or empty"
             )
+        warn_if_weak(value.encode(), name=f"environment variable {name}")
         values.append(value.encode())
     return values

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from looprelay.core.envelope import Envelope
 from looprelay.errors import Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
+from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
 from looprelay.records import RECEIVED, DeliveryRecord, EventRecord, is_valid_outcome
 
@@ -64,6 +65,7 @@ class Worker:
         self._auth = authenticator
         self._clock = clock
         self._handler = handler
+        self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
 
     def handle(self, request: Request) -> Response:
         """Answer one task request; never raises."""
@@ -72,7 +74,9 @@ class Worker:
         try:
             self._auth.authenticate(request.headers)
         except Unauthorized as exc:
-            log.warning("worker request refused: %s", exc)
+            self._refusals.warning(
+                log, exc.status, "worker request refused: %s", exc, kind="worker refusals"
+            )
             return json_response(exc.status, {"error": str(exc)})
         except Transient as exc:
             log.error("cannot authenticate the queue now: %s", exc)

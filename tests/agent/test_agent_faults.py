@@ -1,9 +1,10 @@
 """The runner agent under faults: real agents, a real runner API over real HTTP, real tmux.
 
-Each test serves ``/runner/v1/...`` from an EmbeddedHttpServer on 127.0.0.1 (the lease desk as
-``looprelay.wiring.build_runner_api`` builds it, on stores of each backend) and runs agents
-either in threads or as ``looprelay runner run`` processes, when a real SIGKILL or SIGTERM is
-the point, on a private tmux socket with the fake ``claude`` first on PATH.
+Each test serves ``/runner/v1/...`` from looprelay's ASGI stack (``tests.app_server``) on
+127.0.0.1 (the lease desk as ``looprelay.wiring.build_runner_api`` builds it, on stores of each
+backend) and runs agents either in threads or as ``looprelay runner run`` processes, when a
+real SIGKILL or SIGTERM is the point, on a private tmux socket with the fake ``claude`` first on
+PATH.
 
 Time on the server is a clock the test moves, so a lease lapses when the test says so, not after
 a real wait. Where a fault must land at one exact point (a runner killed while its lease is on
@@ -33,7 +34,6 @@ from typing import Any
 
 import pytest
 
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, write_credentials
@@ -51,6 +51,7 @@ from looprelay.progress import Progress
 from looprelay.records import DispatchRecord, RunnerRecord
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import API_PREFIX
+from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import GitRepos
@@ -128,7 +129,7 @@ class Relay:
     api: RunnerApi
     port: int = 0
     stall: Stall | None = None
-    _server: EmbeddedHttpServer | None = None
+    _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
 
@@ -138,9 +139,9 @@ class Relay:
 
     def serve(self) -> None:
         """Start serving; after :meth:`shut_down`, on the same port again."""
-        self._server = EmbeddedHttpServer(host="127.0.0.1", port=self.port, max_body_bytes=1 << 20)
+        self._server = AppServer(prefixes={"/runner/": self._handle}, port=self.port)
         self.port = self._server.address[1]
-        self._server.start(Routes({}, {"/runner/": self._handle}))
+        self._server.start()
 
     def shut_down(self) -> None:
         """Stop listening: calls are refused until :meth:`serve` runs again."""

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+import select
+import subprocess
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
 from looprelay.cli.root import cli
 from looprelay.datadir import STORE_FILE
+from looprelay.records import EventRecord
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.rigs import T0
+from tests.test_up import LOOPRELAY
 
 REPOSITORY = "octo/widgets"
 MESSAGE = "claude: Not logged in · Please run /login (exit 1)"
@@ -66,3 +71,56 @@ class TestDispatches:
         listed = CliRunner().invoke(cli, ["dispatches", "--data", str(tmp_path), "--json"])
         [row] = [json.loads(line) for line in listed.output.splitlines()]
         assert (row["status"], row["result"], row["detail"]) == ("pending", None, None)
+
+
+def _log(data_dir: Path, names: list[str], *, at: datetime = T0) -> None:
+    store = SqliteStore(data_dir / STORE_FILE)
+    try:
+        for name in names:
+            store.append_event(EventRecord(name=name, at=at))
+    finally:
+        store.close()
+
+
+class TestEvents:
+    def test_shows_the_newest_events_oldest_first(self, tmp_path: Path) -> None:
+        _log(tmp_path, [f"e{n}" for n in range(1_200)])
+        listed = CliRunner().invoke(cli, ["events", "--data", str(tmp_path), "--json"])
+        assert listed.exit_code == 0, listed.output
+        names = [json.loads(line)["name"] for line in listed.output.splitlines()]
+        assert len(names) == 1_000 and names[0] == "e200" and names[-1] == "e1199"
+
+        few = CliRunner().invoke(cli, ["events", "--data", str(tmp_path), "--limit", "2"])
+        assert [line.split()[1] for line in few.output.splitlines()] == ["e1198", "e1199"]
+
+    def test_follow_starts_now_and_prints_every_event_of_a_burst_at_one_instant(
+        self, tmp_path: Path
+    ) -> None:
+        _log(tmp_path, ["before-1", "before-2"])
+        follower = subprocess.Popen(
+            [*LOOPRELAY, "events", "--data", str(tmp_path), "--json", "--follow", "--limit", "3"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert follower.stdout is not None
+            # Once the follower has found where "now" is, a marker written then comes out;
+            # until then markers are "before" it. Write one every half second until one shows.
+            first = ""
+            for n in range(120):
+                _log(tmp_path, [f"marker-{n}"])
+                ready, _, _ = select.select([follower.stdout], [], [], 0.5)
+                if ready:
+                    first = json.loads(follower.stdout.readline())["name"]
+                    break
+            burst = [f"burst-{n}" for n in range(50)]
+            _log(tmp_path, burst, at=T0 + timedelta(hours=1))  # one timestamp, pages of 3
+            lines: list[str] = []
+            while sum(name.startswith("burst-") for name in lines) < len(burst):
+                lines.append(json.loads(follower.stdout.readline())["name"])
+        finally:
+            follower.kill()
+            follower.wait()
+
+        assert first.startswith("marker-")  # nothing from before it started
+        assert [name for name in lines if name.startswith("burst-")] == burst

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -158,7 +159,7 @@ class TestDeliveryLedger:
 
 
 class TestEventLog:
-    def test_events_come_back_oldest_first_with_their_data(self, store: Store) -> None:
+    def test_events_come_back_in_the_order_written_with_their_data(self, store: Store) -> None:
         store.append_event(EventRecord(name="b", at=T0 + timedelta(seconds=1), delivery_id="d1"))
         store.append_event(
             EventRecord(
@@ -170,10 +171,10 @@ class TestEventLog:
             )
         )
         events = store.list_events()
-        assert [e.name for e in events] == ["a", "b"]
-        assert events[0].data == {"reason": "unauthorized", "n": 3, "nested": {"ok": True}}
-        assert events[0].work_item == "github:o/r#1"
-        assert events[0].at == T0
+        assert [e.name for e in events] == ["b", "a"]  # written in that order, times aside
+        assert events[1].data == {"reason": "unauthorized", "n": 3, "nested": {"ok": True}}
+        assert events[1].work_item == "github:o/r#1"
+        assert events[1].at == T0
 
     def test_filters_combine(self, store: Store) -> None:
         store.append_event(EventRecord(name="routing.dropped", at=T0, delivery_id="d1"))
@@ -194,5 +195,36 @@ class TestEventLog:
     def test_after_is_exclusive_so_a_follower_sees_each_event_once(self, store: Store) -> None:
         for second in range(3):
             store.append_event(EventRecord(name=f"e{second}", at=T0 + timedelta(seconds=second)))
-        assert [e.name for e in store.list_events(after=T0)] == ["e1", "e2"]
-        assert [e.name for e in store.list_events(limit=1)] == ["e0"]
+        first = store.list_events(limit=1)
+        assert [e.name for e in first] == ["e0"]
+        assert [e.name for e in store.list_events(after=first[0].cursor)] == ["e1", "e2"]
+
+    def test_a_follower_paging_through_a_burst_at_one_instant_misses_nothing(
+        self, store: Store
+    ) -> None:
+        # The router writes several events with the same time; paging by time lost the ones
+        # at a page's edge (a control.command went missing from `events --follow`).
+        for n in range(7):
+            store.append_event(EventRecord(name=f"burst-{n}", at=T0))
+        seen: list[str] = []
+        cursor = None
+        while page := store.list_events(after=cursor, limit=3):
+            seen += [e.name for e in page]
+            cursor = page[-1].cursor
+        assert sorted(seen) == sorted(f"burst-{n}" for n in range(7))
+        assert len(seen) == 7
+
+    def test_newest_takes_the_last_ones_oldest_first(self, store: Store) -> None:
+        for second in range(5):
+            store.append_event(EventRecord(name=f"e{second}", at=T0 + timedelta(seconds=second)))
+        assert [e.name for e in store.list_events(newest=True, limit=2)] == ["e3", "e4"]
+        assert store.list_events(newest=True, limit=1, name="e0")[0].name == "e0"
+
+    def test_since_keeps_what_was_logged_from_then_on(self, store: Store) -> None:
+        # As the product logs them: each event at the time it is written.
+        store.append_event(EventRecord(name="before", at=datetime.now(UTC)))
+        since = datetime.now(UTC) + timedelta(milliseconds=1)
+        while datetime.now(UTC) < since:  # the next event is logged after ``since``
+            time.sleep(0.001)
+        store.append_event(EventRecord(name="after", at=datetime.now(UTC)))
+        assert [e.name for e in store.list_events(since=since)] == ["after"]

@@ -12,10 +12,14 @@ from looprelay.core.policy import (
     HIDDEN,
     Authorization,
     AuthorizedUsers,
+    CloseEndsSession,
     DropReason,
+    Listing,
+    UserPin,
     authorize,
     drop_reason,
     event_actor,
+    pin_to_record,
     strip_quotes_and_code,
 )
 from tests.samples import payload
@@ -184,6 +188,82 @@ class TestAuthorizedUsers:
         users = AuthorizedUsers.from_config(["octocat", "kate", 583231])
         assert users.allows(actor) is expected
 
+    def test_a_pinned_entry_lists_its_id_and_pins_its_login(self) -> None:
+        users = AuthorizedUsers.from_config(
+            [UserPin(" Octocat ", 583231), "kate", UserPin("octocat", 583231), 42]
+        )
+        assert (set(users.logins), set(users.ids)) == ({"kate"}, {583231, 42})
+        assert dict(users.pins) == {"octocat": 583231}
+
+    @pytest.mark.parametrize(
+        "pin",
+        [
+            UserPin("@octocat", 583231),
+            UserPin("octocat", 0),
+            UserPin("octocat", True),
+            UserPin("", 583231),
+        ],
+    )
+    def test_a_pinned_entry_needs_a_login_and_a_positive_id(self, pin: UserPin) -> None:
+        with pytest.raises(ValueError, match=r"needs a GitHub login .* and a positive user id"):
+            AuthorizedUsers.from_config([pin])
+
+    def test_a_login_pinned_to_two_ids_raises(self) -> None:
+        with pytest.raises(ValueError, match="pins octocat to two user ids, 1 and 2"):
+            AuthorizedUsers.from_config([UserPin("octocat", 1), UserPin("OCTOCAT", 2)])
+
+    @pytest.mark.parametrize(
+        ("actor", "pinned", "expected"),
+        [
+            # Pinned by the config: the login counts only with its id.
+            (Actor(login="octocat", id=583231), {}, Listing.LISTED),
+            (Actor(login="OctoCat", id=666), {}, Listing.ID_MISMATCH),
+            (Actor(login="octocat"), {}, Listing.ID_MISMATCH),
+            (Actor(login="renamed", id=583231), {}, Listing.LISTED),
+            # The config's pin wins over a first-sight pin of the same login.
+            (Actor(login="octocat", id=583231), {"octocat": 666}, Listing.LISTED),
+            # Listed alone: by login until pinned, then only with the pinned id.
+            (Actor(login="kate", id=7), {}, Listing.LISTED),
+            (Actor(login="Kate", id=7), {"kate": 7}, Listing.LISTED),
+            (Actor(login="kate", id=8), {"kate": 7}, Listing.ID_MISMATCH),
+            (Actor(login="kate"), {"kate": 7}, Listing.ID_MISMATCH),
+            # A pin of a login that is not listed lists nobody.
+            (Actor(login="mallory", id=9), {"mallory": 9}, Listing.UNLISTED),
+            (Actor(login="\u212aate", id=7), {"kate": 7}, Listing.UNLISTED),
+            (None, {}, Listing.UNLISTED),
+        ],
+    )
+    def test_listing_holds_each_login_to_its_pin(
+        self, actor: Actor | None, pinned: dict[str, int], expected: Listing
+    ) -> None:
+        users = AuthorizedUsers.from_config([UserPin("octocat", 583231), "kate"])
+        assert users.listing(actor, pinned=pinned) is expected
+
+
+class TestPinToRecord:
+    @pytest.mark.parametrize(
+        ("name", "edit", "expected"),
+        [
+            (
+                "issue_comment.created",
+                {"comment.user": _user("Kate", 7)},
+                UserPin("kate", 7),
+            ),
+            ("issues.opened", {"sender": _user("KATE", 7)}, UserPin("kate", 7)),
+            ("issue_comment.created", {"comment.user": _user("octocat", 583231)}, None),
+            ("issue_comment.created", {"comment.user": _user("mallory", 9)}, None),
+            ("issue_comment.created", {"comment.user": {"login": "kate"}}, None),
+            ("issue_comment.created", {"comment.user": None}, None),
+            ("check_run.completed", {"sender": _user("kate", 7)}, None),
+        ],
+        ids=["comment", "sender", "pinned-by-config", "unlisted", "no-id", "no-author", "ci"],
+    )
+    def test_only_a_login_listed_alone_is_pinned_from_an_event(
+        self, name: str, edit: dict[str, Any], expected: UserPin | None
+    ) -> None:
+        users = AuthorizedUsers.from_config([UserPin("octocat", 583231), "kate"])
+        assert pin_to_record(_envelope(name, edit), users=users) == expected
+
 
 class TestEventActor:
     @pytest.mark.parametrize(
@@ -237,10 +317,10 @@ class TestAuthorize:
             ("issue_comment.created", {"comment.user": None}, ["codertocat"], Authorization.DENIED),
             ("pull_request_review.submitted", {}, ["codertocat"], Authorization.ALLOWED),
             ("check_run.completed", {}, [], Authorization.NO_ACTOR_CI),
-            ("pull_request.closed", {}, [], Authorization.CLOSE_ONLY),
+            ("pull_request.closed", {}, [], Authorization.DENIED),
             ("pull_request.closed", {}, ["codertocat"], Authorization.ALLOWED),
-            ("issues.opened", {"action": "closed"}, ["octocat"], Authorization.CLOSE_ONLY),
-            ("issues.opened", {"action": "closed", "sender": None}, [], Authorization.CLOSE_ONLY),
+            ("issues.opened", {"action": "closed"}, ["octocat"], Authorization.DENIED),
+            ("issues.opened", {"action": "closed", "sender": None}, [], Authorization.DENIED),
             ("issues.opened", {}, ["octocat"], Authorization.DENIED),
             ("issue_comment.created", {"action": "closed"}, [], Authorization.DENIED),
             ("installation.created", {}, ["codertocat"], Authorization.ALLOWED),
@@ -253,12 +333,73 @@ class TestAuthorize:
         assert decision is expected
 
     @pytest.mark.parametrize(
+        ("name", "edit", "users", "mode", "expected"),
+        [
+            ("issues.opened", {"action": "closed"}, ["octocat"], "authorized", "denied"),
+            ("issues.opened", {"action": "closed"}, ["octocat"], "anyone", "close-only"),
+            ("issues.opened", {"action": "closed"}, ["codertocat"], "authorized", "allowed"),
+            ("issues.opened", {"action": "closed"}, ["codertocat"], "anyone", "allowed"),
+            ("issues.opened", {"action": "closed", "sender": None}, [], "anyone", "close-only"),
+            ("pull_request.closed", {}, [], "authorized", "denied"),
+            ("pull_request.closed", {}, [], "anyone", "close-only"),
+            ("issues.opened", {}, ["octocat"], "anyone", "denied"),
+            ("issues.opened", {"action": "reopened"}, ["octocat"], "anyone", "denied"),
+        ],
+    )
+    def test_whose_close_counts_is_the_operators_choice(
+        self, name: str, edit: dict[str, Any], users: list[Any], mode: str, expected: str
+    ) -> None:
+        """``routing.closeEndsSession``: by default only a listed person's close counts, so
+        the outsider who opened an issue cannot end its session by closing it."""
+        decision = authorize(
+            _envelope(name, edit),
+            users=AuthorizedUsers.from_config(users),
+            close_ends_session=CloseEndsSession(mode),
+        )
+        assert decision is Authorization(expected)
+
+    @pytest.mark.parametrize(
+        ("actor", "mode", "expected"),
+        [
+            (_user("codertocat", CODERTOCAT_ID), "authorized", Authorization.ALLOWED),
+            (_user("Codertocat", 666), "authorized", Authorization.ID_MISMATCH),
+            (_user("Codertocat", 666), "anyone", Authorization.CLOSE_ONLY),
+        ],
+    )
+    def test_a_listed_login_with_another_id_may_close_only_where_anyone_may(
+        self, actor: dict[str, Any], mode: str, expected: Authorization
+    ) -> None:
+        envelope = _envelope("issues.opened", {"action": "closed", "sender": actor})
+        users = AuthorizedUsers.from_config([UserPin("codertocat", CODERTOCAT_ID)])
+        decision = authorize(envelope, users=users, close_ends_session=CloseEndsSession(mode))
+        assert decision is expected
+
+    @pytest.mark.parametrize(
+        ("author", "pinned", "expected"),
+        [
+            (_user("Codertocat", CODERTOCAT_ID), {}, "allowed"),
+            (_user("Codertocat", CODERTOCAT_ID), {"codertocat": CODERTOCAT_ID}, "allowed"),
+            (_user("Codertocat", 666), {"codertocat": CODERTOCAT_ID}, "id-mismatch"),
+            (_user("mallory", 666), {"codertocat": CODERTOCAT_ID}, "denied"),
+        ],
+    )
+    def test_a_login_listed_alone_is_held_to_its_first_sight_pin(
+        self, author: dict[str, Any], pinned: dict[str, int], expected: str
+    ) -> None:
+        envelope = _envelope("issue_comment.created", {"comment.user": author})
+        decision = authorize(
+            envelope, users=AuthorizedUsers.from_config(["codertocat"]), pinned=pinned
+        )
+        assert decision is Authorization(expected)
+
+    @pytest.mark.parametrize(
         ("decision", "routes"),
         [
             (Authorization.ALLOWED, True),
             (Authorization.CLOSE_ONLY, True),
             (Authorization.NO_ACTOR_CI, True),
             (Authorization.DENIED, False),
+            (Authorization.ID_MISMATCH, False),
         ],
     )
     def test_only_a_denied_event_stops_here(self, decision: Authorization, routes: bool) -> None:

@@ -24,7 +24,6 @@ from looprelay.adapters.clock import SystemClock
 from looprelay.adapters.embedded_queue import EmbeddedQueue
 from looprelay.adapters.github_auth import TokenAuth
 from looprelay.adapters.github_rest import GitHubRest
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.config import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
@@ -32,6 +31,7 @@ from looprelay.ingress import Ingress
 from looprelay.sender import post_delivery
 from looprelay.wiring import build_router
 from looprelay.worker import Worker
+from tests.app_server import AppServer
 from tests.fake_github import APP_LOGIN, FakeGitHub
 from tests.fake_harness import wait_until
 from tests.faults.deliveries import (
@@ -139,8 +139,10 @@ class TestCopiesSpreadOverTime:
             now=clock,
         )
         ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=config.webhook)
-        server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1_000_000)
-        server.start(Routes({"/webhook": ingress.handle, "/worker": worker.handle}, {}))
+        server = AppServer(
+            exact={"/webhook": ingress.handle, "/worker": worker.handle}, max_body_bytes=1_000_000
+        )
+        server.start()
         host, port = server.address
         queue.start(worker_url=f"http://{host}:{port}/worker", auth_token=WORKER_SECRET)
         yield f"http://{host}:{port}/webhook", clock, tmp_path

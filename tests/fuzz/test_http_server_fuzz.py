@@ -1,4 +1,4 @@
-"""Property-based tests of ``looprelay up``'s HTTP server with raw bytes on a loopback socket.
+"""Property-based tests of ``looprelay up``'s HTTP stack with raw bytes on a loopback socket.
 
 Whatever a client sends (a malformed request line, a flood of headers, chunked bodies, an
 oversize or nonsense Content-Length), the server answers or closes the connection, never
@@ -14,17 +14,16 @@ import re
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
-from looprelay.config import EmbeddedQueueConfig, RetryConfig, WebhookConfig
+from looprelay.config import Config, ServerConfig, WebhookConfig
 from looprelay.core.signature import sign_body
-from looprelay.httpmsg import Request, Response, json_response
-from looprelay.ingress import Ingress
+from looprelay.datadir import WEBHOOK_SECRET_FILE
+from looprelay.embedded import EmbeddedStack
 from tests.fuzz.budget import examples
 from tests.samples import payload_bytes
 
@@ -36,24 +35,19 @@ COMMENT = payload_bytes("issue_comment.created")
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
 
 
-def _health(request: Request) -> Response:
-    return json_response(200, {"status": "ok"})
-
-
 @pytest.fixture(scope="module")
 def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """The webhook behind the embedded server, as `looprelay up` serves it, on a free port."""
-    queue = EmbeddedQueue(
-        tmp_path_factory.mktemp("raw") / "queue.db",
-        retry=RetryConfig(),
-        settings=EmbeddedQueueConfig(),
-    )
-    ingress = Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig(max_body_bytes=CAP))
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=CAP)
-    server.start(Routes({"/webhook": ingress.handle, "/healthz": _health}, {}))
-    yield server.address
-    server.stop()
-    queue.close()
+    """`looprelay up`'s application and server, in process, on a free port."""
+    data_dir: Path = tmp_path_factory.mktemp("raw") / "data"
+    data_dir.mkdir(mode=0o700)
+    (data_dir / WEBHOOK_SECRET_FILE).write_bytes(SECRET)
+    (data_dir / WEBHOOK_SECRET_FILE).chmod(0o600)
+    config = Config(server=ServerConfig(port=0), webhook=WebhookConfig(max_body_bytes=CAP))
+    stack = EmbeddedStack(config, data_dir=data_dir, environ={})
+    stack.start()
+    host, port = stack.base_url.removeprefix("http://").rsplit(":", 1)
+    yield host, int(port)
+    stack.stop()
 
 
 def _delivery() -> bytes:
@@ -158,6 +152,7 @@ FRAMING = st.sampled_from(
         [b"Content-Length:  7 "],
         [b"Content-Length: 5", b"Content-Length: 50"],
         [b"Content-Length: 99999999999999999999999"],
+        [b"Content-Length: " + b"9" * 5000],
         [f"Content-Length: {CAP + 1}".encode()],
         [f"Content-Length: {30 * 1024 * 1024}".encode()],
         [b"Transfer-Encoding: chunked"],

@@ -21,7 +21,6 @@ from hypothesis import given
 from schemathesis import Case, GenerationMode
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
 from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
@@ -30,6 +29,7 @@ from looprelay.leases import LeaseDesk
 from looprelay.progress import Progress
 from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerauth import runner_bearer
+from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fuzz.budget import examples
 
@@ -75,8 +75,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         monotonic=lambda: float(next(ticks)),
     )
     api = RunnerApi(registry=registry, store=store, clock=clock, config=config, desk=desk)
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=1 << 20)
-    server.start(Routes({}, {"/runner/": api.handle}))
+    server = AppServer(runner_api=api)
+    server.start()
     host, port = server.address
     base_url = f"http://{host}:{port}"
     for number in range(1, 40):

@@ -103,7 +103,7 @@ def _synchronous(what: str, tmp_path: Path, *, unsynced: bool) -> int:
     return int(done.stdout)
 
 
-def test_the_unsynced_variant_turns_off_the_enqueue_writers_fsync_only(tmp_path: Path) -> None:
+def test_the_unsynced_variant_turns_off_the_enqueues_fsync_only(tmp_path: Path) -> None:
     full, off = 2, 0
     assert _synchronous("embedded queue", tmp_path, unsynced=False) == full
     assert _synchronous("embedded queue", tmp_path, unsynced=True) == off

@@ -77,6 +77,7 @@ class TestImportingTheFunctionsModule:
 
 class TestTheWebhookBuilder:
     def test_loads_the_rest_queue_and_no_grpc_protobuf_store_template_or_tmux(self) -> None:
+        # The webhook function's whole application, as functions/main.py builds it.
         queue = {
             "project": "p",
             "location": "us-central1",
@@ -86,8 +87,9 @@ class TestTheWebhookBuilder:
         }
         code = (
             "import os\n"
-            "from looprelay.cloud import build_ingress, cloud_config\n"
-            "build_ingress(cloud_config(os.environ), os.environ)"
+            "from looprelay.app.compose import build_app\n"
+            "from looprelay.cloud import cloud_config\n"
+            "build_app(cloud_config(os.environ), os.environ, function='webhook')"
         )
 
         modules = _modules_after(

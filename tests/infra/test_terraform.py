@@ -63,6 +63,9 @@ INDEXES = (
     ("events", (("delivery_id", "ASCENDING"), ("sort_key", "ASCENDING"))),
     ("events", (("work_item", "ASCENDING"), ("sort_key", "ASCENDING"))),
     ("events", (("name", "ASCENDING"), ("sort_key", "ASCENDING"))),
+    ("events", (("delivery_id", "ASCENDING"), ("sort_key", "DESCENDING"))),
+    ("events", (("work_item", "ASCENDING"), ("sort_key", "DESCENDING"))),
+    ("events", (("name", "ASCENDING"), ("sort_key", "DESCENDING"))),
     ("dispatches", (("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
     ("dispatches", (("status", "ASCENDING"), ("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
     ("dispatches", (("work_item", "ASCENDING"), ("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
@@ -349,13 +352,13 @@ def _functions() -> dict[str, dict[str, Any]]:
 
 
 def _entry_points() -> set[str]:
-    """The @functions_framework.http functions of functions/main.py."""
+    """The @functions_framework.aio.http functions of functions/main.py."""
     tree = ast.parse(MAIN.read_text(encoding="utf-8"))
     return {
         node.name
         for node in tree.body
-        if isinstance(node, ast.FunctionDef)
-        and any(ast.unparse(d) == "functions_framework.http" for d in node.decorator_list)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and any(ast.unparse(d) == "functions_framework.aio.http" for d in node.decorator_list)
     }
 
 
@@ -387,7 +390,7 @@ def test_example_variables_parse() -> None:
 
 def test_each_entry_point_has_exactly_one_function_and_vice_versa() -> None:
     in_code, in_infra = _entry_points(), set(_functions())
-    assert in_code, "no @functions_framework.http entry point found in functions/main.py"
+    assert in_code, "no @functions_framework.aio.http entry point found in functions/main.py"
     assert in_code - in_infra == set(), "entry points without a function in infra/"
     assert in_infra - in_code == set(), "functions in infra/ without an entry point"
 

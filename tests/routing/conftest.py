@@ -2,7 +2,7 @@
 
 A :class:`Relay` is one deployment of the worker's side: a ``Worker`` (shared-secret auth, as
 under ``looprelay up``) whose handler is the real ``Router``, served over real HTTP by
-``EmbeddedHttpServer`` (one server per session, a path per deployment: see
+looprelay's ASGI stack (``tests.app_server``; one server per session, a path per deployment: see
 :class:`_Switchboard`), talking to a loopback fake GitHub through ``GitHubRest``. Deliveries
 are real octokit payloads (``tests/fixtures/github``) adapted per scenario, projected with
 ``project_envelope`` exactly as ingress does and POSTed with the bearer secret, as the queue
@@ -30,7 +30,6 @@ import requests
 
 from looprelay.adapters.github_auth import TokenAuth
 from looprelay.adapters.github_rest import GitHubRest
-from looprelay.adapters.http_server import EmbeddedHttpServer, Routes
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite_store import SqliteStore
@@ -52,6 +51,7 @@ from looprelay.routingpolicy import TemplateSource, routing_policy
 from looprelay.runnerapi_models import ResultBody
 from looprelay.wiring import build_router
 from looprelay.worker import Worker
+from tests.app_server import AppServer
 from tests.fake_github import APP_LOGIN, FakeComment, FakeGitHub
 from tests.samples import payload
 
@@ -464,13 +464,12 @@ MakeRelay = Callable[..., Relay]
 class _Switchboard:
     """One HTTP server for the session; each deployment's worker gets a path of its own.
 
-    Stopping a server waits out its 0.2 s poll interval, so one per test would add that to
-    every test; the requests still travel over real HTTP to ``Worker.handle``.
+    Starting and stopping a server per test would add its start-up to every test; the
+    requests still travel over real HTTP to ``Worker.handle``.
     """
 
-    def __init__(self, server: EmbeddedHttpServer) -> None:
-        host, port = server.address
-        self.base = f"http://{host}:{port}"
+    def __init__(self) -> None:
+        self.base = ""  # set once the server is bound
         self._handlers: dict[str, Callable[[Request], Response]] = {}
         self._paths = itertools.count(1)
         self._lock = threading.Lock()
@@ -497,9 +496,10 @@ class _Switchboard:
 @pytest.fixture(scope="session")
 def switchboard() -> Iterator[_Switchboard]:
     """The session's loopback HTTP server for worker deployments."""
-    server = EmbeddedHttpServer(host="127.0.0.1", port=0, max_body_bytes=2_000_000)
-    board = _Switchboard(server)
-    server.start(Routes({}, {"/worker/": board}))
+    board = _Switchboard()
+    server = AppServer(prefixes={"/worker/": board}, max_body_bytes=2_000_000)
+    board.base = server.url
+    server.start()
     yield board
     server.stop()
 

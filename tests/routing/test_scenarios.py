@@ -51,6 +51,7 @@ from tests.routing.conftest import (
     issue_payload,
     pr_payload,
     ref,
+    user,
 )
 from tests.samples import payload
 
@@ -401,13 +402,63 @@ class TestAuthorization:
 
 
 class TestClose:
-    def test_a_close_by_an_unlisted_sender_ends_the_session_but_defers_cleanup(
+    def test_by_default_an_outsiders_close_leaves_the_session_running(
         self, relay: MakeRelay
     ) -> None:
-        """Scenarios 9 and 39. Adaptation: "closes the session" = a ``terminate`` dispatch;
-        "cleans up" would be a ``cleanup`` dispatch, which an unlisted closer never gets:
-        ``cleanup.deferred`` is logged instead."""
+        """Issue 13: ``mallory``, unlisted, opened #1 and closes it while its session runs.
+        With ``closeEndsSession: authorized`` (the default) the close is refused like any
+        unlisted event: no dispatch, the session and the control state stay as they were."""
         deployment = relay()
+        deployment.start()
+        sent = deployment.send("issues", issue_payload("closed", sender="mallory"))
+
+        record = deployment.ledger(sent.delivery_id)
+        assert record.outcome == "refused:unauthorized-actor"
+        assert "routing.closeEndsSession is authorized" in record.detail
+        assert deployment.dispatches(1, delivery_id=sent.delivery_id) == []
+        item = deployment.must_item()
+        assert item.control == "started"
+        assert item.sessions[ISSUE].status == "pending"
+        [dropped] = deployment.events("routing.dropped", delivery_id=sent.delivery_id)
+        assert dropped.data == {"reason": "unauthorized-actor", "actor": "mallory"}
+
+    @pytest.mark.parametrize(
+        ("close_ends_session", "outcome", "kinds", "status"),
+        [
+            ("authorized", "refused:unauthorized-actor", [], "pending"),
+            ("anyone", "dispatched", [("terminate", PR)], "terminated"),
+        ],
+    )
+    def test_whose_close_of_a_pull_request_ends_its_own_session(
+        self,
+        relay: MakeRelay,
+        close_ends_session: str,
+        outcome: str,
+        kinds: list[tuple[str, str]],
+        status: str,
+    ) -> None:
+        """The same for a PR with a session of its own (``sessionPerPr: always``): its
+        unlisted author closing it ends the PR's session only with ``anyone``."""
+        deployment = relay(session_per_pr="always", close_ends_session=close_ends_session)
+        deployment.start()
+        deployment.runner_holds(workspace=True)
+        deployment.send("pull_request", _same_repo_pr("opened"))
+        assert deployment.must_item().sessions[PR].status == "pending"
+
+        closed = _same_repo_pr("closed") | {"sender": user("mallory")}
+        sent = deployment.send("pull_request", closed)
+
+        assert sent.answer["outcome"] == outcome
+        assert _kinds(deployment, sent.delivery_id) == kinds
+        assert deployment.must_item().sessions[PR].status == status
+
+    def test_with_anyone_a_close_by_an_unlisted_sender_ends_the_session_but_defers_cleanup(
+        self, relay: MakeRelay
+    ) -> None:
+        """Scenarios 9 and 39, with ``closeEndsSession: anyone``. Adaptation: "closes the
+        session" = a ``terminate`` dispatch; "cleans up" would be a ``cleanup`` dispatch, which
+        an unlisted closer never gets: ``cleanup.deferred`` is logged instead."""
+        deployment = relay(close_ends_session="anyone")
         deployment.start()
         sent = deployment.send("issues", issue_payload("closed", sender="mallory"))
 
@@ -457,7 +508,7 @@ class TestClose:
 
     def test_a_close_never_spawns(self, relay: MakeRelay) -> None:
         """Scenario 9: closing an armed item that never started spawns nothing."""
-        deployment = relay()
+        deployment = relay(close_ends_session="anyone")
         deployment.given_armed()
         sent = deployment.send("issues", issue_payload("closed", sender="mallory"))
 

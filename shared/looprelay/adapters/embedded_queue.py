@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import logging
 import re
-import socket
 import sqlite3
 import threading
 import time
@@ -19,11 +18,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from looprelay.adapters.enqueue_process import EnqueueProcess
-from looprelay.adapters.enqueue_writer import Request
+from looprelay.adapters.enqueue_committer import Enqueue, EnqueueCommitter
 from looprelay.adapters.sqlite_common import SqliteDatabase
+from looprelay.adapters.worker_connection import WorkerConnection
 from looprelay.config import EmbeddedQueueConfig, RetryConfig
 from looprelay.core.backoff import backoff_seconds
 from looprelay.errors import Permanent, Transient
@@ -80,15 +78,12 @@ class EmbeddedQueue:
         settings: EmbeddedQueueConfig,
         queue_name: str = "looprelay",
         now: Callable[[], float] = time.time,
-        watch: Callable[[socket.socket], None] | None = None,
     ) -> None:
         """Open the queue at ``path`` for enqueueing and listing; :meth:`start` dispatches.
 
         Opening changes no task, so the CLI may open the file while ``looprelay up`` runs.
-        Enqueues are committed by a writer process (``enqueue_writer``) started with the first
-        one; ``watch(sock)``, when given, is told its socket so a selector loop can call
-        :meth:`collect_enqueued` when answers arrive (else a thread of the queue does).
-        Raises ``Transient`` when the file cannot be opened.
+        Enqueues are committed by a thread of the queue (``enqueue_committer``) started with
+        the first one. Raises ``Transient`` when the file cannot be opened.
         """
         self._worker_url = ""
         self._auth_token = ""
@@ -101,14 +96,12 @@ class EmbeddedQueue:
         self._arrivals = 0  # counts enqueues, so a dispatcher never sleeps through one
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        # Enqueues are acked to GitHub, so the writer fully syncs them (one fsync per batch).
-        # The dispatch bookkeeping is not synced: a lost "leased" or "done" only sends a task
-        # again, which the worker's ledger turns into a no-op, and it is written after the
-        # worker's own synced commit.
-        self._books = SqliteDatabase(
-            path, schema=_SCHEMA, what="embedded queue", synchronous="NORMAL"
-        )
-        self._writer = EnqueueProcess(path, on_start=watch)
+        # Enqueues are acked to GitHub, so they are fully synced (one fsync per batch). The
+        # dispatch bookkeeping is not: a lost "leased" or "done" only sends a task again,
+        # which the worker's ledger turns into a no-op, and it is written after the worker's
+        # own synced commit. Both share one connection, so they wait on one lock.
+        self._books = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
+        self._committer = EnqueueCommitter(self._books)
 
     # -- the Queue port -------------------------------------------------------------------
 
@@ -119,12 +112,12 @@ class EmbeddedQueue:
     def enqueue_soon(self, task: Task) -> Future[bool]:
         """Start enqueueing ``task`` and return at once: the non-blocking ``enqueue``.
 
-        The webhook of ``looprelay up`` uses it so its loop never waits for an fsync: the ack
-        goes out when the future resolves. The future resolves once the task is on disk:
+        The webhook of ``looprelay up`` awaits it, so its event loop never waits for an fsync:
+        the ack goes out when the future resolves. The future resolves once the task is on disk:
         True when it was queued (a dispatcher is woken before any callback of the caller
         runs), False when the name is taken (still queued, or done within the dedup window).
         Its exception is ``Permanent`` for a task that can never be queued (checked before
-        anything is sent) and ``Transient`` when the writer or the database failed.
+        anything is written) and ``Transient`` when the database failed or the queue is closed.
         """
         try:
             _validate(task)
@@ -133,14 +126,10 @@ class EmbeddedQueue:
             refused.set_exception(exc)
             return refused
         now = self._now()
-        request = Request(0, now, now - self._settings.dedup_window_seconds, task.name, task.body)
-        landed = self._writer.submit(request)
+        item = Enqueue(now, now - self._settings.dedup_window_seconds, task.name, task.body)
+        landed = self._committer.submit(item)
         landed.add_done_callback(self._landed)  # first, so dispatchers hear before callers
         return landed
-
-    def collect_enqueued(self) -> None:
-        """Resolve the enqueues whose commits have landed; never blocks."""
-        self._writer.collect()
 
     def _landed(self, landed: Future[bool]) -> None:
         if not landed.exception() and landed.result():
@@ -168,8 +157,8 @@ class EmbeddedQueue:
         self._worker_url = worker_url
         self._auth_token = auth_token
         self._yield_to = yield_to
-        self._books.execute("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
-        self._writer.start()  # so the first webhook does not wait for it
+        self._write("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        self._committer.start()
         self._stopping.clear()
         for index in range(self._settings.concurrency):
             thread = threading.Thread(
@@ -193,9 +182,9 @@ class EmbeddedQueue:
         self._threads.clear()
 
     def close(self) -> None:
-        """Stop dispatching, let the writer finish what was sent, close the database."""
+        """Stop dispatching, commit what was submitted, close the database."""
         self.stop()
-        self._writer.close()
+        self._committer.close()
         self._books.close()
 
     # -- operator views ---------------------------------------------------------------------
@@ -210,25 +199,28 @@ class EmbeddedQueue:
 
     def retry_dead(self, name: str) -> bool:
         """Put a dead task back in line for another full set of attempts."""
-        changed = self._books.execute(
+        changed = self._write(
             "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
             " WHERE name = ? AND state = 'dead'",
             (self._now(), name),
-        ).rowcount
+        )
         self._arrived()
         return bool(changed)
 
     def purge_finished(self) -> int:
         """Forget done tasks whose dedup window has passed; return how many."""
         cutoff = self._now() - self._settings.dedup_window_seconds
-        return self._books.execute(
-            "DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,)
-        ).rowcount
+        return self._write("DELETE FROM tasks WHERE state = 'done' AND finished_at < ?", (cutoff,))
+
+    def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
+        """Run one bookkeeping write, unsynced (see ``__init__``); return its row count."""
+        with self._books.transaction(synced=False) as db:
+            return db.execute(sql, params).rowcount
 
     # -- dispatching ------------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
-        worker = _WorkerConnection(self._worker_url, self._settings.dispatch_deadline_seconds)
+        worker = WorkerConnection(self._worker_url, self._settings.dispatch_deadline_seconds)
         while not self._stopping.is_set():
             try:
                 if self._yield_to is not None:
@@ -259,7 +251,7 @@ class EmbeddedQueue:
             self._wake.notify()
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
-        with self._books.transaction() as db:
+        with self._books.transaction(synced=False) as db:
             rows = db.execute(
                 "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
                 " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
@@ -276,7 +268,7 @@ class EmbeddedQueue:
         return max(0.0, min(_IDLE_WAIT_SECONDS, due - self._now()))
 
     def _deliver(
-        self, worker: _WorkerConnection, claimed: tuple[str, bytes, int, int, float]
+        self, worker: WorkerConnection, claimed: tuple[str, bytes, int, int, float]
     ) -> None:
         name, body, attempts, executions, eta = claimed
         headers = {
@@ -310,7 +302,7 @@ class EmbeddedQueue:
             )
 
     def _finish(self, name: str, status: int) -> None:
-        self._books.execute(
+        self._write(
             "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
             " attempts = attempts + 1 WHERE name = ?",
             (self._now(), status, name),
@@ -336,7 +328,7 @@ class EmbeddedQueue:
             max_doublings=self._retry.max_doublings,
         )
         wait = max(wait, retry_after or 0.0)
-        self._books.execute(
+        self._write(
             "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
             " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
             (
@@ -360,44 +352,6 @@ class EmbeddedQueue:
             " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
             extra={"task": name, "fields": {"error": error}},
         )
-
-
-class _WorkerConnection:
-    """One dispatcher's keep-alive connection to the worker, reopened after any failure."""
-
-    def __init__(self, url: str, deadline_seconds: float) -> None:
-        split = urlsplit(url)
-        self._https = split.scheme == "https"
-        self._host = split.hostname or "127.0.0.1"
-        self._port = split.port
-        self._path = (split.path or "/") + (f"?{split.query}" if split.query else "")
-        self._deadline = deadline_seconds
-        self._connection: http.client.HTTPConnection | None = None
-
-    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, str]:
-        """POST ``body``; return the status, the Retry-After header and the body text.
-
-        Raises ``OSError`` or ``http.client.HTTPException`` when no answer came in time.
-        """
-        if self._connection is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._connection = kind(self._host, self._port, timeout=self._deadline)
-        try:
-            self._connection.request("POST", self._path, body=body, headers=headers)
-            response = self._connection.getresponse()
-            text = response.read().decode("utf-8", "replace")
-        except BaseException:
-            self.close()
-            raise
-        if response.will_close:
-            self.close()
-        return response.status, response.getheader("Retry-After"), text
-
-    def close(self) -> None:
-        """Drop the connection; the next POST opens a new one."""
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
 
 
 def _validate(task: Task) -> None:

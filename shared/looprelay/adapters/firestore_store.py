@@ -1,7 +1,8 @@
 """The cloud store: the delivery ledger and the event log in Firestore, behind ``Store``.
 
-Layout: ``{prefix}deliveries/{delivery_id}`` and ``{prefix}events/{auto id}``. Every document
-carries ``expires_at`` (write time + retention) for a Firestore TTL policy on that field.
+Layout: ``{prefix}deliveries/{delivery_id}``, ``{prefix}events/{auto id}`` and
+``{prefix}user_pins/{login}``. Every ledger and event document carries ``expires_at`` (write
+time + retention) for a Firestore TTL policy on that field; a pin has none, so it stays.
 Composite indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc); events
 (``delivery_id``, ``work_item`` or ``name``, then ``sort_key``).
 """
@@ -42,14 +43,7 @@ _RETRYABLE = (
 )
 _TRANSIENT = (*_RETRYABLE, gexc.RetryError)
 _RETRY = Retry(if_exception_type(*_RETRYABLE), maximum=2.0, timeout=CALL_BUDGET_SECONDS)
-_SEP = "|"
-_ABOVE_SEP = "}"  # the next character after _SEP: "<iso>}" sorts above every "<iso>|..." key
 _Change = Callable[[DeliveryRecord], dict[str, Any] | None]
-
-
-def _iso(moment: datetime) -> str:
-    # Fixed-width UTC ISO text sorts in time order.
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _dt(value: datetime) -> datetime:
@@ -91,6 +85,7 @@ class FirestoreStore:
         self._client = client
         self._deliveries = client.collection(f"{collection_prefix}deliveries")
         self._events = client.collection(f"{collection_prefix}events")
+        self._pins = client.collection(f"{collection_prefix}user_pins")
         self._retention = timedelta(days=retention_days)
         self._seq_lock = threading.Lock()
         self._seq = 0
@@ -230,15 +225,15 @@ class FirestoreStore:
             self._events.add(self._event_document(event), retry=_RETRY)
 
     def _event_document(self, event: EventRecord) -> dict[str, Any]:
-        # The tiebreak between events with the same ``at`` (auto ids do not sort by time):
-        # strictly increasing in this process, roughly wall-clock order across processes.
+        # The log's order, as SQLite's rowid is there: the write time in ns, strictly
+        # increasing in this process, roughly wall-clock order across processes, and unique.
         with self._seq_lock:
             self._seq = seq = max(self._seq + 1, time.time_ns())
         return {
             **event.model_dump(),
             # JSON text, as in SQLite: same round trip, and Firestore rejects nested arrays.
             "data": json.dumps(event.data, default=str),
-            "sort_key": f"{_iso(event.at)}{_SEP}{seq:020d}{secrets.token_hex(4)}",
+            "sort_key": f"{seq:020d}{secrets.token_hex(4)}",
             "expires_at": self._expires_at(),
         }
 
@@ -248,20 +243,52 @@ class FirestoreStore:
         delivery_id: str | None = None,
         work_item: str | None = None,
         name: str | None = None,
-        after: datetime | None = None,
+        after: str | None = None,
+        since: datetime | None = None,
+        newest: bool = False,
         limit: int = 1000,
     ) -> list[EventRecord]:
-        """See ``Store.list_events``; raises ``Transient`` when Firestore is unavailable."""
-        query = self._events.order_by("sort_key")
+        """See ``Store.list_events``; raises ``Transient`` when Firestore is unavailable.
+
+        The cursor is the event's ``sort_key``: its write time in ns (made strictly increasing
+        per process) and random bits, so it is unique and sorts in the order written.
+        """
+        direction = firestore.Query.DESCENDING if newest else firestore.Query.ASCENDING
+        query = self._events.order_by("sort_key", direction=direction)
         equal = {"delivery_id": delivery_id, "work_item": work_item, "name": name}
         for field, value in equal.items():
             if value is not None:
                 query = query.where(filter=FieldFilter(field, "==", value))
         if after is not None:
-            query = query.where(filter=FieldFilter("sort_key", ">", _iso(after) + _ABOVE_SEP))
+            query = query.where(filter=FieldFilter("sort_key", ">", after))
+        if since is not None:
+            since_ns = int(since.timestamp()) * 1_000_000_000 + since.microsecond * 1_000
+            query = query.where(filter=FieldFilter("sort_key", ">=", f"{since_ns:020d}"))
         with _translated("list events"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
-        return [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
+        found = [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
+        return found[::-1] if newest else found
+
+    def pin_user_id(self, login: str, *, user_id: int, at: datetime) -> tuple[int, bool]:
+        """See ``Store.pin_user_id``; ``create()`` makes exactly one caller the one that pins.
+
+        Raises ``Transient`` when Firestore stays unavailable for ``CALL_BUDGET_SECONDS`` in a
+        call.
+        """
+        reference = self._pins.document(login)
+        with _translated("pin a user id"):
+            data = reference.get(retry=_RETRY).to_dict()
+            if data is None:
+                try:
+                    reference.create(
+                        {"login": login, "user_id": user_id, "pinned_at": at}, retry=_RETRY
+                    )
+                    return user_id, True
+                except gexc.AlreadyExists:
+                    data = reference.get(retry=_RETRY).to_dict()
+        if data is None:
+            raise Transient(f"the pin of {login} vanished while being read; retry")
+        return int(data["user_id"]), False
 
 
 def _delivery(data: dict[str, Any]) -> DeliveryRecord:
@@ -273,5 +300,10 @@ def _delivery(data: dict[str, Any]) -> DeliveryRecord:
 def _event(data: dict[str, Any]) -> EventRecord:
     # Unknown keys (sort_key, expires_at) are ignored by the model.
     return EventRecord.model_validate(
-        {**data, "at": _dt(data["at"]), "data": json.loads(data["data"])}
+        {
+            **data,
+            "at": _dt(data["at"]),
+            "data": json.loads(data["data"]),
+            "cursor": data.get("sort_key", ""),
+        }
     )

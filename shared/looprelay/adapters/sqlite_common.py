@@ -1,8 +1,7 @@
 """One SQLite database as every embedded adapter uses it: WAL, fully synced commits, a
 busy timeout, and ``sqlite3.OperationalError`` translated to ``Transient`` once, here.
 
-(The durable enqueues of the embedded queue share their commits in a process of their own:
-``enqueue_writer``.)"""
+(The durable enqueues of the embedded queue share their commits: ``enqueue_committer``.)"""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from looprelay.errors import Transient
+from looprelay.filemodes import private_file
 
 BUSY_TIMEOUT_MS = 5000
 """How long a write waits for another connection's lock before ``Transient``."""
@@ -31,6 +31,8 @@ def parse_utc_text(text: str) -> datetime:
 
 
 Synchronous = Literal["FULL", "NORMAL"]
+_COMPANIONS = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps beside a database; it creates them with the database file's mode."""
 
 
 class SqliteDatabase:
@@ -46,6 +48,9 @@ class SqliteDatabase:
     ) -> None:
         """Open (creating tables) the file; ``what`` names it in errors.
 
+        The file is created with mode 0600 (it holds comment bodies), and an existing one that
+        others can read is made private (``filemodes.private_file``).
+
         ``synchronous="NORMAL"`` is for writes whose loss in a power cut is harmless (WAL mode
         keeps them safe from a process crash, and the next fully synced commit on the file
         makes them durable too). Raises ``Transient`` when the file cannot be opened.
@@ -54,6 +59,7 @@ class SqliteDatabase:
         self._synchronous = synchronous
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
+        private_file(Path(path), companions=_COMPANIONS)
         try:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -1,4 +1,7 @@
-"""The embedded store: one SQLite file in WAL mode, behind the ``Store`` port."""
+"""The embedded store: one SQLite file in WAL mode, behind the ``Store`` port.
+
+Tables: ``deliveries`` (the ledger), ``events`` (the log) and ``user_pins`` (login -> user id).
+"""
 
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at, seq);
 CREATE INDEX IF NOT EXISTS events_by_delivery ON events (delivery_id);
+CREATE TABLE IF NOT EXISTS user_pins (
+    login TEXT PRIMARY KEY,
+    user_id INTEGER NOT NULL,
+    pinned_at TEXT NOT NULL
+);
 """
 
 
@@ -159,7 +167,9 @@ class SqliteStore:
         delivery_id: str | None = None,
         work_item: str | None = None,
         name: str | None = None,
-        after: datetime | None = None,
+        after: str | None = None,
+        since: datetime | None = None,
+        newest: bool = False,
         limit: int = 1000,
     ) -> list[EventRecord]:
         """See ``Store.list_events``."""
@@ -173,14 +183,19 @@ class SqliteStore:
                 clauses.append(f"{column} = ?")
                 params.append(value)
         if after is not None:
-            clauses.append("at > ?")
-            params.append(utc_text(after))
+            clauses.append("seq > ?")
+            params.append(str(_seq_of(after)))
+        if since is not None:
+            clauses.append("at >= ?")
+            params.append(utc_text(since))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "DESC" if newest else "ASC"
         rows = self._db.rows(
-            f"SELECT * FROM events {where} ORDER BY at, seq LIMIT ?",  # noqa: S608 - fixed columns
+            # The rowid is the order of writing: a follower never skips a same-instant event.
+            f"SELECT * FROM events {where} ORDER BY seq {order} LIMIT ?",  # noqa: S608
             (*params, limit),
         )
-        return [
+        found = [
             EventRecord(
                 name=row["name"],
                 at=parse_utc_text(row["at"]),
@@ -188,9 +203,26 @@ class SqliteStore:
                 work_item=row["work_item"],
                 severity=row["severity"],
                 data=json.loads(row["data"]),
+                cursor=f"{row['seq']:020d}",
             )
             for row in rows
         ]
+        return found[::-1] if newest else found
+
+    def pin_user_id(self, login: str, *, user_id: int, at: datetime) -> tuple[int, bool]:
+        """See ``Store.pin_user_id``."""
+        rows = self._db.rows("SELECT user_id FROM user_pins WHERE login = ?", (login,))
+        if rows:
+            return int(rows[0]["user_id"]), False
+        with self._db.transaction() as db:
+            created = db.execute(
+                "INSERT OR IGNORE INTO user_pins (login, user_id, pinned_at) VALUES (?,?,?)",
+                (login, user_id, utc_text(at)),
+            ).rowcount
+            (pinned,) = db.execute(
+                "SELECT user_id FROM user_pins WHERE login = ?", (login,)
+            ).fetchone()
+        return int(pinned), bool(created)
 
 
 def _delivery(row: sqlite3.Row) -> DeliveryRecord:
@@ -205,6 +237,13 @@ def _delivery(row: sqlite3.Row) -> DeliveryRecord:
         settled_at=None if row["settled_at"] is None else parse_utc_text(row["settled_at"]),
         envelope=row["envelope"],
     )
+
+
+def _seq_of(cursor: str) -> int:
+    try:
+        return int(cursor)
+    except ValueError:
+        raise ValueError(f"{cursor[:40]!r} is not an event cursor of this store") from None
 
 
 def _insert_event(db: sqlite3.Connection, event: EventRecord) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import click
@@ -98,9 +100,21 @@ def deliveries_sweep(
 @click.option("--delivery", default=None, help="Only this delivery id.")
 @click.option("--work-item", default=None, help="Only this work item, e.g. github:o/r#1.")
 @click.option("--name", default=None, help="Only this event name, e.g. delivery.settled.")
-@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="How many of the newest events to show.",
+)
+@click.option(
+    "--since",
+    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"]),
+    default=None,
+    help="Only events at or after this UTC time (with --follow: start there, not now).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option("--follow", is_flag=True, help="Keep printing new events.")
+@click.option("--follow", is_flag=True, help="Keep printing new events, from now on.")
 def events(
     config_path: Path | None,
     data_dir: Path | None,
@@ -108,24 +122,36 @@ def events(
     work_item: str | None,
     name: str | None,
     limit: int,
+    since: datetime | None,
     as_json: bool,
     follow: bool,
 ) -> None:
-    """List the structured event log, oldest first."""
+    """List the structured event log: the newest --limit events, oldest first.
+
+    --follow pages by each store's own sequence, so events written in the same instant are
+    each printed once.
+    """
     from looprelay.stores import open_store
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
-    after = None
-    while True:
-        batch = store.list_events(
-            delivery_id=delivery, work_item=work_item, name=name, after=after, limit=limit
-        )
+    listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
+    start = since.replace(tzinfo=UTC) if since is not None else None
+    if follow and start is None:
+        newest = listing(newest=True, limit=1)
+        cursor = newest[-1].cursor if newest else None  # none yet: all to come is new
+    else:
+        batch = listing(since=start, newest=start is None, limit=limit)
         emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
-        if batch:
-            after = batch[-1].at
+        cursor = batch[-1].cursor if batch else None
         if not follow:
             return
-        time.sleep(FOLLOW_POLL_SECONDS)
+    while True:
+        batch = listing(after=cursor, since=start, limit=limit)
+        emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
+        if batch:
+            cursor = batch[-1].cursor
+        else:
+            time.sleep(FOLLOW_POLL_SECONDS)
 
 
 @click.group("queue")

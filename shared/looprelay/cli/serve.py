@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import uuid
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -36,7 +33,11 @@ def up(
     insecure_no_verify: bool,
     log_level: str,
 ) -> None:
-    """Run webhook, worker and runner API on one machine, with the embedded store and queue."""
+    """Run webhook, worker and runner API on one machine, with the embedded store and queue.
+
+    Exits 0 after Ctrl-C or SIGTERM, and 1 when the server stopped serving by itself, so a
+    supervisor restarts it.
+    """
     from looprelay.embedded import EmbeddedStack
     from looprelay.logs import configure_logging
 
@@ -49,18 +50,10 @@ def up(
     stack = EmbeddedStack(
         config, data_dir=data_path(data_dir), environ=os.environ, verify=not insecure_no_verify
     )
-    stopping = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    stack.start()
-    click.echo(_banner(stack, insecure_no_verify), err=True)
-    stopping.wait()
-    click.echo("stopping: queued tasks stay on disk and are sent on the next start", err=True)
-    stack.stop()
+    code = stack.serve(on_started=lambda: click.echo(_banner(stack, insecure_no_verify), err=True))
+    if code == 0:
+        click.echo("stopped: queued tasks stay on disk and are sent on the next start", err=True)
+    sys.exit(code)
 
 
 def _banner(stack: Any, insecure: bool) -> str:

@@ -8,7 +8,10 @@ linked to #7 talks to #7's session or to a session of its own (``sessionPerPr``,
 item's frozen answer winning). ``the-loop execute`` freezes the selection once and is handed to
 the session with the frozen graph as context. ``stop``, ``pause``, ``resume``, ``cleanup`` and
 the issue closing change the recorded state and send control dispatches; they are consumed, not
-forwarded. Anything looprelay wrote itself, or anyone unlisted wrote, goes nowhere.
+forwarded. The issue author, unlisted, closes #7: nothing changes and the session keeps running
+(``closeEndsSession: authorized``, the default; with ``anyone`` the close ends the session and
+leaves the cleanup to an authorized person). Anything looprelay wrote itself, or anyone
+unlisted wrote, goes nowhere; nor does a listed login that now carries another user id.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from looprelay.core.control import (
 from looprelay.core.decision import CommentPost, Decision, Note, Situation
 from looprelay.core.gate import checklist_body, freeze_graph
 from looprelay.core.plan import LIVE_STATUSES, Plan, RoutingPolicy, Templates
-from looprelay.core.policy import Authorization, authorize, drop_reason, event_actor
+from looprelay.core.policy import (
+    LIFECYCLE_EVENTS,
+    Authorization,
+    authorize,
+    drop_reason,
+    event_actor,
+)
 from looprelay.core.prsessions import choose_endpoint, effective_session_per_pr
 from looprelay.records import (
     MAX_COMMANDS,
@@ -36,6 +45,9 @@ from looprelay.records import (
     CommandLog,
     WorkItemRecord,
 )
+
+USER_ID_MISMATCH = "refused:user-id-mismatch"
+"""The outcome of an event whose listed login carries another user id than its pin."""
 
 
 def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives them
@@ -51,16 +63,14 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives t
     dropped = drop_reason(envelope, bot_logins=policy.bot_logins)
     if dropped is not None:
         return _ignored(f"dropped:{dropped}", Note("routing.dropped", {"reason": str(dropped)}))
-    authorization = authorize(envelope, users=policy.users)
+    authorization = authorize(
+        envelope,
+        users=policy.users,
+        pinned=situation.pinned_ids,
+        close_ends_session=policy.close_ends_session,
+    )
     if not authorization.routes:
-        actor = event_actor(envelope)
-        note = Note(
-            "routing.dropped",
-            {"reason": "unauthorized-actor", "actor": actor.login if actor else None},
-        )
-        return Decision(
-            "refused:unauthorized-actor", "actor not in routing.authorizedUsers", notes=(note,)
-        )
+        return _refused(situation, policy, authorization)
     if situation.target is None:
         return _ignored("no-work-item")
     plan = Plan(
@@ -86,6 +96,31 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives t
     if signal is Signal.ARM:
         return _transition(plan, situation, Signal.ARM)
     return _route(plan, situation)
+
+
+def _refused(situation: Situation, policy: RoutingPolicy, authorization: Authorization) -> Decision:
+    envelope = situation.envelope
+    actor = event_actor(envelope)
+    login = actor.login if actor else None
+    if authorization is Authorization.ID_MISMATCH and actor is not None:
+        # Whoever holds a released username now is not the person the operator listed.
+        pinned = policy.users.pinned_id(actor.login.lower(), pinned=situation.pinned_ids)
+        note = Note(
+            "routing.dropped",
+            {
+                "reason": "user-id-mismatch",
+                "actor": login,
+                "user_id": actor.id,
+                "pinned_user_id": pinned,
+            },
+        )
+        detail = f"{login} is pinned to user id {pinned}, but this event's {login} is {actor.id}"
+        return Decision(USER_ID_MISMATCH, detail, notes=(note,))
+    detail = "actor not in routing.authorizedUsers"
+    if envelope.event in LIFECYCLE_EVENTS and envelope.action == "closed":
+        detail += "; routing.closeEndsSession is authorized, so the session keeps running"
+    note = Note("routing.dropped", {"reason": "unauthorized-actor", "actor": login})
+    return Decision("refused:unauthorized-actor", detail, notes=(note,))
 
 
 def _ignored(detail: str, *notes: Note) -> Decision:

@@ -25,6 +25,9 @@ class Situation:
     ids never repeat across store resets or deployments sharing a runner machine."""
     recorded_checklist_body: str | None = None
     pr_checkout_available: bool = False
+    pinned_ids: Mapping[str, int] = field(default_factory=dict)
+    """The stored first-sight pin of the actor's login (lower case -> user id), when the
+    login is listed alone in ``routing.authorizedUsers``."""
 
 
 @dataclass(frozen=True)

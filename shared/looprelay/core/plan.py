@@ -17,7 +17,7 @@ from looprelay.core.control import Keywords
 from looprelay.core.envelope import Envelope
 from looprelay.core.excerpt import render_excerpt, wrap_untrusted
 from looprelay.core.interaction import ModeResolution
-from looprelay.core.policy import AuthorizedUsers
+from looprelay.core.policy import AuthorizedUsers, CloseEndsSession
 from looprelay.core.prsessions import SessionPerPr, tmux_session_name
 from looprelay.core.render import PromptContext, render_prompt
 from looprelay.records import (
@@ -49,6 +49,7 @@ class RoutingPolicy:
     harness: str
     runner_kind: str
     phases: tuple[Phase, ...]
+    close_ends_session: CloseEndsSession = CloseEndsSession.AUTHORIZED
 
 
 @dataclass(frozen=True)

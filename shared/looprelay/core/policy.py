@@ -9,9 +9,10 @@ author), then judged by its actor.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 from looprelay.core.envelope import Actor, Envelope
 from looprelay.core.markers import is_marked
@@ -127,55 +128,134 @@ class Authorization(StrEnum):
     """A listed actor: anything, commands and cleanup included."""
     DENIED = "denied"
     """Drop the event (B8: ``unauthorized-actor``)."""
+    ID_MISMATCH = "id-mismatch"
+    """A listed login carrying another user id than the one pinned to it (a released username
+    taken by someone else): drop the event, and log it."""
     CLOSE_ONLY = "close-only"
-    """An unlisted actor closed the issue or PR: end its session, never clean anything up."""
+    """With ``routing.closeEndsSession: anyone``, an unlisted actor closed the issue or PR: end
+    its session, never clean anything up."""
     NO_ACTOR_CI = "no-actor-ci"
     """A CI event: routed, but it can issue no command."""
 
     @property
     def routes(self) -> bool:
         """Whether the event goes on to routing."""
-        return self is not Authorization.DENIED
+        return self not in (Authorization.DENIED, Authorization.ID_MISMATCH)
+
+
+class CloseEndsSession(StrEnum):
+    """``routing.closeEndsSession``: whose close of an issue or PR ends its session."""
+
+    AUTHORIZED = "authorized"
+    ANYONE = "anyone"
+
+
+class Listing(StrEnum):
+    """Where an actor stands in ``routing.authorizedUsers``."""
+
+    LISTED = "listed"
+    UNLISTED = "unlisted"
+    ID_MISMATCH = "id-mismatch"
+    """Listed by login, but carrying another user id than the login is pinned to (or none)."""
+
+
+@dataclass(frozen=True)
+class UserPin:
+    """A login (lower case) pinned to the numeric id of the one GitHub account it means."""
+
+    login: str
+    user_id: int
+
+
+_NO_PINS: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
 class AuthorizedUsers:
-    """``routing.authorizedUsers``: lower-case logins and numeric user ids. Empty = nobody."""
+    """``routing.authorizedUsers``, authorizing by immutable user id. Empty = nobody.
+
+    GitHub frees the login of a renamed or deleted account for anyone to take, while a user id
+    never moves to another account. So every listed login is pinned to one id: by the config
+    (``pins``), or, for a login listed alone (``logins``), by the first event seen with it (the
+    caller keeps those pins and passes them in as ``pinned``).
+    """
 
     logins: frozenset[str] = frozenset()
+    """Lower-case logins listed without an id."""
     ids: frozenset[int] = frozenset()
+    """User ids listed alone or with a login."""
+    pins: Mapping[str, int] = field(default_factory=dict)
+    """Lower-case login -> user id, as the config gives them."""
 
     @classmethod
-    def from_config(cls, entries: Iterable[str | int]) -> AuthorizedUsers:
-        """Build the list from config entries: logins, or user ids as ints or digit strings.
+    def from_config(cls, entries: Iterable[str | int | UserPin]) -> AuthorizedUsers:
+        """Build the list from config entries: logins, user ids (ints or digit strings), or
+        logins pinned to an id.
 
         Expects the configured list. Raises ``ValueError`` for an entry that is neither a
-        GitHub login nor a positive id (a boolean, ``@octocat``, ``0``, a name with spaces).
+        GitHub login nor a positive id (a boolean, ``@octocat``, ``0``, a name with spaces),
+        and for a login pinned to two different ids.
         """
         if isinstance(entries, str):
             raise ValueError(
                 "routing.authorizedUsers must be a list of logins or ids, not a string"
             )
         parsed = [_user_entry(entry) for entry in entries]
-        logins = {entry for entry in parsed if isinstance(entry, str)}
-        ids = {entry for entry in parsed if isinstance(entry, int)}
-        return cls(logins=frozenset(logins), ids=frozenset(ids))
+        pins: dict[str, int] = {}
+        for pin in (entry for entry in parsed if isinstance(entry, UserPin)):
+            if pins.setdefault(pin.login, pin.user_id) != pin.user_id:
+                raise ValueError(
+                    f"routing.authorizedUsers pins {pin.login} to two user ids, "
+                    f"{pins[pin.login]} and {pin.user_id}; keep the right one"
+                )
+        logins = {entry for entry in parsed if isinstance(entry, str)} - pins.keys()
+        ids = {entry for entry in parsed if isinstance(entry, int)} | set(pins.values())
+        return cls(logins=frozenset(logins), ids=frozenset(ids), pins=pins)
 
-    def allows(self, actor: Actor | None) -> bool:
-        """Tell whether ``actor`` is listed, by id or by login (case-insensitive, ASCII only).
+    def pinned_id(self, login: str, *, pinned: Mapping[str, int] = _NO_PINS) -> int | None:
+        """Return the user id ``login`` (lower case) must carry, or None while it has none.
 
-        Expects the actor of an event or None. Never raises.
+        The config's pin wins; a login listed alone has the id in ``pinned`` (the first one
+        seen with it). Never raises.
+        """
+        if login in self.pins:
+            return self.pins[login]
+        return pinned.get(login) if login in self.logins else None
+
+    def listing(self, actor: Actor | None, *, pinned: Mapping[str, int] = _NO_PINS) -> Listing:
+        """Tell where ``actor`` stands: listed by id, or by a login whose pin its id matches.
+
+        Expects the actor of an event or None, and the first-sight pins of logins listed
+        alone. A listed login with no pin yet counts by login (the caller pins it); one whose
+        id differs from its pin, or that carries no id while pinned, is ``ID_MISMATCH``.
+        Logins compare case-insensitively, ASCII only. Never raises.
         """
         if actor is None:
-            return False
+            return Listing.UNLISTED
         if actor.id is not None and actor.id in self.ids:
-            return True
+            return Listing.LISTED
         # Logins are ASCII; lower() of a look-alike such as the Kelvin sign would otherwise
         # fold onto a listed login.
-        return actor.login.isascii() and actor.login.lower() in self.logins
+        login = actor.login.lower() if actor.login.isascii() else ""
+        if login not in self.logins and login not in self.pins:
+            return Listing.UNLISTED
+        expected = self.pinned_id(login, pinned=pinned)
+        return Listing.LISTED if expected in (None, actor.id) else Listing.ID_MISMATCH
+
+    def allows(self, actor: Actor | None, *, pinned: Mapping[str, int] = _NO_PINS) -> bool:
+        """Tell whether ``actor`` is listed (see :meth:`listing`). Never raises."""
+        return self.listing(actor, pinned=pinned) is Listing.LISTED
 
 
-def _user_entry(entry: object) -> str | int:
+def _user_entry(entry: object) -> str | int | UserPin:
+    if isinstance(entry, UserPin):
+        login, user_id = entry.login.strip(), entry.user_id
+        if _LOGIN.fullmatch(login) and not isinstance(user_id, bool) and user_id > 0:
+            return UserPin(login.lower(), user_id)
+        raise ValueError(
+            f"routing.authorizedUsers entry {{login: {entry.login[:80]!r}, id: {user_id}}} "
+            "needs a GitHub login (letters, digits, '-'; no '@') and a positive user id"
+        )
     # A digit string is always an id, so an entry never means two accounts at once.
     value = entry.strip() if isinstance(entry, str) else entry
     if isinstance(value, str) and _USER_ID.fullmatch(value):
@@ -203,19 +283,48 @@ def event_actor(envelope: Envelope) -> Actor | None:
     return envelope.sender
 
 
-def authorize(envelope: Envelope, *, users: AuthorizedUsers) -> Authorization:
+def pin_to_record(envelope: Envelope, *, users: AuthorizedUsers) -> UserPin | None:
+    """Return the pin this event gives its actor's login if the login has none yet: the
+    actor's login and user id, when the login is listed alone (first sight pins it).
+
+    Expects the configured users. None for CI events, actors without an id, and logins the
+    config pins or does not list. The caller keeps the first pin of each login and ignores
+    later ones. Never raises.
+    """
+    if envelope.event in CI_EVENTS:
+        return None
+    actor = event_actor(envelope)
+    if actor is None or actor.id is None or not actor.login.isascii():
+        return None
+    login = actor.login.lower()
+    return UserPin(login, actor.id) if login in users.logins else None
+
+
+def authorize(
+    envelope: Envelope,
+    *,
+    users: AuthorizedUsers,
+    pinned: Mapping[str, int] = _NO_PINS,
+    close_ends_session: CloseEndsSession = CloseEndsSession.AUTHORIZED,
+) -> Authorization:
     """Decide what the actor of ``envelope`` may do (SPEC §2, B8; logins compared
     case-insensitively, where the-loop compared them exactly).
 
-    Expects the configured users. CI events carry no actor and pass as ``NO_ACTOR_CI``; a
-    listed actor is ``ALLOWED``; an unlisted one (or none) closing an issue or PR is
-    ``CLOSE_ONLY`` (a close may end a session, never clean up); everything else is ``DENIED``,
-    which includes every event when the list is empty. Never raises.
+    Expects the configured users, the first-sight pins of logins listed alone, and
+    ``routing.closeEndsSession``. CI events carry no actor and pass as ``NO_ACTOR_CI``; a
+    listed actor is ``ALLOWED``; with ``ANYONE``, an unlisted one (or none) closing an issue or
+    PR is ``CLOSE_ONLY`` (a close may end a session, never clean up); a listed login with
+    another user id is ``ID_MISMATCH``; everything else is ``DENIED``, which includes every
+    event when the list is empty. Never raises.
     """
     if envelope.event in CI_EVENTS:
         return Authorization.NO_ACTOR_CI
-    if users.allows(event_actor(envelope)):
+    listing = users.listing(event_actor(envelope), pinned=pinned)
+    if listing is Listing.LISTED:
         return Authorization.ALLOWED
-    if envelope.event in LIFECYCLE_EVENTS and envelope.action == "closed":
+    closing = envelope.event in LIFECYCLE_EVENTS and envelope.action == "closed"
+    if closing and close_ends_session is CloseEndsSession.ANYONE:
         return Authorization.CLOSE_ONLY
+    if listing is Listing.ID_MISMATCH:
+        return Authorization.ID_MISMATCH
     return Authorization.DENIED

@@ -1,0 +1,322 @@
+"""Build the one ASGI application from configuration: ``build_app``.
+
+Two shapes serve the same paths:
+
+    POST /webhook       GitHub's deliveries (202 once the task is queued)
+    POST /worker        the queue's tasks
+    POST /runner/v1/... runner agents (schema/runner-api.openapi.json)
+    POST /sweeper       Cloud Scheduler's redelivery sweep (cloud only)
+    GET  /healthz       liveness
+
+``build_app(config, environ, data_dir=...)`` is ``looprelay up``'s: the data directory locked,
+the SQLite stores, the embedded queue (an enqueue is synced before its 202, and its
+dispatchers POST to this same application's ``/worker``), and an in-process signal that wakes
+long polls. ``build_app(config, environ, function=...)`` is one Cloud Function's: only that
+function's endpoint is built (``looprelay.cloud``), so a cold start loads only what it needs,
+and it also answers at ``/``, the function's own URL. Adapters are imported where a shape
+needs them, never at import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, overload
+
+from starlette.applications import Starlette
+
+from looprelay.app.asgi import Blocking, Endpoint, Refusal, build_asgi, too_large
+from looprelay.config import Config
+from looprelay.errors import ConfigError
+from looprelay.httpmsg import Request, Response, json_response
+
+if TYPE_CHECKING:
+    from looprelay.adapters.embedded_queue import EmbeddedQueue
+    from looprelay.app.webhook import WebhookPressure
+    from looprelay.ingress import Ingress
+    from looprelay.ports import Store
+    from looprelay.runnerapi import RunnerApi
+    from looprelay.stores import OpenStores
+    from looprelay.worker import Worker
+
+log = logging.getLogger("looprelay.up")
+
+WEBHOOK_PATH = "/webhook"
+WORKER_PATH = "/worker"
+HEALTH_PATH = "/healthz"
+RUNNER_PREFIX = "/runner/"
+SWEEPER_PATH = "/sweeper"
+FUNCTIONS = ("webhook", "worker", "runners", "sweeper")
+"""The Cloud Functions entry points, one endpoint each."""
+_HEALTH_MAX_BODY_BYTES = 1024
+_ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
+
+
+@dataclass(frozen=True)
+class SecretSource:
+    """Where the webhook secret comes from, for the banner."""
+
+    description: str
+    generated: bool
+    path: Path | None
+
+
+class LocalApp:
+    """``looprelay up``'s application and what it holds open: built by :func:`build_app`,
+    started once the server's address is known, closed once it stopped serving."""
+
+    def __init__(
+        self,
+        *,
+        app: Starlette,
+        stores: OpenStores,
+        queue: EmbeddedQueue,
+        ingress: Ingress,
+        runner_api: RunnerApi,
+        worker: Worker,
+        pressure: WebhookPressure,
+        secret_source: SecretSource,
+        worker_token: str,
+        data_dir: Path,
+        lock: IO[str],
+    ) -> None:
+        self.app = app
+        self.store: Store = stores.store
+        self.queue = queue
+        self.ingress = ingress
+        self.runner_api = runner_api
+        self.worker = worker
+        self.secret_source = secret_source
+        self.data_dir = data_dir
+        self._stores = stores
+        self._pressure = pressure
+        self._worker_token = worker_token
+        self._lock = lock
+
+    def start(self, *, host: str, port: int) -> None:
+        """Start dispatching queued tasks (left from a previous run included) to this
+        application's ``/worker`` at ``host:port``, the address the server bound."""
+        self.queue.start(
+            worker_url=f"http://{url_host(_ANY_ADDRESS.get(host, host))}:{port}{WORKER_PATH}",
+            auth_token=self._worker_token,
+            yield_to=self._pressure.wait_until_idle,
+        )
+
+    def stop_dispatching(self) -> None:
+        """Let in-flight tasks finish and dispatch no more (their requests need the server,
+        so this comes before it stops)."""
+        self.queue.stop()
+
+    def close(self) -> None:
+        """Commit what was enqueued, close the files, release the data directory's lock."""
+        self.queue.close()
+        self._stores.close()
+        self._lock.close()
+
+
+@overload
+def build_app(
+    config: Config, environ: Mapping[str, str], *, data_dir: Path, verify: bool = True
+) -> LocalApp: ...
+
+
+@overload
+def build_app(config: Config, environ: Mapping[str, str], *, function: str) -> Starlette: ...
+
+
+def build_app(
+    config: Config,
+    environ: Mapping[str, str],
+    *,
+    data_dir: Path | None = None,
+    function: str | None = None,
+    verify: bool = True,
+) -> LocalApp | Starlette:
+    """The application of ``looprelay up`` over ``data_dir``, or of the Cloud Function
+    ``function`` (one of ``FUNCTIONS``).
+
+    ``up``: locks the data directory (created private if missing), opens the store and the
+    queue, reads or creates the webhook secret and the worker's token; ``verify=False``
+    accepts unsigned deliveries. Raises ``ConfigError`` for a config that shape cannot run
+    (``up`` with Cloud Tasks, unset secret variables, a data directory in use; a cloud
+    webhook without secrets, a worker without OIDC, a sweeper without App auth) and
+    ``Transient`` when a database cannot be opened.
+    """
+    if data_dir is not None:
+        return _build_local(config, environ, data_dir=data_dir, verify=verify)
+    if function not in FUNCTIONS:
+        raise ConfigError(f"no Cloud Function {function!r}; one of {', '.join(FUNCTIONS)}")
+    return _build_cloud(config, environ, function)
+
+
+def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> Starlette:
+    from looprelay import cloud
+
+    blocking = Blocking()
+    if function == "runners":
+        from looprelay.app.longpoll import runner_api_handler
+
+        handler = runner_api_handler(cloud.build_runner_api(config, environ), blocking)
+        return build_asgi([Endpoint(RUNNER_PREFIX, handler, _runner_max_body_bytes())])
+    if function == "webhook":
+        ingress = cloud.build_ingress(config, environ)
+        cap = config.webhook.max_body_bytes
+        endpoints = [
+            Endpoint(path, blocking(ingress.handle), cap, _size_refusal(ingress))
+            for path in ("/", WEBHOOK_PATH)
+        ]
+    elif function == "worker":
+        from looprelay.ports import MAX_TASK_BYTES
+
+        worker = cloud.build_worker(config, environ)
+        endpoints = [
+            Endpoint(path, blocking(worker.handle), MAX_TASK_BYTES) for path in ("/", WORKER_PATH)
+        ]
+    else:
+        sweeper = cloud.build_sweeper(config, environ)
+        endpoints = [
+            Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
+            for path in ("/", SWEEPER_PATH)
+        ]
+    return build_asgi(endpoints)
+
+
+def _build_local(
+    config: Config, environ: Mapping[str, str], *, data_dir: Path, verify: bool
+) -> LocalApp:
+    from looprelay.datadir import ensure_data_dir, lock_data_dir
+
+    if config.queue.backend != "embedded":
+        raise ConfigError("`looprelay up` runs the embedded queue; set queue.backend: embedded")
+    data_dir = ensure_data_dir(data_dir)
+    lock = lock_data_dir(data_dir)
+    try:
+        return _open_local(config, environ, data_dir=data_dir, verify=verify, lock=lock)
+    except BaseException:
+        lock.close()
+        raise
+
+
+def _open_local(
+    config: Config, environ: Mapping[str, str], *, data_dir: Path, verify: bool, lock: IO[str]
+) -> LocalApp:
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.adapters.embedded_queue import EmbeddedQueue
+    from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
+    from looprelay.app.longpoll import runner_api_handler
+    from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
+    from looprelay.datadir import QUEUE_FILE, WORKER_TOKEN_FILE, read_or_create_secret
+    from looprelay.ingress import Ingress
+    from looprelay.leases import DispatchWaker
+    from looprelay.ports import MAX_TASK_BYTES
+    from looprelay.stores import open_stores
+    from looprelay.wiring import build_router, build_runner_api, github_client
+    from looprelay.worker import Worker
+
+    secrets, secret_source = _webhook_secrets(config, environ, data_dir)
+    worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
+    stores = open_stores(config, data_dir=data_dir)
+    queue = EmbeddedQueue(
+        data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+    )
+    ingress = Ingress(secrets=secrets, queue=queue, config=config.webhook, verify=verify)
+    clock, waker = SystemClock(), DispatchWaker()
+    github = github_client(config, environ)
+    runner_api = build_runner_api(
+        config,
+        store=stores.store,
+        clock=clock,
+        data_dir=data_dir,
+        github=github,
+        waker=waker,
+        work_items=stores.work_items,
+        runners=stores.runners,
+    )
+    router = build_router(
+        config,
+        store=stores.store,
+        clock=clock,
+        data_dir=data_dir,
+        github=github,
+        waker=waker,
+        work_items=stores.work_items,
+        runners=stores.runners,
+    )
+    worker = Worker(
+        store=stores.store,
+        authenticator=SharedSecretAuthenticator(worker_token),
+        clock=clock,
+        handler=router,
+    )
+    blocking, pressure = Blocking(), WebhookPressure()
+    webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
+    cap = config.webhook.max_body_bytes
+    app = build_asgi(
+        [
+            Endpoint(WEBHOOK_PATH, webhook, cap, _size_refusal(ingress)),
+            Endpoint(WORKER_PATH, blocking(worker.handle), MAX_TASK_BYTES),
+            Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
+            Endpoint(
+                RUNNER_PREFIX, runner_api_handler(runner_api, blocking), _runner_max_body_bytes()
+            ),
+        ]
+    )
+    return LocalApp(
+        app=app,
+        stores=stores,
+        queue=queue,
+        ingress=ingress,
+        runner_api=runner_api,
+        worker=worker,
+        pressure=pressure,
+        secret_source=secret_source,
+        worker_token=worker_token,
+        data_dir=data_dir,
+        lock=lock,
+    )
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL (IPv6 addresses in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _webhook_secrets(
+    config: Config, environ: Mapping[str, str], data_dir: Path
+) -> tuple[list[bytes], SecretSource]:
+    from looprelay.datadir import WEBHOOK_SECRET_FILE, read_or_create_secret
+    from looprelay.secrets_env import webhook_secrets_from_env
+
+    if config.github.webhook_secrets:
+        names = ", ".join(config.github.webhook_secrets)
+        return (
+            webhook_secrets_from_env(config.github, environ),
+            SecretSource(f"environment variable(s) {names}", False, None),
+        )
+    path = data_dir / WEBHOOK_SECRET_FILE
+    value, generated = read_or_create_secret(path)
+    return [value.encode()], SecretSource(f"file {path}", generated, path)
+
+
+def _runner_max_body_bytes() -> int:
+    from looprelay.runnerapi_models import MAX_BODY_BYTES
+
+    return MAX_BODY_BYTES
+
+
+def _size_refusal(ingress: Ingress) -> Refusal:
+    """The webhook's 413 as ingress gives it (logged with the delivery id): ingress judges
+    the request by a Content-Length past the cap, its body never read."""
+
+    def refuse(request: Request, cap: int) -> Response:
+        oversized = {**request.headers, "content-length": str(cap + 1)}
+        answer = ingress.admit(replace(request, headers=oversized))
+        return answer if isinstance(answer, Response) else too_large(request, cap)
+
+    return refuse
+
+
+async def _health(request: Request) -> Response:
+    return json_response(200, {"status": "ok"})

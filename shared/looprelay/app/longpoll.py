@@ -1,0 +1,69 @@
+"""The runner API on an event loop: a long poll waits without a thread.
+
+Scenario: a runner polls; its credentials and body are checked on a pool thread, then the
+poll looks for a dispatch (a pool thread again: the store blocks). Finding none, it waits on
+the loop until the ``DispatchWaker`` rings (a dispatch was saved or a result came back) or,
+in the cloud where no signal crosses functions, until the next look a second later; then it
+looks again, until its wait is over (204). A thousand waiting polls are a thousand small
+coroutines, not a thousand threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from looprelay.app.asgi import AsyncHandler, Blocking
+from looprelay.errors import Transient
+from looprelay.httpmsg import Request, Response, json_response
+from looprelay.leases import CLOUD_POLL_INTERVAL_SECONDS, NOTHING_TO_LEASE, LeaseDesk
+from looprelay.records import RunnerRecord
+from looprelay.runnerapi import RunnerApi
+from looprelay.runnerapi_models import API_PREFIX, PollBody
+
+log = logging.getLogger("looprelay.runnerapi")
+
+POLL_PATH = API_PREFIX + "poll"
+
+
+def runner_api_handler(api: RunnerApi, blocking: Blocking) -> AsyncHandler:
+    """``/runner/v1/...``: the poll waits on the loop, every other call runs on the pool."""
+    threaded = blocking(api.handle)
+
+    async def handle(request: Request) -> Response:
+        desk = api.desk
+        if request.path != POLL_PATH or desk is None:
+            return await threaded(request)
+        admitted = await blocking.run(lambda: api.admit_poll(request))
+        if isinstance(admitted, Response):
+            return admitted
+        runner, body = admitted
+        return await long_poll(desk, runner, body, blocking)
+
+    return handle
+
+
+async def long_poll(
+    desk: LeaseDesk, runner: RunnerRecord, body: PollBody, blocking: Blocking
+) -> Response:
+    """Lease the next dispatch ``runner`` may take, waiting up to ``desk.poll_seconds(body)``;
+    204 when nothing came, 503 when the store failed (the runner polls again)."""
+    deadline = desk.monotonic() + desk.poll_seconds(body)
+    waker = desk.waker
+    while True:
+        # Read before looking: a dispatch saved after the look rings a later generation.
+        seen = waker.generation() if waker is not None else 0
+        try:
+            leased = await blocking.run(lambda: desk.try_lease(runner))
+        except Transient as exc:
+            log.error("runner API store failure: %s", exc)
+            return json_response(503, {"error": "temporarily unavailable; retry"})
+        if leased is not None:
+            return leased
+        remaining = deadline - desk.monotonic()
+        if remaining <= 0:
+            return NOTHING_TO_LEASE
+        if waker is not None:
+            await waker.wait_async(remaining, since=seen)
+        else:
+            await asyncio.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))

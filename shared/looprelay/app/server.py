@@ -1,0 +1,256 @@
+"""The server of ``looprelay up``: uvicorn (httptools parser, uvloop) with explicit limits.
+
+uvicorn parses HTTP/1.1 (pipelining, bad framing, oversized numbers: httptools' llhttp) and
+closes keep-alive connections idle for ``KEEP_ALIVE_SECONDS``. ``protocol.GuardedProtocol``
+adds the limits it lacks (docs/decisions/0007): a deadline for each request head, a cap on its
+size, a cap on open connections that evicts the oldest idle one first. The application caps
+each body while it streams (``app.asgi``).
+
+The socket is bound when :class:`LocalServer` is made, so the port is known (and a taken one
+refused) before anything is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import resource
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+import uvloop
+
+from looprelay.app.protocol import ConnectionGuard, GuardedProtocol
+from looprelay.app.watchdog import Watchdog
+
+log = logging.getLogger("looprelay.server")
+
+MAX_CONNECTIONS = 2048
+"""Connections open at once (fewer if the descriptor limit says so); past it the oldest idle
+one is closed for a new one, or the new one is if none is idle."""
+KEEP_ALIVE_SECONDS = 15
+"""A connection with no request under way is closed after this long without a byte."""
+HEAD_SECONDS = 10.0
+"""Longest a request head (request line and headers) may take to arrive once it began."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Largest request head accepted (431 beyond)."""
+MAX_HEADERS = 100
+"""Most header lines accepted in one request (431 beyond)."""
+BACKLOG = 2048
+"""Connections the kernel holds for ``accept``."""
+GRACEFUL_SECONDS = 5.0
+"""On stop, how long requests under way (a long poll) may finish before they are cancelled."""
+FD_RESERVE = 256
+"""Descriptors kept free of connections: the databases, the log, the process' own pipes."""
+_FD_WANTED = MAX_CONNECTIONS + FD_RESERVE
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server allows (the module's constants; tests pass smaller ones)."""
+
+    max_connections: int = MAX_CONNECTIONS
+    keep_alive_seconds: int = KEEP_ALIVE_SECONDS
+    head_seconds: float = HEAD_SECONDS
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_headers: int = MAX_HEADERS
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server without its own signal handling: ``LocalServer`` owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class LocalServer:
+    """Serves one ASGI application on a socket bound at construction."""
+
+    def __init__(
+        self,
+        app: Callable[..., object],
+        *,
+        host: str,
+        port: int,
+        limits: Limits = Limits(),
+        watchdog_seconds: float = Watchdog.PERIOD_SECONDS,
+    ) -> None:
+        """Bind ``host:port`` now (port 0: any free one) to serve ``app`` within ``limits``.
+
+        Raises ``OSError`` when the address is taken or not allowed.
+        """
+        self._socket = _bind(host, port)
+        bound_host, bound_port = self._socket.getsockname()[:2]
+        self._address = (str(bound_host), int(bound_port))
+        self._app = app
+        self._limits = limits
+        self._watchdog_seconds = watchdog_seconds
+        self._server: _Uvicorn | None = None
+        self._thread: threading.Thread | None = None
+        self._failed = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound host and port (useful with port 0)."""
+        return self._address
+
+    def serve(self, *, on_started: Callable[[], None], on_stopping: Callable[[], None]) -> int:
+        """Serve on this (the main) thread until SIGINT or SIGTERM; return the exit status.
+
+        ``on_started()`` runs once the server accepts connections; ``on_stopping()`` runs on a
+        thread when a signal came, before the server stops (it may still use the server).
+        Returns 0 after a signal and 1 when the server stopped serving by itself (its
+        listener failed, or it no longer answered its own health check), so a supervisor
+        restarts it.
+        """
+        stop_requested = threading.Event()
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            server = self._new_server()
+
+            def on_signal() -> None:
+                if stop_requested.is_set():
+                    server.force_exit = True  # a second signal: stop now
+                    return
+                stop_requested.set()
+                loop.run_in_executor(None, _then, on_stopping, server)
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, on_signal)
+            await self._serve(server, on_started)
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+        if not stop_requested.is_set() or self._failed:
+            log.error("the server stopped serving; exiting with status 1")
+            return 1
+        return 0
+
+    def start(self) -> None:
+        """Serve from a background thread (tests, benchmarks); :meth:`stop` ends it.
+
+        Returns once the server accepts connections. Raises ``RuntimeError`` when it could
+        not start.
+        """
+        started = threading.Event()
+
+        def run() -> None:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(self._serve(self._new_server(), started.set))
+
+        self._thread = threading.Thread(target=run, name="http-server", daemon=True)
+        self._thread.start()
+        if not started.wait(30):
+            raise RuntimeError("the HTTP server did not start within 30 s")
+
+    def stop(self) -> None:
+        """Stop the server started by :meth:`start` (requests under way get
+        ``GRACEFUL_SECONDS``) and close its socket."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(GRACEFUL_SECONDS + 10)
+        self._socket.close()
+
+    def _new_server(self) -> _Uvicorn:
+        cap = min(self._limits.max_connections, _connection_cap())
+        self._server = _Uvicorn(_config(self._app, self._limits, cap))
+        return self._server
+
+    async def _serve(self, server: _Uvicorn, on_started: Callable[[], None]) -> None:
+        host, port = self.address
+
+        def unhealthy() -> None:
+            self._failed = True
+            server.should_exit = True
+
+        watchdog = Watchdog(host, port, on_failure=unhealthy, period=self._watchdog_seconds)
+        serving = asyncio.ensure_future(server.serve(sockets=[self._socket]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            watchdog.start()
+            on_started()
+        try:
+            await serving
+        finally:
+            watchdog.stop()
+        if not server.started:
+            self._failed = True
+
+
+def _config(app: Callable[..., object], limits: Limits, max_connections: int) -> uvicorn.Config:
+    guard = ConnectionGuard(
+        max_connections=max_connections,
+        head_seconds=limits.head_seconds,
+        max_head_bytes=limits.max_head_bytes,
+        max_headers=limits.max_headers,
+    )
+    return uvicorn.Config(
+        app,
+        http=functools.partial(GuardedProtocol, guard=guard),  # type: ignore[arg-type]
+        loop="none",
+        lifespan="off",
+        ws="none",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=limits.keep_alive_seconds,
+        timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
+        backlog=BACKLOG,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _connection_cap() -> int:
+    """``MAX_CONNECTIONS``, or fewer when the descriptor limit cannot be raised to fit it
+    (an ``accept`` at the limit fails and is retried; connections must stay under it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < _FD_WANTED:
+        raised = _FD_WANTED if hard == resource.RLIM_INFINITY else min(hard, _FD_WANTED)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    cap = min(MAX_CONNECTIONS, soft - FD_RESERVE)
+    if cap < MAX_CONNECTIONS:
+        log.warning(
+            "the descriptor limit (%d) allows %d connections, not %d; raise `ulimit -n`",
+            soft,
+            max(cap, 16),
+            MAX_CONNECTIONS,
+        )
+    return max(cap, 16)
+
+
+def _then(on_stopping: Callable[[], None], server: _Uvicorn) -> None:
+    """Run the caller's stopping work, then let the server stop."""
+    started = time.monotonic()
+    try:
+        on_stopping()
+    except Exception:
+        log.exception("stopping failed after %.1fs", time.monotonic() - started)
+    server.should_exit = True

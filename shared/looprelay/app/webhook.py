@@ -1,0 +1,79 @@
+"""The webhook of ``looprelay up`` as an async handler: acked once its enqueue is durable,
+ahead of the queue's own work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from looprelay.app.asgi import AsyncHandler
+from looprelay.httpmsg import Request, Response
+from looprelay.ingress import Ingress
+from looprelay.ports import Task
+
+log = logging.getLogger("looprelay.up")
+
+EnqueueSoon = Callable[[Task], "Future[bool]"]
+"""Start a durable enqueue; the future resolves once it is on disk (``Queue.enqueue``'s
+answer or exception)."""
+
+
+class WebhookPressure:
+    """Counts webhook requests in flight, so background work can let them go first.
+
+    GitHub waits 10 s for an ack and never retries a failed delivery by itself, while a
+    queued task has hours; in one process the two share a core (and the GIL), so during a
+    burst the queue's dispatchers wait for the webhook to be idle (for a bounded time).
+    """
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def tracking(self, handle: AsyncHandler) -> AsyncHandler:
+        """Wrap ``handle`` so each request counts from its arrival until it is answered."""
+
+        async def tracked(request: Request) -> Response:
+            with self._idle:
+                self._in_flight += 1
+            try:
+                return await handle(request)
+            finally:
+                with self._idle:
+                    self._in_flight -= 1
+                    if not self._in_flight:
+                        self._idle.notify_all()
+
+        return tracked
+
+    def wait_until_idle(self, seconds: float) -> None:
+        """Return once no webhook request is in flight, or after ``seconds``."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._in_flight, seconds)
+
+
+def acknowledge_when_durable(ingress: Ingress, enqueue_soon: EnqueueSoon) -> AsyncHandler:
+    """The webhook for an event loop: checks run on the loop (a fraction of a millisecond of
+    Python), the task joins the queue's next group commit, and the 202 goes out once that
+    commit is on disk. No thread waits for the fsync."""
+
+    async def handle(request: Request) -> Response:
+        admitted = ingress.admit(request)
+        if isinstance(admitted, Response):
+            return admitted
+        landed = asyncio.wrap_future(enqueue_soon(admitted.task))
+        try:
+            queued = await landed
+        except Exception as exc:
+            failure = exc
+            return ingress.answer(admitted, lambda: _raise(failure))
+        return ingress.answer(admitted, lambda: queued)
+
+    return handle
+
+
+def _raise(exc: Exception) -> bool:
+    raise exc
