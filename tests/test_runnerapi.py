@@ -237,7 +237,11 @@ class TestAuthenticatedCalls:
         assert rotated.status_code == 200
         new = runner_bearer(runner["runner_id"], rotated.json()["secret"])
         assert api.post("heartbeat", {}, auth=new).status_code == 200
-        assert api.post("heartbeat", {}, auth=old).status_code == 401
+        refused = api.post("heartbeat", {}, auth=old)
+        assert refused.status_code == 401
+        # The old secret's holder is told how rotation is finished, not only to register.
+        assert "`looprelay runners rotate`" in refused.json()["error"]
+        assert "credentials file" in refused.json()["error"]
 
 
 class TestRouting:

@@ -214,7 +214,11 @@ class RunnerApi:
             or runner is None
             or not credential_matches(parsed[1], runner.secret_hash)
         ):
-            raise Unauthorized(f"unknown runner or wrong secret; {_REGISTER_AGAIN}")
+            raise Unauthorized(
+                "unknown runner or wrong secret; if an operator ran `looprelay runners rotate`, "
+                "put the new secret in this runner's credentials file, else "
+                f"{_REGISTER_AGAIN}"
+            )
         if runner.revoked:
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         return runner

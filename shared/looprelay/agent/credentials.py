@@ -51,5 +51,13 @@ def read_credentials(path: Path) -> Credentials:
         raise ConfigError(f"{path} is readable by other users (mode {mode:o}); chmod 600 it")
     try:
         return Credentials.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"{path} is not a looprelay credentials file: {exc}") from exc
+    except ValidationError as exc:
+        fields = ", ".join(sorted({".".join(map(str, e["loc"])) or "?" for e in exc.errors()}))
+        raise ConfigError(
+            f"{path} is not a looprelay credentials file (bad or missing: {fields}); "
+            "register again with `looprelay runner register`"
+        ) from None
+    except ValueError:
+        raise ConfigError(
+            f"{path} is not JSON; register again with `looprelay runner register`"
+        ) from None

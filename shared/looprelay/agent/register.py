@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import requests
 
@@ -22,6 +23,7 @@ def register(
     burn it. Raises ``Unauthorized`` for a bad token, ``ConfigError`` for a refused request
     (bad name or label) and ``Transient`` when the server cannot be reached or fails.
     """
+    check_server_url(server)
     url = server.rstrip("/") + _REGISTER_PATH
     body = {
         "token": token,
@@ -38,7 +40,11 @@ def register(
     if response.status_code == 401:
         raise Unauthorized(message)
     if 400 <= response.status_code < 500:
-        raise ConfigError(f"{url} refused the registration: {message}")
+        reason = message or f"HTTP {response.status_code} with no reason given"
+        raise ConfigError(
+            f"{url} refused the registration ({reason}); check --server names looprelay and "
+            "the name and labels are plain words"
+        )
     if response.status_code != 201:
         raise Transient(f"{url} answered {response.status_code}: {message}")
     answer = response.json()
@@ -48,6 +54,16 @@ def register(
         secret=answer["secret"],
         name=answer["name"],
     )
+
+
+def check_server_url(server: str) -> None:
+    """Refuse a server URL that is not ``http(s)://host[:port]``, in one line saying the fix."""
+    parsed = urlsplit(server)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(
+            f"--server {server[:200]!r} must be a URL like https://looprelay.example.com "
+            "or http://127.0.0.1:8484"
+        )
 
 
 def _error_text(response: requests.Response) -> str:

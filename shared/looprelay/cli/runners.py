@@ -101,7 +101,8 @@ def runners_revoke(config_path: Path | None, data_dir: Path | None, runner_id: s
 @state_options
 @click.argument("runner_id")
 def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: str) -> None:
-    """Give a runner a new secret; prints it once, for the runner's credentials file."""
+    """Give a runner a new secret; prints it once. Put it in the runner's credentials file
+    (the "secret" field of runner.json): until then the runner is refused."""
     from looprelay.runnerauth import hash_credential, new_runner_secret
     from looprelay.stores import open_runner_registry
 
