@@ -8,6 +8,7 @@ import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from looprelay.adapters.sqlite_store import SqliteStore
@@ -124,3 +125,28 @@ class TestEvents:
 
         assert first.startswith("marker-")  # nothing from before it started
         assert [name for name in lines if name.startswith("burst-")] == burst
+
+
+class TestFiltersRefuseUnknownValues:
+    @pytest.mark.parametrize(
+        ("args", "says"),
+        [
+            (["deliveries", "--outcome", "dispached"], "is none of received, dispatched"),
+            (["queue", "list", "--state", "deadd"], "'deadd' is not one of"),
+            (["runners", "token", "--ttl", "0s"], "would expire at once"),
+        ],
+    )
+    def test_a_typo_is_an_error_not_an_empty_listing(
+        self, tmp_path: Path, args: list[str], says: str
+    ) -> None:
+        result = CliRunner().invoke(cli, [*args, "--data", str(tmp_path)])
+        assert result.exit_code == 2
+        assert says in result.output
+        assert "Traceback" not in result.output
+
+    @pytest.mark.parametrize("outcome", ["refused", "refused:unauthorized-actor", "failed"])
+    def test_known_outcomes_are_taken(self, tmp_path: Path, outcome: str) -> None:
+        result = CliRunner().invoke(
+            cli, ["deliveries", "--outcome", outcome, "--data", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output

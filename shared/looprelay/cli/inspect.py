@@ -18,12 +18,25 @@ DETAIL_SHOWN_CHARS = 200
 """How much of a dispatch's detail one line of `looprelay dispatches` shows (--json: all)."""
 
 
+def _outcome(value: str | None) -> str | None:
+    from looprelay.records import is_valid_outcome
+
+    if value is None or value == "refused" or is_valid_outcome(value):
+        return value
+    raise click.BadParameter(
+        f"{value[:80]!r} is none of received, dispatched, ignored, failed, refused or "
+        "refused:REASON",
+        param_hint="--outcome",
+    )
+
+
 @click.group("deliveries", invoke_without_command=True)
 @state_options
 @click.option(
     "--outcome",
     default=None,
-    help="Only this outcome (received, dispatched, ignored, refused, failed).",
+    callback=lambda ctx, param, value: _outcome(value),
+    help="Only this outcome (received, dispatched, ignored, refused, refused:REASON, failed).",
 )
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -161,7 +174,7 @@ def queue_group() -> None:
 
 @queue_group.command("list")
 @state_options
-@click.option("--state", default=None, help="pending, leased, done or dead.")
+@click.option("--state", type=click.Choice(["pending", "leased", "done", "dead"]), default=None)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def queue_list(
     config_path: Path | None, data_dir: Path | None, state: str | None, as_json: bool

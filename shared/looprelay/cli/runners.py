@@ -21,7 +21,10 @@ def _duration_seconds(text: str) -> int:
     match = _DURATION.match(text.strip())
     if not match:
         raise click.BadParameter(f"{text!r} is not a duration like 30m, 1h or 2d")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise click.BadParameter(f"{text!r} would expire at once; give a duration like 30m")
+    return seconds
 
 
 @click.group("runners")
