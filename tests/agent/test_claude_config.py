@@ -366,11 +366,14 @@ _CLAUDE_LIKE_WRITER = textwrap.dedent(
     path, count = sys.argv[1], int(sys.argv[2])
     lock = path + ".lock"
     for index in range(count):
+        give_up = time.monotonic() + 30  # waits on the lock's release, never for good
         while True:
             try:
                 os.mkdir(lock)
                 break
             except FileExistsError:
+                if time.monotonic() > give_up:
+                    raise SystemExit("the lock was never released")
                 time.sleep(0.001)
         try:
             try:
