@@ -13,6 +13,7 @@ import pytest
 from looprelay.app.asgi import Endpoint, build_asgi
 from looprelay.app.server import Limits, LocalServer
 from looprelay.httpmsg import Request, Response, json_response
+from tests.fake_harness import wait_until
 
 DEADLINE = 20.0
 CAP = 1000
@@ -23,13 +24,18 @@ async def _echo(request: Request) -> Response:
 
 
 @pytest.fixture
-def address() -> Iterator[tuple[str, int]]:
+def server() -> Iterator[LocalServer]:
     app = build_asgi([Endpoint("/echo", _echo, CAP, body_seconds=0.5)])
     limits = Limits(max_connections=20, keep_alive_seconds=5, head_seconds=5.0, max_headers=20)
     server = LocalServer(app, host="127.0.0.1", port=0, limits=limits)
     server.start()
-    yield server.address
+    yield server
     server.stop()
+
+
+@pytest.fixture
+def address(server: LocalServer) -> tuple[str, int]:
+    return server.address
 
 
 def _exchange(address: tuple[str, int], data: bytes) -> bytes:
@@ -87,14 +93,14 @@ def test_a_chunked_body_past_the_cap_gets_413_and_the_connection_closes(
 
 
 def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued(
-    address: tuple[str, int],
+    server: LocalServer, address: tuple[str, int]
 ) -> None:
     # 20 connections each mid-head (not idle, so none may be evicted) fill the cap.
     busy = [socket.create_connection(address, timeout=DEADLINE) for _ in range(20)]
     try:
         for conn in busy:
             conn.sendall(b"GET /echo HTTP/1.1\r\n")
-        time.sleep(0.2)
+        wait_until(lambda: server.busy_connections() == 20, what="the server to see 20 heads")
         with socket.create_connection(address, timeout=DEADLINE) as refused:
             assert refused.recv(100) == b""  # closed at once
     finally:

@@ -94,6 +94,7 @@ class LocalServer:
         self._limits = limits
         self._watchdog_seconds = watchdog_seconds
         self._server: _Uvicorn | None = None
+        self._guard: ConnectionGuard | None = None
         self._thread: threading.Thread | None = None
         self._failed = False
 
@@ -161,9 +162,21 @@ class LocalServer:
             self._thread.join(GRACEFUL_SECONDS + 10)
         self._socket.close()
 
+    def busy_connections(self) -> int:
+        """How many open connections have a request under way (an approximate read from
+        another thread, for operators and tests; 0 before the server starts)."""
+        guard = self._guard
+        return 0 if guard is None else sum(not c.idle for c in list(guard.open))
+
     def _new_server(self) -> _Uvicorn:
         cap = min(self._limits.max_connections, _connection_cap())
-        self._server = _Uvicorn(_config(self._app, self._limits, cap))
+        self._guard = ConnectionGuard(
+            max_connections=cap,
+            head_seconds=self._limits.head_seconds,
+            max_head_bytes=self._limits.max_head_bytes,
+            max_headers=self._limits.max_headers,
+        )
+        self._server = _Uvicorn(_config(self._app, self._limits, self._guard))
         return self._server
 
     async def _serve(self, server: _Uvicorn, on_started: Callable[[], None]) -> None:
@@ -188,13 +201,7 @@ class LocalServer:
             self._failed = True
 
 
-def _config(app: Callable[..., object], limits: Limits, max_connections: int) -> uvicorn.Config:
-    guard = ConnectionGuard(
-        max_connections=max_connections,
-        head_seconds=limits.head_seconds,
-        max_head_bytes=limits.max_head_bytes,
-        max_headers=limits.max_headers,
-    )
+def _config(app: Callable[..., object], limits: Limits, guard: ConnectionGuard) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         http=functools.partial(GuardedProtocol, guard=guard),  # type: ignore[arg-type]
