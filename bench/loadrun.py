@@ -37,12 +37,12 @@ from loadrig import (  # noqa: E402
     rig,
 )
 
-from looprelay.adapters.sqlite_store import SqliteStore  # noqa: E402
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore  # noqa: E402
+from looprelay.adapters.sqlite.store import SqliteStore  # noqa: E402
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore  # noqa: E402
+from looprelay.core.model import DispatchRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.core.tasknames import delivery_task_name  # noqa: E402
 from looprelay.datadir import QUEUE_FILE  # noqa: E402
-from looprelay.records import DispatchRecord  # noqa: E402
 from tests.fake_harness import FakeHarness  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "github" / "issue_comment.created.json"

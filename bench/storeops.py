@@ -1,6 +1,6 @@
 """Store operations per routed comment, counted at the adapters, against the design's minimum.
 
-An in-process ``looprelay.embedded.EmbeddedStack`` is built with its store factories wrapped by
+An in-process ``looprelay.app.local.LocalStack`` is built with its store factories wrapped by
 ``storecount.install`` (no production code changes). Each delivery goes through the real ingress
 (signed), its task is taken from the embedded queue and handed to the real worker, and the
 counters' difference is that event's cost. After each routed comment, the runner side of its
@@ -38,14 +38,14 @@ from loadrig import AUTO_EXECUTE_LABEL, free_port  # noqa: E402
 from loadrun import FIXTURE  # noqa: E402
 from storecount import OpCounts, install  # noqa: E402
 
-from looprelay.config import Config  # noqa: E402
+from looprelay.app.messages import Request  # noqa: E402
+from looprelay.app.stores import open_runner_registry  # noqa: E402
+from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.core.tasknames import delivery_task_name  # noqa: E402
 from looprelay.datadir import WEBHOOK_SECRET_FILE, WORKER_TOKEN_FILE, read_secret  # noqa: E402
-from looprelay.httpmsg import Request  # noqa: E402
-from looprelay.runnerapi import mint_registration_token  # noqa: E402
-from looprelay.runnerauth import runner_bearer  # noqa: E402
-from looprelay.stores import open_runner_registry  # noqa: E402
+from looprelay.service.runner_secrets import runner_bearer  # noqa: E402
+from looprelay.service.runners import mint_registration_token  # noqa: E402
 
 REPEATS = 20
 BOT = "looprelay"
@@ -133,12 +133,12 @@ def _config(firestore_prefix: str | None) -> Config:
 
 @contextlib.contextmanager
 def _stack(tmp: Path, config: Config) -> Iterator[Harness]:
-    from looprelay.embedded import EmbeddedStack
+    from looprelay.app.local import LocalStack
 
     counts = OpCounts()
     uninstall = install(counts)
     try:
-        stack = EmbeddedStack(config, data_dir=tmp / "data", environ=os.environ)
+        stack = LocalStack(config, data_dir=tmp / "data", environ=os.environ)
     finally:
         uninstall()
     try:

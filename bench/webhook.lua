@@ -1,6 +1,6 @@
 -- wrk script for bench/ingress.py: POST one signed GitHub delivery per request.
 --
--- The body is signed once by ingress.py; every request still carries its own
+-- The body is signed once by service/ingress.py; every request still carries its own
 -- X-GitHub-Delivery ("<run>-t<thread>-<n>"), so ids never repeat across threads or runs and
 -- looprelay queues every request instead of answering "duplicate".
 --

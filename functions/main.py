@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import functions_framework.aio
 from starlette.responses import Response
 
+from looprelay.app.cloud import cloud_config
 from looprelay.app.compose import build_app
-from looprelay.cloud import cloud_config
 from looprelay.logs import configure_logging
 
 if TYPE_CHECKING:

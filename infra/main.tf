@@ -57,7 +57,7 @@ locals {
     }
   }
 
-  # The configuration every function loads (looprelay.config, LOOPRELAY__section__key = YAML
+  # The configuration every function loads (looprelay.config.model, LOOPRELAY__section__key = YAML
   # value). Values are JSON, which YAML reads back unchanged ("" stays a string).
   config_env = {
     LOOPRELAY__github__apiUrl                        = jsonencode(var.github_api_url)

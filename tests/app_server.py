@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from looprelay.app.asgi import Blocking, Endpoint, Handler, build_asgi
 from looprelay.app.longpoll import runner_api_handler
 from looprelay.app.server import LocalServer
-from looprelay.runnerapi import RunnerApi
+from looprelay.service.runners import RunnerApi
 
 RUNNER_PREFIX = "/runner/"
 

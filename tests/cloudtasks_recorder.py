@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from looprelay.adapters.cloudtasks_queue import CloudTasksQueue
-from looprelay.config import CloudTasksConfig
+from looprelay.adapters.gcp.cloud_tasks import CloudTasksQueue
+from looprelay.config.model import CloudTasksConfig
 from tests.loopback import LoopbackServer
 
 PROJECT = "demo-lab"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.ports import RunnerRegistry, Store, WorkItemStore
 from tests.queue_harness import QueueHarness
 from tests.rigs import Stores

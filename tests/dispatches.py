@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from looprelay.core.model import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.ports import WorkItemStore
-from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
 
 
 def work_item_ref(repository: str, number: int) -> str:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.config import EmbeddedQueueConfig, RetryConfig
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
 
 
 class EmbeddedQueueHarness:
     """An embedded queue whose dispatcher is not started, so what it holds stays put."""
 
     def __init__(self, path: Path) -> None:
-        self.queue = EmbeddedQueue(path, retry=RetryConfig(), settings=EmbeddedQueueConfig())
+        self.queue = SqliteQueue(path, retry=RetryConfig(), settings=EmbeddedQueueConfig())
 
     def held(self) -> dict[str, bytes]:
         return {task.name: task.body for task in self.queue.list_tasks()}

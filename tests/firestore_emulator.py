@@ -25,9 +25,9 @@ from typing import NoReturn
 import pytest
 from google.cloud import firestore
 
-from looprelay.adapters.firestore_runners import FirestoreRunnerRegistry
-from looprelay.adapters.firestore_store import FirestoreStore
-from looprelay.adapters.firestore_work_items import FirestoreWorkItemStore
+from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
+from looprelay.adapters.firestore.store import FirestoreStore
+from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 
 PROJECT = "demo-looprelay"
 EMULATOR_PACKAGE = "google-cloud-cli-firestore-emulator"

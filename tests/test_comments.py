@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from looprelay.adapters.github_auth import TokenAuth
-from looprelay.adapters.github_rest import GitHubRest
-from looprelay.comments import POST_ROUNDS, post_once
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
 from looprelay.errors import Transient
+from looprelay.service.comments import POST_ROUNDS, post_once
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
 
 TOKEN = "ghp_comments_test"

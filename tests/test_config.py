@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.config import Config, load_config
-from looprelay.configdocs import config_docs, config_schema_text, documented_keys
+from looprelay.config.docs import config_docs, config_schema_text, documented_keys
+from looprelay.config.model import Config, load_config
 from looprelay.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.config import Config, load_config
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.queues import open_queue
+from looprelay.app.stores import open_stores
+from looprelay.config.model import Config, load_config
+from looprelay.config.secrets import webhook_secrets_from_env
+from looprelay.core.model import DeliveryRecord
 from looprelay.datadir import (
     LOCK_FILE,
     QUEUE_FILE,
@@ -30,10 +34,6 @@ from looprelay.datadir import (
 )
 from looprelay.errors import ConfigError
 from looprelay.ports import Task
-from looprelay.queues import open_queue
-from looprelay.records import DeliveryRecord
-from looprelay.secrets_env import webhook_secrets_from_env
-from looprelay.stores import open_stores
 from tests.routing.conftest import NOW
 
 NOBODY = 65534
@@ -75,7 +75,7 @@ class TestTheDirectory:
         read_or_create_secret(data / WORKER_TOKEN_FILE)
         stores = open_stores(config, data_dir=data)
         queue = open_queue(config, data_dir=data)
-        assert isinstance(queue, EmbeddedQueue)
+        assert isinstance(queue, SqliteQueue)
         try:
             # A comment body on disk in each database, the queue's through its writer process.
             stores.store.begin_delivery(

@@ -18,9 +18,11 @@ from urllib.parse import urlencode
 import pytest
 import requests
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.local import LocalStack
+from looprelay.app.messages import Request
 from looprelay.app.server import LocalServer
-from looprelay.config import (
+from looprelay.config.model import (
     Config,
     EmbeddedQueueConfig,
     RetryConfig,
@@ -30,9 +32,7 @@ from looprelay.config import (
 from looprelay.core.envelope import Envelope
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import delivery_task_name
-from looprelay.embedded import EmbeddedStack
-from looprelay.httpmsg import Request
-from looprelay.ingress import Ingress
+from looprelay.service.ingress import Ingress
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
 from tests.samples import payload_bytes
 
@@ -55,7 +55,7 @@ def _embedded(tmp_path: Path) -> Iterator[Receiver]:
     secret_file.write_text(SECRET.decode())
     secret_file.chmod(0o600)
     config = Config(server=ServerConfig(port=0), webhook=WebhookConfig(max_body_bytes=CAP))
-    stack = EmbeddedStack(config, data_dir=tmp_path / "data", environ={})
+    stack = LocalStack(config, data_dir=tmp_path / "data", environ={})
     stack.start()
 
     def post(method: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
@@ -165,7 +165,7 @@ class TestAccepted:
         config = Config(
             server=ServerConfig(port=0), github={"webhookSecrets": ["NEW_SECRET", "OLD_SECRET"]}
         )
-        stack = EmbeddedStack(
+        stack = LocalStack(
             config, data_dir=tmp_path / "data", environ={"NEW_SECRET": "new", "OLD_SECRET": "old"}
         )
         stack.start()
@@ -306,21 +306,21 @@ class TestEmbeddedServerEdges:
     """Cases only a real socket can produce."""
 
     @pytest.fixture
-    def stack(self, tmp_path: Path) -> Iterator[EmbeddedStack]:
+    def stack(self, tmp_path: Path) -> Iterator[LocalStack]:
         config = Config(server=ServerConfig(port=0), webhook=WebhookConfig(max_body_bytes=CAP))
-        stack = EmbeddedStack(config, data_dir=tmp_path / "data", environ={})
+        stack = LocalStack(config, data_dir=tmp_path / "data", environ={})
         stack.start()
         yield stack
         stack.stop()
 
-    def _raw(self, stack: EmbeddedStack, head: bytes, body: bytes) -> bytes:
+    def _raw(self, stack: LocalStack, head: bytes, body: bytes) -> bytes:
         host, port = stack.base_url.removeprefix("http://").rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(head + body)
             conn.shutdown(socket.SHUT_WR)
             return b"".join(iter(lambda: conn.recv(65536), b""))
 
-    def test_a_truncated_body_is_never_queued(self, stack: EmbeddedStack) -> None:
+    def test_a_truncated_body_is_never_queued(self, stack: LocalStack) -> None:
         body = COMMENT[:500]
         headers = _headers(COMMENT, delivery="d-cut")
         head = (
@@ -335,7 +335,7 @@ class TestEmbeddedServerEdges:
         assert stack.queue.list_tasks() == []
 
     def test_an_oversized_declared_body_is_refused_without_reading_it(
-        self, stack: EmbeddedStack
+        self, stack: LocalStack
     ) -> None:
         head = (
             "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -344,11 +344,11 @@ class TestEmbeddedServerEdges:
         answer = self._raw(stack, head, b"{}")
         assert answer.startswith(b"HTTP/1.1 413")
 
-    def test_an_unknown_path_is_404(self, stack: EmbeddedStack) -> None:
+    def test_an_unknown_path_is_404(self, stack: LocalStack) -> None:
         response = requests.post(stack.base_url + "/nope", data=b"{}", timeout=10)
         assert response.status_code == 404
 
-    def test_health(self, stack: EmbeddedStack) -> None:
+    def test_health(self, stack: LocalStack) -> None:
         assert requests.get(stack.base_url + "/healthz", timeout=10).json() == {"status": "ok"}
 
 
@@ -356,7 +356,7 @@ class TestTaskSize:
     def test_text_that_escaping_inflates_is_shrunk_until_the_task_fits_one_megabyte(
         self, tmp_path: Path
     ) -> None:
-        queue = EmbeddedQueue(
+        queue = SqliteQueue(
             tmp_path / "queue.db", retry=RetryConfig(), settings=EmbeddedQueueConfig()
         )
         ingress = Ingress(

@@ -1,7 +1,7 @@
 """The runner work API over real HTTP: long poll, leases, results, order, affinity, targeting.
 
-Built as ``looprelay.wiring.build_runner_api`` builds it, but from stores of each backend, with
-progress going to the loopback fake GitHub and time coming from a clock the test moves.
+Built as ``looprelay.app.services.build_runner_api`` builds it, but from stores of each backend,
+with progress going to the loopback fake GitHub and time coming from a clock the test moves.
 """
 
 from __future__ import annotations
@@ -17,26 +17,26 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.github_auth import TokenAuth
-from looprelay.adapters.github_rest import GitHubRest
-from looprelay.config import RunnersConfig
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
+from looprelay.config.model import RunnersConfig
+from looprelay.core.model import DispatchRecord, SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.replies import (
     GITHUB_MAX_COMMENT_CHARS,
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
-from looprelay.leases import (
+from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
     DispatchWaker,
     LeaseDesk,
 )
-from looprelay.progress import Progress
-from looprelay.records import DispatchRecord, SessionRecord, WorkItemRecord
-from looprelay.runnerapi import RunnerApi, mint_registration_token
-from looprelay.runnerapi_models import MAX_BODY_BYTES, PollBody
-from looprelay.runnerauth import runner_bearer
+from looprelay.service.results import Progress
+from looprelay.service.runner_secrets import runner_bearer
+from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
@@ -195,7 +195,7 @@ def _lease_desk(
     monotonic: Callable[[], float] = time.monotonic,
     headless_replies: bool = True,
 ) -> LeaseDesk:
-    """The lease desk as ``looprelay.wiring.build_runner_api`` builds it, on ``stores``."""
+    """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``."""
     github.tokens[GITHUB_TOKEN] = APP_LOGIN
     client = GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
     progress = Progress(

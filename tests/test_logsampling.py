@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.config import EmbeddedQueueConfig, RetryConfig, WebhookConfig
-from looprelay.httpmsg import Request
-from looprelay.ingress import Ingress
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.messages import Request
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.logsampling import LogSampler, Sample
+from looprelay.service.ingress import Ingress
 
 SECRET = b"a-webhook-secret-of-32-bytes-ok!"
 LIMIT = 3
@@ -71,11 +71,9 @@ class TestLogSampler:
 
 
 @pytest.fixture
-def queue(tmp_path: Path) -> Iterator[EmbeddedQueue]:
+def queue(tmp_path: Path) -> Iterator[SqliteQueue]:
     """A real queue; refused deliveries never reach it."""
-    opened = EmbeddedQueue(
-        tmp_path / "queue.db", retry=RetryConfig(), settings=EmbeddedQueueConfig()
-    )
+    opened = SqliteQueue(tmp_path / "queue.db", retry=RetryConfig(), settings=EmbeddedQueueConfig())
     yield opened
     opened.close()
 
@@ -107,7 +105,7 @@ def _signed_but_not_json(delivery: str) -> Request:
 
 class TestWebhookRejections:
     def test_a_flood_of_forged_deliveries_logs_a_sample_and_then_how_many_were_left_out(
-        self, queue: EmbeddedQueue, caplog: pytest.LogCaptureFixture
+        self, queue: SqliteQueue, caplog: pytest.LogCaptureFixture
     ) -> None:
         clock = FakeClock()
         ingress = Ingress(
@@ -117,7 +115,7 @@ class TestWebhookRejections:
             rejections=LogSampler(limit=LIMIT, window=WINDOW, monotonic=clock),
         )
 
-        with caplog.at_level(logging.WARNING, logger="looprelay.ingress"):
+        with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
             statuses = {ingress.handle(_unsigned(f"forged-{n}")).status for n in range(500)}
             flood = [r.getMessage() for r in caplog.records]
             caplog.clear()
@@ -136,7 +134,7 @@ class TestWebhookRejections:
         assert queue.list_tasks() == []
 
     def test_a_flood_of_one_kind_does_not_hide_another_kind(
-        self, queue: EmbeddedQueue, caplog: pytest.LogCaptureFixture
+        self, queue: SqliteQueue, caplog: pytest.LogCaptureFixture
     ) -> None:
         ingress = Ingress(
             secrets=[SECRET],
@@ -144,7 +142,7 @@ class TestWebhookRejections:
             config=WebhookConfig(),
             rejections=LogSampler(limit=LIMIT, window=WINDOW, monotonic=FakeClock()),
         )
-        with caplog.at_level(logging.WARNING, logger="looprelay.ingress"):
+        with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
             for n in range(50):
                 ingress.handle(_unsigned(f"forged-{n}"))
             response = ingress.handle(_signed_but_not_json("broken-1"))
@@ -153,10 +151,10 @@ class TestWebhookRejections:
         assert caplog.records[-1].getMessage() == "webhook rejected: body is not valid JSON"
 
     def test_by_default_at_most_ten_a_minute_are_logged(
-        self, queue: EmbeddedQueue, caplog: pytest.LogCaptureFixture
+        self, queue: SqliteQueue, caplog: pytest.LogCaptureFixture
     ) -> None:
         ingress = Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig())
-        with caplog.at_level(logging.WARNING, logger="looprelay.ingress"):
+        with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
             for n in range(100):
                 ingress.handle(_unsigned(f"forged-{n}"))
         assert len(caplog.records) == 10

@@ -10,11 +10,11 @@ import pytest
 import requests
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.config import Config
-from looprelay.openapi import runner_api_document, runner_api_document_text
-from looprelay.runnerapi_models import API_PREFIX, ENDPOINTS
-from looprelay.wiring import build_runner_api
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.services import build_runner_api
+from looprelay.config.model import Config
+from looprelay.wire.openapi import runner_api_document, runner_api_document_text
+from looprelay.wire.runner_api import API_PREFIX, ENDPOINTS
 from tests.app_server import AppServer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.config import load_config
+from looprelay.config.model import load_config
+from looprelay.config.routing import routing_policy
 from looprelay.core.policy import CloseEndsSession
 from looprelay.errors import ConfigError
-from looprelay.routingpolicy import routing_policy
 
 
 def _routing(tmp_path: Path, yaml_text: str) -> Path:

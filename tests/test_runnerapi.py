@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.agent.credentials import Credentials, write_credentials
 from looprelay.agent.start import RunnerOptions, build_agent
-from looprelay.config import RunnersConfig
-from looprelay.runnerapi import RunnerApi, mint_registration_token
-from looprelay.runnerauth import runner_bearer
+from looprelay.config.model import RunnersConfig
+from looprelay.service.runner_secrets import runner_bearer
+from looprelay.service.runners import RunnerApi, mint_registration_token
 from tests.app_server import AppServer
 from tests.fake_harness import FakeHarness
 from tests.gitrepos import offline_github

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.github_auth import AppAuth, TokenAuth
-from looprelay.adapters.github_rest import GitHubRest
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.cloud import build_sweeper
-from looprelay.config import Config, GitHubConfig, SqliteConfig, StoreConfig
+from looprelay.adapters.github.auth import AppAuth, TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.cloud import build_sweeper
+from looprelay.app.messages import Request
+from looprelay.config.model import Config, GitHubConfig, SqliteConfig, StoreConfig
+from looprelay.core.model import DeliveryRecord
 from looprelay.errors import ConfigError, Permanent
-from looprelay.httpmsg import Request
-from looprelay.records import DeliveryRecord
-from looprelay.sweeper import REDELIVERED_EVENT, SweepHandler, sweep
+from looprelay.service.sweeper import REDELIVERED_EVENT, SweepHandler, sweep
 from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
 
 SWEEP_COMMAND = (sys.executable, "-m", "looprelay.cli", "deliveries", "sweep")

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from looprelay.cli.sender import post_delivery
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
-from looprelay.sender import post_delivery
 from tests.samples import FIXTURES, payload_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

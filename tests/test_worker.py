@@ -12,11 +12,11 @@ import pytest
 import requests
 
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
-from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.core.envelope import Envelope
+from looprelay.core.model import DeliveryRecord
 from looprelay.errors import Transient, Unauthorized
-from looprelay.records import DeliveryRecord
-from looprelay.worker import Outcome, Worker
+from looprelay.service.worker import Outcome, Worker
 from tests.app_server import AppServer
 
 SECRET = "worker-secret-abc"
@@ -342,8 +342,8 @@ class TestConcurrentDuplicates:
         for thread in threads:
             thread.join(timeout=30)
 
-        # Every racer may run the handler (it must be idempotent, see worker.py); the ledger's
-        # compare-and-set lets exactly one of them record the outcome.
+        # Every racer may run the handler (it must be idempotent, see service/worker.py); the
+        # ledger's compare-and-set lets exactly one of them record the outcome.
         assert [r.status_code for r in responses] == [200] * parties
         statuses = sorted(r.json()["status"] for r in responses)
         assert statuses == ["already-settled"] * (parties - 1) + ["settled"]

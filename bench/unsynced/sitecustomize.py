@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from looprelay.adapters import sqlite_common
+from looprelay.adapters.sqlite import database as sqlite_common
 
 _open = sqlite_common.SqliteDatabase.__init__
 

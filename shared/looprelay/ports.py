@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from looprelay.records import (
+from looprelay.core.model import (
     DeliveryRecord,
     DispatchRecord,
     EventRecord,

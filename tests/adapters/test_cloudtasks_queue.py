@@ -16,7 +16,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2
 
-from looprelay.adapters.cloudtasks_queue import ATTEMPT_TIMEOUT_SECONDS, CloudTasksQueue
+from looprelay.adapters.gcp.cloud_tasks import ATTEMPT_TIMEOUT_SECONDS, CloudTasksQueue
 from looprelay.errors import ConfigError, Permanent, Transient
 from looprelay.ports import MAX_TASK_BYTES, Task
 from tests.cloudtasks_recorder import (

@@ -1,4 +1,4 @@
-"""EmbeddedQueue: a real SQLite file, dispatching over real HTTP to a loopback recording worker.
+"""SqliteQueue: a real SQLite file, dispatching over real HTTP to a loopback recording worker.
 
 The recording worker plays the worker function: it keeps every request it gets (arrival time,
 headers, body) and answers from a script per task name, 200 once the script runs out.
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue, QueuedTask
-from looprelay.config import EmbeddedQueueConfig, RetryConfig
+from looprelay.adapters.sqlite.queue import QueuedTask, SqliteQueue
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import MAX_TASK_BYTES, Task
 from tests.loopback import LoopbackServer
@@ -172,12 +172,12 @@ def _wait_until(predicate: Callable[[], object], what: str) -> None:
         time.sleep(0.01)
 
 
-def _task(queue: EmbeddedQueue, name: str) -> QueuedTask:
+def _task(queue: SqliteQueue, name: str) -> QueuedTask:
     [task] = [t for t in queue.list_tasks() if t.name == name]
     return task
 
 
-def _wait_for_state(queue: EmbeddedQueue, name: str, state: str) -> QueuedTask:
+def _wait_for_state(queue: SqliteQueue, name: str, state: str) -> QueuedTask:
     _wait_until(lambda: _task(queue, name).state == state, f"{name} to be {state}")
     return _task(queue, name)
 
@@ -201,7 +201,7 @@ def worker() -> Iterator[RecordingWorker]:
     recording.stop()
 
 
-QueueFactory = Callable[..., EmbeddedQueue]
+QueueFactory = Callable[..., SqliteQueue]
 
 
 @pytest.fixture
@@ -212,17 +212,15 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def open_queue(db_path: Path, worker: RecordingWorker) -> Iterator[QueueFactory]:
     """Open (not start) queues on one file; all are closed before the worker stops."""
-    opened: list[EmbeddedQueue] = []
+    opened: list[SqliteQueue] = []
 
     def _open(
         *,
         retry: RetryConfig = FAST_RETRY,
         settings: EmbeddedQueueConfig = SETTINGS,
         now: Callable[[], float] = time.time,
-    ) -> EmbeddedQueue:
-        queue = EmbeddedQueue(
-            db_path, retry=retry, settings=settings, queue_name=QUEUE_NAME, now=now
-        )
+    ) -> SqliteQueue:
+        queue = SqliteQueue(db_path, retry=retry, settings=settings, queue_name=QUEUE_NAME, now=now)
         opened.append(queue)
         return queue
 
@@ -233,7 +231,7 @@ def open_queue(db_path: Path, worker: RecordingWorker) -> Iterator[QueueFactory]
 
 
 @pytest.fixture
-def running(open_queue: QueueFactory, worker: RecordingWorker) -> EmbeddedQueue:
+def running(open_queue: QueueFactory, worker: RecordingWorker) -> SqliteQueue:
     """A queue with the default test settings, dispatching to the recording worker."""
     queue = open_queue()
     queue.start(worker_url=worker.url, auth_token=TOKEN)
@@ -242,7 +240,7 @@ def running(open_queue: QueueFactory, worker: RecordingWorker) -> EmbeddedQueue:
 
 class TestDelivery:
     def test_a_queued_task_is_posted_with_its_body_unchanged_and_the_cloud_tasks_headers(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         enqueued_at = time.time()
         assert running.enqueue(Task(name="gh-abc123", body=BODY)) is True
@@ -259,7 +257,7 @@ class TestDelivery:
 
     @pytest.mark.parametrize("status", [200, 202, 204])
     def test_a_2xx_answer_finishes_the_task_and_it_is_not_sent_again(
-        self, running: EmbeddedQueue, worker: RecordingWorker, status: int
+        self, running: SqliteQueue, worker: RecordingWorker, status: int
     ) -> None:
         worker.script("gh-ok", Answer(status=status, body=b""))
         running.enqueue(Task(name="gh-ok", body=BODY))
@@ -272,7 +270,7 @@ class TestDelivery:
         assert len(worker.requests_for("gh-ok")) == 1
 
     def test_every_queued_task_is_delivered_once(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         names = [f"gh-{index}" for index in range(10)]
         for name in names:
@@ -349,7 +347,7 @@ class TestEnqueueSoon:
 
 class TestRetries:
     def test_retry_count_rises_each_attempt_and_execution_count_skips_5xx_answers(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         worker.script("gh-flaky", 500, 429, 200)
         running.enqueue(Task(name="gh-flaky", body=BODY))
@@ -382,7 +380,7 @@ class TestRetries:
         _wait_for_state(queue, "gh-slow", "done")
 
     def test_retry_after_from_the_worker_is_honoured_over_a_shorter_backoff(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         worker.script("gh-busy", Answer(status=503, headers={"Retry-After": "1"}), 200)
         running.enqueue(Task(name="gh-busy", body=BODY))
@@ -406,7 +404,7 @@ class TestRetries:
 
 class TestDeadLetters:
     def test_after_the_last_attempt_the_task_is_dead_with_its_last_status_and_error(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         worker.script(
             "gh-doomed",
@@ -425,7 +423,7 @@ class TestDeadLetters:
         assert running.enqueue(Task(name="gh-doomed", body=BODY)) is False
 
     def test_retry_dead_gives_a_dead_task_a_fresh_set_of_attempts(
-        self, running: EmbeddedQueue, worker: RecordingWorker
+        self, running: SqliteQueue, worker: RecordingWorker
     ) -> None:
         worker.script("gh-revived", 500, 500, 500, 500, 200)
         running.enqueue(Task(name="gh-revived", body=BODY))
@@ -444,9 +442,9 @@ class TestDeadLetters:
 # Runs the queue in another process so it can be killed -9 with a task leased: a real crash.
 _CRASHING_DISPATCHER = """
 import sys, time
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.config import EmbeddedQueueConfig, RetryConfig
-queue = EmbeddedQueue(sys.argv[1], retry=RetryConfig(),
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
+queue = SqliteQueue(sys.argv[1], retry=RetryConfig(),
                       settings=EmbeddedQueueConfig(concurrency=1, dispatch_deadline_seconds=600))
 queue.start(worker_url=sys.argv[2], auth_token="t")
 time.sleep(600)

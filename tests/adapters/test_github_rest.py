@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.github_auth import AppAuth, TokenAuth
-from looprelay.adapters.github_rest import MAX_PAGES, GitHubRest
-from looprelay.config import GitHubConfig
+from looprelay.adapters.github.auth import AppAuth, TokenAuth
+from looprelay.adapters.github.rest import MAX_PAGES, GitHubRest
+from looprelay.config.model import GitHubConfig
 from looprelay.errors import ConfigError, Permanent, Transient
 from looprelay.ports import CommentText
 from tests.fake_github import (

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
 
-from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
+from looprelay.adapters.gcp.oidc import OidcTaskAuthenticator
 from looprelay.errors import Transient, Unauthorized
 
 AUDIENCE = "https://worker.example.test/worker"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from looprelay.adapters.worker_connection import REUSE_IDLE_SECONDS, WorkerConnection
+from looprelay.adapters.sqlite.worker_connection import REUSE_IDLE_SECONDS, WorkerConnection
 
 DEADLINE = 20.0
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"

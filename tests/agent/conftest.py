@@ -20,7 +20,7 @@ from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
-from looprelay.records import DispatchRecord
+from looprelay.core.model import DispatchRecord
 from tests import dispatches
 from tests.gitrepos import GitRepos, offline_github
 

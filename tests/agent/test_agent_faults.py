@@ -1,8 +1,8 @@
 """The runner agent under faults: real agents, a real runner API over real HTTP, real tmux.
 
 Each test serves ``/runner/v1/...`` from looprelay's ASGI stack (``tests.app_server``) on
-127.0.0.1 (the lease desk as ``looprelay.wiring.build_runner_api`` builds it, on stores of each
-backend) and runs agents either in threads or as ``looprelay runner run`` processes, when a
+127.0.0.1 (the lease desk as ``looprelay.app.services.build_runner_api`` builds it, on stores
+of each backend) and runs agents either in threads or as ``looprelay runner run`` processes, when a
 real SIGKILL or SIGTERM is the point, on a private tmux socket with the fake ``claude`` first on
 PATH.
 
@@ -44,13 +44,13 @@ from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, Agen
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
-from looprelay.config import RunnersConfig
-from looprelay.httpmsg import Request, Response, json_response
-from looprelay.leases import DispatchWaker, LeaseDesk
-from looprelay.progress import Progress
-from looprelay.records import DispatchRecord, RunnerRecord
-from looprelay.runnerapi import RunnerApi, mint_registration_token
-from looprelay.runnerapi_models import API_PREFIX
+from looprelay.app.messages import Request, Response, json_response
+from looprelay.config.model import RunnersConfig
+from looprelay.core.model import DispatchRecord, RunnerRecord
+from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
+from looprelay.service.results import Progress
+from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_harness import FakeHarness, wait_until

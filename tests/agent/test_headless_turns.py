@@ -19,8 +19,8 @@ from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
+from looprelay.core.model import DispatchRecord
 from looprelay.core.replies import GITHUB_MAX_COMMENT_CHARS, MAX_REPLY_CHARS
-from looprelay.records import DispatchRecord
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.fake_harness import DEADLINE_SECONDS, FakeHarness, wait_until
 from tests.gitrepos import offline_github

@@ -18,10 +18,10 @@ from looprelay.agent.claude_config import prepare_claude
 from looprelay.agent.skill import install_skill, skill_directory, skill_files
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.cli import cli
+from looprelay.config.templates import EVENT_PROMPT, SPAWN_PROMPT, bundled_template
 from looprelay.core.interaction import AGENT_COMMENT_MARKER, ARTIFACT_RULE, DIRECTIVES
 from looprelay.core.render import PromptContext, render_prompt
 from looprelay.errors import RunnerError
-from looprelay.templateloader import EVENT_PROMPT, SPAWN_PROMPT, bundled_template
 from tests.agent.conftest import SESSION
 from tests.claude_cli import DEADLINE_SECONDS, ClaudeHome, read_attachments, screen
 from tests.fake_harness import wait_until

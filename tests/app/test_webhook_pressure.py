@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.webhook import WebhookPressure
-from looprelay.httpmsg import Request, Response, json_response
 
 REQUEST = Request(method="POST", path="/webhook", headers={})
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.cli.root import cli
+from looprelay.core.model import EventRecord
 from looprelay.datadir import STORE_FILE
-from looprelay.records import EventRecord
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.rigs import T0
 from tests.test_up import LOOPRELAY

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.ports import RunnerRegistry, RunnerStatus
-from looprelay.records import RegistrationToken, RunnerRecord
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=UTC)
 

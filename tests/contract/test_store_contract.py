@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from looprelay.core.model import DeliveryRecord, EventRecord
 from looprelay.ports import Store
-from looprelay.records import DeliveryRecord, EventRecord
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from google.cloud import firestore
 
-from looprelay.adapters.firestore_store import FirestoreStore
-from looprelay.adapters.sqlite_store import SqliteStore
+from looprelay.adapters.firestore.store import FirestoreStore
+from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.ports import Store
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)

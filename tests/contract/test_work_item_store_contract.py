@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from looprelay.ports import WorkItemStore
-from looprelay.records import (
+from looprelay.core.model import (
     CommandLog,
     DispatchRecord,
     GraphRecord,
     SessionRecord,
     WorkItemRecord,
 )
+from looprelay.ports import WorkItemStore
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 500000, tzinfo=UTC)
 REF = "github:octo/demo#7"

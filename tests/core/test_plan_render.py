@@ -10,10 +10,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from jinja2.exceptions import SecurityError
 
+from looprelay.config.templates import (
+    ATTACH_COMMENT,
+    CHECKLIST_COMMENT,
+    CONFIRMATION_COMMENT,
+    EVENT_PROMPT,
+    SPAWN_PROMPT,
+    bundled_template,
+)
 from looprelay.core.control import Keywords
 from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.excerpt import UNTRUSTED_BEGIN
 from looprelay.core.interaction import DIRECTIVE_CLI, DIRECTIVE_WORK_ITEM, ModeResolution
+from looprelay.core.model import MAX_SESSIONS, GraphRecord, SessionRecord, WorkItemRecord
 from looprelay.core.plan import (
     LIVE_STATUSES,
     Plan,
@@ -31,15 +40,6 @@ from looprelay.core.render import (
     render_comment,
     render_prompt,
     template_variables,
-)
-from looprelay.records import MAX_SESSIONS, GraphRecord, SessionRecord, WorkItemRecord
-from looprelay.templateloader import (
-    ATTACH_COMMENT,
-    CHECKLIST_COMMENT,
-    CONFIRMATION_COMMENT,
-    EVENT_PROMPT,
-    SPAWN_PROMPT,
-    bundled_template,
 )
 from tests.samples import payload
 

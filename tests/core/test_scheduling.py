@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.core.scheduling import (
     Waiting,
     choose_dispatch,
@@ -15,7 +16,6 @@ from looprelay.core.scheduling import (
     waiting_reasons,
     why_not,
 )
-from looprelay.records import DispatchRecord, RunnerRecord
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 LOST_AFTER = timedelta(seconds=120)

@@ -17,7 +17,7 @@ no flush) at the ``n``-th time (1-based, counted over all threads) the worker re
 
 ``LOOPRELAY_STORE_FAULT=<kind>:<every>:<budget>[:<latency>]`` makes every ``every``-th call of
 the store adapters' methods (``SqliteStore`` and ``SqliteWorkItemStore``, the queue's
-``EmbeddedQueue.enqueue_soon`` for ``queue``) fail, for the first ``budget`` calls, after sleeping
+``SqliteQueue.enqueue_soon`` for ``queue``) fail, for the first ``budget`` calls, after sleeping
 ``latency`` seconds on every call. ``kind`` is ``locked`` (``sqlite3.OperationalError
 "database is locked"``, translated by the adapter's own ``SqliteDatabase``, as the real error
 would be: it is raised inside the connection), ``transient`` (``looprelay.errors.Transient``
@@ -36,10 +36,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.sqlite_common import SqliteDatabase
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
+from looprelay.adapters.sqlite.database import SqliteDatabase
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.errors import Transient
 
 FAULT_ENV = "LOOPRELAY_FAULT"
@@ -152,7 +152,7 @@ def install_store_errors(kind: str, every: int, budget: int, latency: float) -> 
         return call
 
     if kind == "queue":
-        _wrap(EmbeddedQueue, "enqueue_soon", failing_soon)
+        _wrap(SqliteQueue, "enqueue_soon", failing_soon)
         return
     if kind == "locked":
         _lockable_databases()

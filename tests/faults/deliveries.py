@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue, QueuedTask
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
-from looprelay.config import EmbeddedQueueConfig, RetryConfig
+from looprelay.adapters.sqlite.queue import QueuedTask, SqliteQueue
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
+from looprelay.cli.sender import post_delivery
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
+from looprelay.core.model import DeliveryRecord, DispatchRecord
 from looprelay.datadir import QUEUE_FILE, STORE_FILE, WEBHOOK_SECRET_FILE, read_secret
-from looprelay.records import DeliveryRecord, DispatchRecord
-from looprelay.sender import post_delivery
 from tests.fake_github import APP_LOGIN, FakeComment, FakeGitHub
 from tests.fake_harness import wait_until
 from tests.samples import payload
@@ -245,7 +245,7 @@ class Outcomes:
     def read(cls, data_dir: Path, github: FakeGitHub | None = None) -> Outcomes:
         store = SqliteStore(data_dir / STORE_FILE)
         items = SqliteWorkItemStore(data_dir / STORE_FILE)
-        queue = EmbeddedQueue(
+        queue = SqliteQueue(
             data_dir / QUEUE_FILE, retry=RetryConfig(), settings=EmbeddedQueueConfig()
         )
         try:

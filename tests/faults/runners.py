@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 
 from looprelay.agent.start import LEDGER_FILE
-from looprelay.config import Config, load_config
+from looprelay.app.stores import open_store, open_work_item_store
+from looprelay.cli.sender import post_delivery
+from looprelay.config.model import Config, load_config
+from looprelay.core.model import DeliveryRecord, DispatchRecord
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from looprelay.ports import Store, WorkItemStore
-from looprelay.records import DeliveryRecord, DispatchRecord
-from looprelay.sender import post_delivery
-from looprelay.stores import open_store, open_work_item_store
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import operator_checkout
 from tests.samples import commented, labeled

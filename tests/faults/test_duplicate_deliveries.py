@@ -3,7 +3,7 @@
 Concurrently: a real ``looprelay up``, 5 threads posting each delivery at the same moment. The
 embedded queue takes exactly one (``queued``), the others are ``duplicate``; one dispatch.
 
-Spread over time: ``Ingress``, the ``EmbeddedQueue`` (its clock injected and moved by the
+Spread over time: ``Ingress``, the ``SqliteQueue`` (its clock injected and moved by the
 test), the ``Worker`` and the real ``Router`` on SQLite, in-process over loopback HTTP. Inside
 the queue's dedup window (``queue.embedded.dedupWindowSeconds``, an hour by default) a resend
 is ``duplicate``; after it the queue takes the task again and the worker's delivery ledger
@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.adapters.github_auth import TokenAuth
-from looprelay.adapters.github_rest import GitHubRest
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.config import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
-from looprelay.ingress import Ingress
-from looprelay.sender import post_delivery
-from looprelay.wiring import build_router
-from looprelay.worker import Worker
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.services import build_router
+from looprelay.cli.sender import post_delivery
+from looprelay.config.model import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
+from looprelay.service.ingress import Ingress
+from looprelay.service.worker import Worker
 from tests.app_server import AppServer
 from tests.fake_github import APP_LOGIN, FakeGitHub
 from tests.fake_harness import wait_until
@@ -132,7 +132,7 @@ class TestCopiesSpreadOverTime:
             handler=router,
         )
         clock = _Time()
-        queue = EmbeddedQueue(
+        queue = SqliteQueue(
             tmp_path / "queue.db",
             retry=RetryConfig(min_backoff_seconds=0.05),
             settings=EmbeddedQueueConfig(concurrency=2),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.records import DispatchRecord
+from looprelay.core.model import DispatchRecord
 from tests.fake_harness import FakeHarness, wait_until
 from tests.faults.deliveries import seeded_random
 from tests.faults.runners import (

@@ -32,16 +32,16 @@ from google.cloud.firestore_v1.batch import WriteBatch
 from google.cloud.firestore_v1.document import DocumentReference
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.firestore_runners import FirestoreRunnerRegistry
-from looprelay.adapters.firestore_store import FirestoreStore
-from looprelay.adapters.firestore_work_items import FirestoreWorkItemStore
+from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
+from looprelay.adapters.firestore.store import FirestoreStore
+from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
-from looprelay.config import RoutingConfig
+from looprelay.app.messages import Request
+from looprelay.config.model import RoutingConfig
+from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import project_envelope
-from looprelay.httpmsg import Request
-from looprelay.router import Router
-from looprelay.routingpolicy import TemplateSource, routing_policy
-from looprelay.worker import Worker
+from looprelay.service.route import Router
+from looprelay.service.worker import Worker
 from tests.fake_github import FakeGitHub
 from tests.faults.deliveries import (
     AUTHORIZED,

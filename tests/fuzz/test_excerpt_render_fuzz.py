@@ -16,6 +16,13 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from looprelay.config.templates import (
+    CHECKLIST_COMMENT,
+    CONFIRMATION_COMMENT,
+    EVENT_PROMPT,
+    SPAWN_PROMPT,
+    bundled_template,
+)
 from looprelay.core.control import Keywords
 from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.excerpt import (
@@ -28,16 +35,9 @@ from looprelay.core.excerpt import (
     wrap_untrusted,
 )
 from looprelay.core.interaction import DIRECTIVES, ModeResolution
+from looprelay.core.model import SessionRecord, WorkItemRecord
 from looprelay.core.plan import Plan, RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers
-from looprelay.records import SessionRecord, WorkItemRecord
-from looprelay.templateloader import (
-    CHECKLIST_COMMENT,
-    CONFIRMATION_COMMENT,
-    EVENT_PROMPT,
-    SPAWN_PROMPT,
-    bundled_template,
-)
 from tests.fuzz.budget import examples
 from tests.fuzz.strategies import github_payloads, hostile_text, long_text, set_path
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from looprelay.config import Config, ServerConfig, WebhookConfig
+from looprelay.app.local import LocalStack
+from looprelay.config.model import Config, ServerConfig, WebhookConfig
 from looprelay.core.signature import sign_body
 from looprelay.datadir import WEBHOOK_SECRET_FILE
-from looprelay.embedded import EmbeddedStack
 from tests.fuzz.budget import examples
 from tests.samples import payload_bytes
 
@@ -43,7 +43,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     (data_dir / WEBHOOK_SECRET_FILE).write_bytes(SECRET)
     (data_dir / WEBHOOK_SECRET_FILE).chmod(0o600)
     config = Config(server=ServerConfig(port=0), webhook=WebhookConfig(max_body_bytes=CAP))
-    stack = EmbeddedStack(config, data_dir=data_dir, environ={})
+    stack = LocalStack(config, data_dir=data_dir, environ={})
     stack.start()
     host, port = stack.base_url.removeprefix("http://").rsplit(":", 1)
     yield host, int(port)

@@ -22,15 +22,15 @@ from urllib.parse import urlencode
 from hypothesis import given
 from hypothesis import strategies as st
 
-from looprelay.adapters.embedded_queue import EmbeddedQueue
-from looprelay.config import EmbeddedQueueConfig, RetryConfig, WebhookConfig
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.messages import Request, Response, lower_headers
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.core.envelope import NAME_CAP, TITLE_CAP, Envelope
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import Permanent, Transient
-from looprelay.httpmsg import Request, Response, lower_headers
-from looprelay.ingress import Ingress
 from looprelay.ports import MAX_TASK_BYTES, Task
+from looprelay.service.ingress import Ingress
 from tests.fuzz.budget import examples
 from tests.fuzz.strategies import ANY_CHAR, JSON_VALUES, github_payloads
 from tests.samples import payload_bytes
@@ -57,9 +57,9 @@ class Outcome:
 
 
 @contextmanager
-def _ingress(config: WebhookConfig) -> Iterator[tuple[Ingress, EmbeddedQueue]]:
+def _ingress(config: WebhookConfig) -> Iterator[tuple[Ingress, SqliteQueue]]:
     with tempfile.TemporaryDirectory() as directory:
-        queue = EmbeddedQueue(
+        queue = SqliteQueue(
             Path(directory) / "queue.db", retry=RetryConfig(), settings=EmbeddedQueueConfig()
         )
         try:
@@ -365,7 +365,7 @@ def _has_surrogate(text: str) -> bool:
 
 
 class TestIngressRegressions:
-    """Inputs the fuzzing found that escape ``handle`` (ingress.py is the lead's to fix)."""
+    """Inputs the fuzzing found that escape ``handle`` (service/ingress.py is the lead's to fix)."""
 
     def test_an_integer_of_5000_digits_is_400_not_an_exception(self) -> None:
         body = b'{"action": "created", "n": ' + b"1" * 5_000 + b"}"

@@ -21,14 +21,14 @@ from hypothesis import given
 from schemathesis import Case, GenerationMode
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
-from looprelay.config import RunnersConfig
-from looprelay.leases import LeaseDesk
-from looprelay.progress import Progress
-from looprelay.runnerapi import RunnerApi, mint_registration_token
-from looprelay.runnerauth import runner_bearer
+from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
+from looprelay.config.model import RunnersConfig
+from looprelay.service.lease_desk import LeaseDesk
+from looprelay.service.results import Progress
+from looprelay.service.runner_secrets import runner_bearer
+from looprelay.service.runners import RunnerApi, mint_registration_token
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fuzz.budget import examples

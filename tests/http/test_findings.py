@@ -1,6 +1,6 @@
 """Issue 13's findings against the hand-written server, each tried on the ASGI stack.
 
-Each test runs `looprelay up`'s application and server in this process (``EmbeddedStack``)
+Each test runs `looprelay up`'s application and server in this process (``LocalStack``)
 with short limits, attacks it over loopback, and checks what a sender would notice: a signed
 delivery sent meanwhile is acked within a second, and every acked delivery is in the queue.
 """
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.adapters.embedded_queue import QueuedTask
+from looprelay.adapters.sqlite.queue import QueuedTask
+from looprelay.app.local import LocalStack
 from looprelay.app.server import Limits
-from looprelay.config import Config, EmbeddedQueueConfig, QueueConfig, ServerConfig
+from looprelay.config.model import Config, EmbeddedQueueConfig, QueueConfig, ServerConfig
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.datadir import WEBHOOK_SECRET_FILE
-from looprelay.embedded import EmbeddedStack
 from tests.samples import payload_bytes
 
 SECRET = b"findings-secret-with-enough-bits"
@@ -42,7 +42,7 @@ MB = 1024 * 1024
 class Server:
     """The stack under test, and the deliveries it acked."""
 
-    def __init__(self, stack: EmbeddedStack) -> None:
+    def __init__(self, stack: LocalStack) -> None:
         self.stack = stack
         host, port = stack.base_url.removeprefix("http://").rsplit(":", 1)
         self.address = (host, int(port))
@@ -92,7 +92,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     # One dispatcher, so the queue's second task travels on the first one's connection.
     queue = QueueConfig(embedded=EmbeddedQueueConfig(concurrency=1))
     config = Config(server=ServerConfig(port=0), queue=queue)
-    stack = EmbeddedStack(config, data_dir=data_dir, environ={}, limits=LIMITS)
+    stack = LocalStack(config, data_dir=data_dir, environ={}, limits=LIMITS)
     stack.start()
     serving = Server(stack)
     serving.assert_acked_promptly()

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from looprelay.app.asgi import Endpoint, build_asgi
+from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.server import Limits, LocalServer
-from looprelay.httpmsg import Request, Response, json_response
 from tests.fake_harness import wait_until
 
 DEADLINE = 20.0

@@ -12,8 +12,8 @@ import pytest
 from starlette.applications import Starlette
 
 from looprelay.app.asgi import Endpoint, build_asgi
+from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.server import LocalServer
-from looprelay.httpmsg import Request, Response, json_response
 
 DEADLINE = 20.0
 

@@ -106,7 +106,7 @@ class TestBuild:
         assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".pyo"))]
         assert names == sorted(names)
         assert contents["main.py"] == (ROOT / "functions/main.py").read_bytes()
-        assert contents["looprelay/cloud.py"] == (package / "cloud.py").read_bytes()
+        assert contents["looprelay/app/cloud.py"] == (package / "app/cloud.py").read_bytes()
 
     def test_every_entry_is_dated_and_moded_alike(self, archive: Path, tmp_path: Path) -> None:
         with zipfile.ZipFile(archive) as opened:

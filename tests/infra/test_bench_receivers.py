@@ -86,7 +86,7 @@ def test_the_durable_floor_acks_only_what_its_journal_holds(
 def _synchronous(what: str, tmp_path: Path, *, unsynced: bool) -> int:
     code = (
         "import sys\n"
-        "from looprelay.adapters.sqlite_common import SqliteDatabase\n"
+        "from looprelay.adapters.sqlite.database import SqliteDatabase\n"
         f"db = SqliteDatabase(sys.argv[1], schema='', what={what!r})\n"
         "print(db.execute('PRAGMA synchronous').fetchone()[0])\n"
     )

@@ -30,7 +30,7 @@ NEVER_FOR_THE_WEBHOOK = (
     "proto",  # proto-plus
     "jwt",  # the webhook verifies HMAC; GitHub App auth is the worker's
 )
-LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.worker")
+LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.service.worker")
 _PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
 
 
@@ -88,7 +88,7 @@ class TestTheWebhookBuilder:
         code = (
             "import os\n"
             "from looprelay.app.compose import build_app\n"
-            "from looprelay.cloud import cloud_config\n"
+            "from looprelay.app.cloud import cloud_config\n"
             "build_app(cloud_config(os.environ), os.environ, function='webhook')"
         )
 
@@ -101,7 +101,7 @@ class TestTheWebhookBuilder:
         )
 
         # The builder really built the cloud queue, with google-auth's session.
-        assert "looprelay.adapters.cloudtasks_queue" in modules
+        assert "looprelay.adapters.gcp.cloud_tasks" in modules
         assert "google.auth.transport.requests" in modules
         assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
         assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []

@@ -29,8 +29,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from looprelay import cloud
-from looprelay.config import Config, load_config
+from looprelay.app import cloud
+from looprelay.config.model import Config, load_config
 from looprelay.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ NOT_WIRED = {
     "FUNCTION_TARGET": "set by Cloud Functions to the entry point",
     cloud.CONFIG_ENV: "optional config file; the deployment uses LOOPRELAY__ overrides instead",
 }
-# The handler each entry point serves, built by looprelay.cloud from the environment.
+# The handler each entry point serves, built by looprelay.app.cloud from the environment.
 BUILDERS = {
     "webhook": "build_ingress",
     "worker": "build_worker",

@@ -28,29 +28,29 @@ from typing import Any
 import pytest
 import requests
 
-from looprelay.adapters.github_auth import TokenAuth
-from looprelay.adapters.github_rest import GitHubRest
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
-from looprelay.adapters.sqlite_runners import SqliteRunnerRegistry
-from looprelay.adapters.sqlite_store import SqliteStore
-from looprelay.adapters.sqlite_work_items import SqliteWorkItemStore
-from looprelay.config import Config, RoutingConfig, SqliteConfig, StoreConfig
+from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
+from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
+from looprelay.app.messages import Request, Response, json_response
+from looprelay.app.services import build_router
+from looprelay.config.model import Config, RoutingConfig, SqliteConfig, StoreConfig
+from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import project_envelope
-from looprelay.httpmsg import Request, Response, json_response
-from looprelay.ports import RunnerRegistry, RunnerStatus, Store, WorkItemStore
-from looprelay.progress import Progress
-from looprelay.records import (
+from looprelay.core.model import (
     DeliveryRecord,
     DispatchRecord,
     EventRecord,
     RunnerRecord,
     WorkItemRecord,
 )
-from looprelay.router import Router
-from looprelay.routingpolicy import TemplateSource, routing_policy
-from looprelay.runnerapi_models import ResultBody
-from looprelay.wiring import build_router
-from looprelay.worker import Worker
+from looprelay.ports import RunnerRegistry, RunnerStatus, Store, WorkItemStore
+from looprelay.service.results import Progress
+from looprelay.service.route import Router
+from looprelay.service.worker import Worker
+from looprelay.wire.runner_api import ResultBody
 from tests.app_server import AppServer
 from tests.fake_github import APP_LOGIN, FakeComment, FakeGitHub
 from tests.samples import payload

@@ -42,7 +42,7 @@ class TestFirstSightPins:
         [pinned] = deployment.events("routing.user_pinned")
         assert pinned.data == {"login": "codertocat", "user_id": CODERTOCAT_ID}
 
-        with caplog.at_level(logging.WARNING, logger="looprelay.router"):
+        with caplog.at_level(logging.WARNING, logger="looprelay.service.route"):
             delivery_id, answer = _comment_as(
                 deployment, "the-loop stop", login="Codertocat", user_id=IMPOSTOR_ID
             )

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from looprelay.core.interaction import DIRECTIVE_CLI, DIRECTIVE_WORK_ITEM
-from looprelay.records import GraphRecord
+from looprelay.core.model import GraphRecord
 from tests import test_ingress
 from tests.fake_github import APP_LOGIN
 from tests.routing.conftest import (

@@ -26,9 +26,9 @@ from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
 from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
 from looprelay.agent.workspaces import Checkout
+from looprelay.core.model import DISPATCH_KINDS, MAX_DETAIL_CHARS, DispatchRecord
 from looprelay.core.replies import failure_note
 from looprelay.errors import RunnerError
-from looprelay.records import DISPATCH_KINDS, MAX_DETAIL_CHARS, DispatchRecord
 
 SPAWNED, DELIVERED, DONE, FAILED = "spawned", "delivered", "done", "failed"
 RUNNER_KINDS = ("tmux", "process")

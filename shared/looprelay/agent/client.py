@@ -7,9 +7,9 @@ from typing import Any
 import requests
 
 from looprelay.agent.credentials import Credentials
+from looprelay.core.model import DispatchRecord
 from looprelay.errors import Transient, Unauthorized
-from looprelay.records import DispatchRecord
-from looprelay.runnerauth import runner_bearer
+from looprelay.service.runner_secrets import runner_bearer
 
 CALL_TIMEOUT_SECONDS = 15.0
 """Budget of every call but the long poll, which gets its wait plus this."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looprelay.records import DispatchRecord
+from looprelay.core.model import DispatchRecord
 
 APPLYING = "applying"
 RECORDED = "recorded"

@@ -18,10 +18,10 @@ from looprelay.agent import claude_config, harness
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.skill import install_skill
 from looprelay.agent.workspaces import Checkout, Workspaces
+from looprelay.core.model import DispatchRecord
 from looprelay.core.workitems import parse_ref
 from looprelay.errors import RunnerError
-from looprelay.records import DispatchRecord
-from looprelay.runnerapi_models import MAX_AGENT_EVENT_VALUE_CHARS
+from looprelay.wire.runner_api import MAX_AGENT_EVENT_VALUE_CHARS
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from typing import Any
 from looprelay.agent.apply import Applier, ApplyResult
 from looprelay.agent.client import LeaseLost, RunnerClient
 from looprelay.agent.statedir import StateLock
+from looprelay.core.model import DispatchRecord
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import Transient, Unauthorized
-from looprelay.records import DispatchRecord
-from looprelay.runnerapi_models import MAX_AGENT_EVENTS
+from looprelay.wire.runner_api import MAX_AGENT_EVENTS
 
 log = logging.getLogger("looprelay.agent")
 

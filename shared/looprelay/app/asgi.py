@@ -24,7 +24,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from looprelay.httpmsg import Request, Response, json_response
+from looprelay.app.messages import Request, Response, json_response
 
 log = logging.getLogger("looprelay.server")
 

@@ -12,7 +12,7 @@ Two shapes serve the same paths:
 the SQLite stores, the embedded queue (an enqueue is synced before its 202, and its
 dispatchers POST to this same application's ``/worker``), and an in-process signal that wakes
 long polls. ``build_app(config, environ, function=...)`` is one Cloud Function's: only that
-function's endpoint is built (``looprelay.cloud``), so a cold start loads only what it needs,
+function's endpoint is built (``looprelay.app.cloud``), so a cold start loads only what it needs,
 and it also answers at ``/``, the function's own URL. Adapters are imported where a shape
 needs them, never at import.
 """
@@ -28,18 +28,18 @@ from typing import IO, TYPE_CHECKING, overload
 from starlette.applications import Starlette
 
 from looprelay.app.asgi import Blocking, Endpoint, Refusal, build_asgi, too_large
-from looprelay.config import Config
+from looprelay.app.messages import Request, Response, json_response
+from looprelay.config.model import Config
 from looprelay.errors import ConfigError
-from looprelay.httpmsg import Request, Response, json_response
 
 if TYPE_CHECKING:
-    from looprelay.adapters.embedded_queue import EmbeddedQueue
+    from looprelay.adapters.sqlite.queue import SqliteQueue
+    from looprelay.app.stores import OpenStores
     from looprelay.app.webhook import WebhookPressure
-    from looprelay.ingress import Ingress
     from looprelay.ports import Store
-    from looprelay.runnerapi import RunnerApi
-    from looprelay.stores import OpenStores
-    from looprelay.worker import Worker
+    from looprelay.service.ingress import Ingress
+    from looprelay.service.runners import RunnerApi
+    from looprelay.service.worker import Worker
 
 log = logging.getLogger("looprelay.up")
 
@@ -72,7 +72,7 @@ class LocalApp:
         *,
         app: Starlette,
         stores: OpenStores,
-        queue: EmbeddedQueue,
+        queue: SqliteQueue,
         ingress: Ingress,
         runner_api: RunnerApi,
         worker: Worker,
@@ -152,7 +152,7 @@ def build_app(
 
 
 def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> Starlette:
-    from looprelay import cloud
+    from looprelay.app import cloud
 
     blocking = Blocking()
     if function == "runners":
@@ -203,22 +203,22 @@ def _open_local(
     config: Config, environ: Mapping[str, str], *, data_dir: Path, verify: bool, lock: IO[str]
 ) -> LocalApp:
     from looprelay.adapters.clock import SystemClock
-    from looprelay.adapters.embedded_queue import EmbeddedQueue
     from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
+    from looprelay.adapters.sqlite.queue import SqliteQueue
     from looprelay.app.longpoll import runner_api_handler
+    from looprelay.app.services import build_router, build_runner_api, github_client
+    from looprelay.app.stores import open_stores
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
     from looprelay.datadir import QUEUE_FILE, WORKER_TOKEN_FILE, read_or_create_secret
-    from looprelay.ingress import Ingress
-    from looprelay.leases import DispatchWaker
     from looprelay.ports import MAX_TASK_BYTES
-    from looprelay.stores import open_stores
-    from looprelay.wiring import build_router, build_runner_api, github_client
-    from looprelay.worker import Worker
+    from looprelay.service.ingress import Ingress
+    from looprelay.service.lease_desk import DispatchWaker
+    from looprelay.service.worker import Worker
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
-    queue = EmbeddedQueue(
+    queue = SqliteQueue(
         data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
     )
     ingress = Ingress(secrets=secrets, queue=queue, config=config.webhook, verify=verify)
@@ -286,8 +286,8 @@ def url_host(host: str) -> str:
 def _webhook_secrets(
     config: Config, environ: Mapping[str, str], data_dir: Path
 ) -> tuple[list[bytes], SecretSource]:
+    from looprelay.config.secrets import webhook_secrets_from_env
     from looprelay.datadir import WEBHOOK_SECRET_FILE, read_or_create_secret
-    from looprelay.secrets_env import webhook_secrets_from_env
 
     if config.github.webhook_secrets:
         names = ", ".join(config.github.webhook_secrets)
@@ -301,7 +301,7 @@ def _webhook_secrets(
 
 
 def _runner_max_body_bytes() -> int:
-    from looprelay.runnerapi_models import MAX_BODY_BYTES
+    from looprelay.wire.runner_api import MAX_BODY_BYTES
 
     return MAX_BODY_BYTES
 

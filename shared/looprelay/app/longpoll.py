@@ -14,14 +14,14 @@ import asyncio
 import logging
 
 from looprelay.app.asgi import AsyncHandler, Blocking
+from looprelay.app.messages import Request, Response, json_response
+from looprelay.core.model import RunnerRecord
 from looprelay.errors import Transient
-from looprelay.httpmsg import Request, Response, json_response
-from looprelay.leases import CLOUD_POLL_INTERVAL_SECONDS, NOTHING_TO_LEASE, LeaseDesk
-from looprelay.records import RunnerRecord
-from looprelay.runnerapi import RunnerApi
-from looprelay.runnerapi_models import API_PREFIX, PollBody
+from looprelay.service.lease_desk import CLOUD_POLL_INTERVAL_SECONDS, NOTHING_TO_LEASE, LeaseDesk
+from looprelay.service.runners import RunnerApi
+from looprelay.wire.runner_api import API_PREFIX, PollBody
 
-log = logging.getLogger("looprelay.runnerapi")
+log = logging.getLogger("looprelay.service.runners")
 
 POLL_PATH = API_PREFIX + "poll"
 

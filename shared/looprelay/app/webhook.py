@@ -10,9 +10,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from looprelay.app.asgi import AsyncHandler
-from looprelay.httpmsg import Request, Response
-from looprelay.ingress import Ingress
+from looprelay.app.messages import Request, Response
 from looprelay.ports import Task
+from looprelay.service.ingress import Ingress
 
 log = logging.getLogger("looprelay.up")
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import BaseModel
 
-from looprelay.config import Config, load_config
+from looprelay.config.model import Config, load_config
 from looprelay.datadir import default_data_dir
 from looprelay.errors import ConfigError
 

@@ -25,7 +25,7 @@ def config_validate(path: Path) -> None:
 @config_group.command("schema")
 def config_schema() -> None:
     """Print the JSON Schema of the config file."""
-    from looprelay.configdocs import config_schema_text
+    from looprelay.config.docs import config_schema_text
 
     click.echo(config_schema_text(), nl=False)
 
@@ -33,6 +33,6 @@ def config_schema() -> None:
 @config_group.command("docs")
 def config_docs() -> None:
     """Print the Markdown reference of every config key."""
-    from looprelay.configdocs import config_docs as render
+    from looprelay.config.docs import config_docs as render
 
     click.echo(render(), nl=False)

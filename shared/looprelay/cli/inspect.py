@@ -19,7 +19,7 @@ DETAIL_SHOWN_CHARS = 200
 
 
 def _outcome(value: str | None) -> str | None:
-    from looprelay.records import is_valid_outcome
+    from looprelay.core.model import is_valid_outcome
 
     if value is None or value == "refused" or is_valid_outcome(value):
         return value
@@ -53,7 +53,7 @@ def deliveries(
     ctx.obj = (config_path, data_dir)
     if ctx.invoked_subcommand is not None:
         return
-    from looprelay.stores import open_store
+    from looprelay.app.stores import open_store
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     emit(
@@ -68,7 +68,7 @@ def deliveries(
 @click.pass_obj
 def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) -> None:
     """Send a failed delivery (a dead letter) through the worker again."""
-    from looprelay.replay import replay_delivery
+    from looprelay.service.replay import replay_delivery
 
     config_path, data_dir = obj
     replay_delivery(load(config_path), data_dir=data_path(data_dir), delivery_id=delivery_id)
@@ -90,8 +90,8 @@ def deliveries_sweep(
     """Ask GitHub to redeliver the App's failed deliveries of the last 3 days that the ledger
     lacks (GitHub never retries them itself). Needs github.appId and github.privateKeyEnv."""
     from looprelay.adapters.clock import SystemClock
-    from looprelay.stores import open_store
-    from looprelay.sweeper import app_github, sweep
+    from looprelay.app.stores import open_store
+    from looprelay.service.sweeper import app_github, sweep
 
     config = load(config_path or obj[0])
     store = open_store(config, data_dir=data_path(data_dir or obj[1]))
@@ -144,7 +144,7 @@ def events(
     --follow pages by each store's own sequence, so events written in the same instant are
     each printed once.
     """
-    from looprelay.stores import open_store
+    from looprelay.app.stores import open_store
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
@@ -180,11 +180,11 @@ def queue_list(
     config_path: Path | None, data_dir: Path | None, state: str | None, as_json: bool
 ) -> None:
     """List the embedded queue's tasks."""
-    from looprelay.adapters.embedded_queue import EmbeddedQueue
+    from looprelay.adapters.sqlite.queue import SqliteQueue
     from looprelay.datadir import QUEUE_FILE
 
     config = load(config_path)
-    queue = EmbeddedQueue(
+    queue = SqliteQueue(
         data_path(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
     )
     for task in queue.list_tasks(state):
@@ -203,11 +203,11 @@ def queue_list(
 @click.argument("name")
 def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> None:
     """Give a dead task a fresh set of attempts."""
-    from looprelay.adapters.embedded_queue import EmbeddedQueue
+    from looprelay.adapters.sqlite.queue import SqliteQueue
     from looprelay.datadir import QUEUE_FILE
 
     config = load(config_path)
-    queue = EmbeddedQueue(
+    queue = SqliteQueue(
         data_path(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
     )
     if not queue.retry_dead(name):
@@ -226,10 +226,10 @@ def dispatches(
     its runner reported (result, and the detail: a failed turn's message first)."""
     from datetime import UTC, datetime, timedelta
 
+    from looprelay.app.stores import open_runner_registry, open_work_item_store
+    from looprelay.core.model import DISPATCH_OPEN
     from looprelay.core.scheduling import is_live, waiting_reasons
-    from looprelay.leases import leasable_heads
-    from looprelay.records import DISPATCH_OPEN
-    from looprelay.stores import open_runner_registry, open_work_item_store
+    from looprelay.service.lease_desk import leasable_heads
 
     config = load(config_path)
     items = open_work_item_store(config, data_dir=data_path(data_dir))

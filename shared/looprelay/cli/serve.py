@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from looprelay.cli.common import data_path, load, state_options
-from looprelay.config import Config
+from looprelay.config.model import Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 
 
@@ -38,7 +38,7 @@ def up(
     Exits 0 after Ctrl-C or SIGTERM, and 1 when the server stopped serving by itself, so a
     supervisor restarts it.
     """
-    from looprelay.embedded import EmbeddedStack
+    from looprelay.app.local import LocalStack
     from looprelay.logs import configure_logging
 
     configure_logging(log_level)
@@ -47,7 +47,7 @@ def up(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
     config = config.model_copy(update={"server": server})
-    stack = EmbeddedStack(
+    stack = LocalStack(
         config, data_dir=data_path(data_dir), environ=os.environ, verify=not insecure_no_verify
     )
     code = stack.serve(on_started=lambda: click.echo(_banner(stack, insecure_no_verify), err=True))
@@ -105,7 +105,7 @@ def send(
     data_dir: Path | None,
 ) -> None:
     """Sign PAYLOAD like GitHub does and post it to a running webhook."""
-    from looprelay.sender import post_delivery
+    from looprelay.cli.sender import post_delivery
 
     config = load(config_path)
     target = url or f"http://{config.server.host}:{config.server.port}/webhook"

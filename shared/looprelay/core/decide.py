@@ -30,6 +30,12 @@ from looprelay.core.control import (
 )
 from looprelay.core.decision import CommentPost, Decision, Note, Situation
 from looprelay.core.gate import checklist_body, freeze_graph
+from looprelay.core.model import (
+    MAX_COMMANDS,
+    MAX_LINKED_PULL_REQUESTS,
+    CommandLog,
+    WorkItemRecord,
+)
 from looprelay.core.plan import LIVE_STATUSES, Plan, RoutingPolicy, Templates
 from looprelay.core.policy import (
     LIFECYCLE_EVENTS,
@@ -39,12 +45,6 @@ from looprelay.core.policy import (
     event_actor,
 )
 from looprelay.core.prsessions import choose_endpoint, effective_session_per_pr
-from looprelay.records import (
-    MAX_COMMANDS,
-    MAX_LINKED_PULL_REQUESTS,
-    CommandLog,
-    WorkItemRecord,
-)
 
 USER_ID_MISMATCH = "refused:user-id-mismatch"
 """The outcome of an event whose listed login carries another user id than its pin."""

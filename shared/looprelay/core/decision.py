@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from looprelay.core.envelope import Envelope
+from looprelay.core.model import DispatchRecord, WorkItemRecord
 from looprelay.core.workitems import WorkItemRef, WorkItems
-from looprelay.records import DispatchRecord, WorkItemRecord
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from looprelay.core.checklist import freeze_selection, render_checklist
 from looprelay.core.control import Command
 from looprelay.core.decision import CommentPost, Note, Situation
+from looprelay.core.model import GraphRecord
 from looprelay.core.plan import Plan
 from looprelay.core.policy import event_actor
 from looprelay.core.render import render_comment
-from looprelay.records import GraphRecord
 
 
 def checklist_body(plan: Plan) -> str:

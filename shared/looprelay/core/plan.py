@@ -17,16 +17,16 @@ from looprelay.core.control import Keywords
 from looprelay.core.envelope import Envelope
 from looprelay.core.excerpt import render_excerpt, wrap_untrusted
 from looprelay.core.interaction import ModeResolution
-from looprelay.core.policy import AuthorizedUsers, CloseEndsSession
-from looprelay.core.prsessions import SessionPerPr, tmux_session_name
-from looprelay.core.render import PromptContext, render_prompt
-from looprelay.records import (
+from looprelay.core.model import (
     MAX_SESSIONS,
     DispatchRecord,
     GraphRecord,
     SessionRecord,
     WorkItemRecord,
 )
+from looprelay.core.policy import AuthorizedUsers, CloseEndsSession
+from looprelay.core.prsessions import SessionPerPr, tmux_session_name
+from looprelay.core.render import PromptContext, render_prompt
 
 _SESSION_NAMESPACE = uuid.UUID("6f1e7d0a-3c55-4c4e-9a8e-6c1f2b0d9a11")
 LIVE_STATUSES = frozenset({"pending", "live"})

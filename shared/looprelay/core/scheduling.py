@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from looprelay.records import DISPATCH_OPEN, DispatchRecord, RunnerRecord, WorkItemRecord
+from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, RunnerRecord, WorkItemRecord
 
 
 @dataclass(frozen=True)

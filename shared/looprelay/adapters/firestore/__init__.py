@@ -1,0 +1,1 @@
+"""The cloud store's adapters: Firestore behind the store ports."""

@@ -1,0 +1,95 @@
+"""What every Firestore adapter shares: the client, error translation, timestamps, conditional
+updates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from google.api_core import exceptions as gexc
+from google.auth.exceptions import DefaultCredentialsError
+from google.cloud import firestore
+
+if TYPE_CHECKING:
+    from looprelay.config.model import FirestoreConfig
+
+MAX_CAS_ROUNDS = 25
+"""Read-then-conditional-update rounds on one document before contention is Transient."""
+
+TRANSIENT_ERRORS = (
+    gexc.ServiceUnavailable,
+    gexc.DeadlineExceeded,
+    gexc.Aborted,
+    gexc.ResourceExhausted,
+    gexc.InternalServerError,
+    gexc.RetryError,
+)
+
+
+@contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Turn Firestore's retryable errors into ``Transient`` naming ``action``."""
+    from looprelay.errors import Transient
+
+    try:
+        yield
+    except TRANSIENT_ERRORS as exc:
+        raise Transient(
+            f"Firestore could not {action} (unavailable or contended); retry later: {exc}"
+        ) from exc
+
+
+def open_client(cfg: FirestoreConfig) -> firestore.Client:
+    """Open the database the ``store.firestore`` section names.
+
+    Raises ``ConfigError`` when no Google credentials or project can be found.
+    """
+    from looprelay.errors import ConfigError
+
+    try:
+        return firestore.Client(project=cfg.project, database=cfg.database)
+    except (DefaultCredentialsError, OSError) as exc:
+        raise ConfigError(
+            f"store.firestore: cannot open Firestore ({exc}); set store.firestore.project and"
+            " credentials (GOOGLE_APPLICATION_CREDENTIALS), or FIRESTORE_EMULATOR_HOST"
+        ) from exc
+
+
+def utc(value: datetime) -> datetime:
+    """Return a plain UTC datetime (the client returns ``DatetimeWithNanoseconds``)."""
+    return datetime.combine(value.date(), value.timetz()).astimezone(UTC)
+
+
+def conditional_update(
+    client: firestore.Client,
+    ref: firestore.DocumentReference,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    *,
+    action: str,
+) -> bool:
+    """Apply ``change`` to the document with a last-update-time precondition, re-reading on
+    conflict; ``change`` returns the fields to set, or None to leave the document alone.
+
+    Returns False when the document is missing or ``change`` declined. Raises ``Transient``
+    after ``MAX_CAS_ROUNDS`` conflicting rounds or when Firestore is unavailable.
+    """
+    from looprelay.errors import Transient
+
+    with translated(action):
+        for _ in range(MAX_CAS_ROUNDS):
+            snapshot = ref.get()
+            if not snapshot.exists:
+                return False
+            fields = change(snapshot.to_dict() or {})
+            if fields is None:
+                return False
+            try:
+                ref.update(
+                    fields, option=client.write_option(last_update_time=snapshot.update_time)
+                )
+            except (gexc.FailedPrecondition, gexc.NotFound):
+                continue
+            return True
+    raise Transient(f"Firestore could not {action}: the document stayed contended")

@@ -1,0 +1,295 @@
+"""Work items and their dispatches in Firestore, behind ``WorkItemStore``.
+
+Layout: ``{prefix}work_items/{work_item_document_id(ref)}`` (refs hold ``/``, which a document
+id cannot; the ref stays a field) and ``{prefix}dispatches/{dispatch_id}``. No TTL field: a
+work item outlives any retention window, and a dispatch is needed until it is settled.
+``list_dispatches`` needs composite indexes on ``dispatches``: ``status`` / ``work_item`` /
+both, then ``created_at`` and ``seq`` ascending.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
+
+from looprelay.adapters.firestore.common import (
+    MAX_CAS_ROUNDS,
+    conditional_update,
+    open_client,
+    translated,
+    utc,
+)
+from looprelay.config.model import FirestoreConfig
+from looprelay.core.model import DispatchRecord, WorkItemRecord
+from looprelay.errors import Transient
+
+FINISHED_STATUSES = ("succeeded", "failed", "pending")
+"""What a lease holder may report; ``pending`` offers the dispatch to the next runner."""
+
+_Decide = Callable[[DispatchRecord], dict[str, Any] | None]
+
+
+def work_item_document_id(ref: str) -> str:
+    """Return the document id of work item ``ref``: its UTF-8 in URL-safe base64, unpadded.
+
+    Deterministic and reversible; only ``A-Z a-z 0-9 - _`` appear, and valid UTF-8 never
+    encodes to the reserved ``__…__`` form. Raises ``ValueError`` for an empty ref.
+    """
+    if not ref:
+        raise ValueError("a work item ref must not be empty")
+    return base64.urlsafe_b64encode(ref.encode()).decode("ascii").rstrip("=")
+
+
+_REFS_PER_BATCH = 100
+"""Documents asked for in one batch get."""
+_HEADS_SCAN_LIMIT = 5_000
+"""Open dispatches read to find the heads; each costs a document read."""
+
+
+class FirestoreWorkItemStore:
+    """The ``WorkItemStore`` port on Firestore; safe across threads, processes and instances."""
+
+    def __init__(self, client: firestore.Client, *, collection_prefix: str = "") -> None:
+        """Use ``client``'s database, with collections named ``{collection_prefix}...``."""
+        self._client = client
+        self._items = client.collection(f"{collection_prefix}work_items")
+        self._dispatches = client.collection(f"{collection_prefix}dispatches")
+
+    @classmethod
+    def from_config(cls, cfg: FirestoreConfig) -> FirestoreWorkItemStore:
+        """Build from the ``store.firestore`` section; ``ConfigError`` without credentials."""
+        return cls(open_client(cfg), collection_prefix=cfg.collection_prefix)
+
+    def _dispatch_ref(self, dispatch_id: str) -> firestore.DocumentReference:
+        if not dispatch_id or "/" in dispatch_id:
+            raise ValueError(f"dispatch id {dispatch_id!r} cannot be a Firestore document id")
+        return self._dispatches.document(dispatch_id)
+
+    def get_work_item(self, ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.get_work_item``; raises ``Transient`` when unavailable."""
+        with translated("read a work item"):
+            data = self._items.document(work_item_document_id(ref)).get().to_dict()
+        return None if data is None else WorkItemRecord.model_validate(_plain(data))
+
+    def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
+        """See ``WorkItemStore.get_work_items``: one batch get per ``_REFS_PER_BATCH``
+        documents; ``Transient`` as above."""
+        wanted = sorted(set(refs))
+        found: dict[str, WorkItemRecord] = {}
+        for start in range(0, len(wanted), _REFS_PER_BATCH):
+            documents = [
+                self._items.document(work_item_document_id(ref))
+                for ref in wanted[start : start + _REFS_PER_BATCH]
+            ]
+            with translated("read work items"):
+                snapshots = list(self._client.get_all(documents))
+            for snapshot in snapshots:
+                data = snapshot.to_dict() if snapshot.exists else None
+                if data is not None:
+                    record = WorkItemRecord.model_validate(_plain(data))
+                    found[record.ref] = record
+        return found
+
+    def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.find_work_item_for_pull_request``; ``Transient`` as above."""
+        query = self._items.where(filter=FieldFilter("pull_requests", "array_contains", pr_ref))
+        with translated("find a work item by pull request"):
+            snapshots = list(query.limit(1).stream())
+        return WorkItemRecord.model_validate(_plain(snapshots[0].to_dict())) if snapshots else None
+
+    # Scenario: savers A and B both read work item W at version 1, then which of their
+    # dispatch ids exist, and each commits one batch: W updated under "last updated when I
+    # read it" plus create() of the missing dispatches. A commits; B's batch fails whole
+    # (FailedPrecondition on W, or AlreadyExists on a dispatch A just made), B reads again,
+    # sees version 2 and returns False. No lock is held, so the emulator's 2 s lock timeout
+    # never applies.
+    def save_work_item(
+        self,
+        record: WorkItemRecord,
+        *,
+        expected_version: int,
+        dispatches: Sequence[DispatchRecord] = (),
+    ) -> bool:
+        """See ``WorkItemStore.save_work_item``: one atomic batch per round.
+
+        The first of several dispatches sharing an id wins. Raises ``Transient`` when
+        Firestore is unavailable or the batch conflicts ``MAX_CAS_ROUNDS`` times without the
+        version moving; ``ValueError`` for a dispatch id unusable as a document id.
+        """
+        item = self._items.document(work_item_document_id(record.ref))
+        document = record.model_copy(update={"version": expected_version + 1}).model_dump()
+        wanted = {d.dispatch_id: d for d in reversed(dispatches)}  # the first of an id wins
+        refs = {key: self._dispatch_ref(key) for key in wanted}
+        with translated("save a work item"):
+            for _ in range(MAX_CAS_ROUNDS):
+                snapshot = item.get()
+                if (snapshot.to_dict() or {}).get("version", 0) != expected_version:
+                    return False
+                batch = self._client.batch()
+                if snapshot.exists:
+                    option = self._client.write_option(last_update_time=snapshot.update_time)
+                    batch.update(item, document, option=option)
+                else:
+                    batch.create(item, document)
+                for key in self._missing(refs):
+                    batch.create(refs[key], wanted[key].model_dump())
+                try:
+                    batch.commit()
+                except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound):
+                    continue  # someone wrote meanwhile: decide again on fresh state
+                return True
+        raise Transient(f"work item {record.ref} contended {MAX_CAS_ROUNDS} times; retry later")
+
+    def _missing(self, refs: dict[str, firestore.DocumentReference]) -> list[str]:
+        # The dispatch ids among ``refs`` whose documents do not exist yet.
+        snapshots = self._client.get_all(list(refs.values())) if refs else []
+        existing = {snapshot.id for snapshot in snapshots if snapshot.exists}
+        return [key for key in refs if key not in existing]
+
+    def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
+        """See ``WorkItemStore.get_dispatch``; raises ``Transient`` when unavailable."""
+        with translated("read a dispatch"):
+            data = self._dispatch_ref(dispatch_id).get().to_dict()
+        return None if data is None else DispatchRecord.model_validate(_plain(data))
+
+    def list_dispatches(
+        self, *, statuses: Sequence[str] = (), work_item: str | None = None, limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatches``: by ``created_at``, ``seq``, then id.
+
+        Raises ``Transient`` when unavailable; Firestore refuses more than 30 ``statuses``.
+        """
+        # Ties on the last order_by fall back to the document name, that is the dispatch id.
+        query = self._dispatches.order_by("created_at").order_by("seq")
+        if statuses:
+            query = query.where(filter=FieldFilter("status", "in", list(statuses)))
+        if work_item is not None:
+            query = query.where(filter=FieldFilter("work_item", "==", work_item))
+        with translated("list dispatches"):
+            snapshots = list(query.limit(limit).stream())
+        return [DispatchRecord.model_validate(_plain(s.to_dict())) for s in snapshots]
+
+    def list_dispatch_heads(
+        self, *, statuses: Sequence[str], limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatch_heads``: Firestore has no GROUP BY, so the heads
+        are picked from the open dispatches, which stay few in the cloud (each function polls
+        the store, nothing holds thousands of them back)."""
+        heads: dict[str, DispatchRecord] = {}
+        for dispatch in self.list_dispatches(statuses=statuses, limit=_HEADS_SCAN_LIMIT):
+            held = heads.get(dispatch.work_item)
+            if held is None or dispatch.seq < held.seq:
+                heads[dispatch.work_item] = dispatch
+        ordered = sorted(heads.values(), key=lambda d: (d.created_at, d.seq, d.dispatch_id))
+        return ordered[:limit]
+
+    def _transition(
+        self, dispatch_id: str, decide: _Decide, *, action: str
+    ) -> DispatchRecord | None:
+        # Apply ``decide`` (fields to set, or None to decline) to the dispatch as last read,
+        # under a last-update-time precondition; return the record as written, or None.
+        written: list[DispatchRecord] = []
+
+        def change(data: dict[str, Any]) -> dict[str, Any] | None:
+            current = DispatchRecord.model_validate(_plain(data))
+            fields = decide(current)
+            if fields is not None:
+                written.append(current.model_copy(update=fields))
+            return fields
+
+        done = conditional_update(
+            self._client, self._dispatch_ref(dispatch_id), change, action=action
+        )
+        return written[-1] if done else None
+
+    def lease_dispatch(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> DispatchRecord | None:
+        """See ``WorkItemStore.lease_dispatch``; each lease counts one more ``attempts``.
+
+        Raises ``Transient`` after ``MAX_CAS_ROUNDS`` conflicting rounds or when unavailable.
+        """
+
+        def lease(current: DispatchRecord) -> dict[str, Any] | None:
+            expires = current.lease_expires_at
+            lapsed = current.status == "leased" and expires is not None and expires < now
+            if current.status != "pending" and not lapsed:
+                return None
+            return {
+                "status": "leased",
+                "lease_holder": runner_id,
+                "lease_expires_at": until,
+                "attempts": current.attempts + 1,
+                "updated_at": now,
+            }
+
+        return self._transition(dispatch_id, lease, action="lease a dispatch")
+
+    def renew_lease(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> bool:
+        """See ``WorkItemStore.renew_lease``; a lapsed lease nobody took yet is still held.
+
+        Raises ``Transient`` as ``lease_dispatch`` does.
+        """
+
+        def renew(current: DispatchRecord) -> dict[str, Any] | None:
+            if not _held_by(current, runner_id):
+                return None
+            return {"lease_expires_at": until, "updated_at": now}
+
+        return self._transition(dispatch_id, renew, action="renew a lease") is not None
+
+    def finish_dispatch(
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        status: str,
+        result: str,
+        now: datetime,
+        detail: str = "",
+    ) -> bool:
+        """See ``WorkItemStore.finish_dispatch``; clears the lease expiry (the holder stays on
+        record, as in SQLite).
+
+        Raises ``ValueError`` for a status not in ``FINISHED_STATUSES``, ``Transient`` as
+        ``lease_dispatch`` does.
+        """
+        if status not in FINISHED_STATUSES:
+            raise ValueError(f"{status!r} is not one of {', '.join(FINISHED_STATUSES)}")
+
+        def finish(current: DispatchRecord) -> dict[str, Any] | None:
+            if not _held_by(current, runner_id):
+                return None
+            return {
+                "status": status,
+                "result": result,
+                "detail": detail,
+                "lease_expires_at": None,
+                "updated_at": now,
+            }
+
+        return self._transition(dispatch_id, finish, action="finish a dispatch") is not None
+
+
+def _held_by(dispatch: DispatchRecord, runner_id: str) -> bool:
+    return dispatch.status == "leased" and dispatch.lease_holder == runner_id
+
+
+def _plain(value: Any) -> Any:
+    # Nested timestamps (graph.at, sessions.*.spawned_at, commands[].at) come back as
+    # DatetimeWithNanoseconds too; records hold plain UTC datetimes.
+    if isinstance(value, datetime):
+        return utc(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,1 @@
+"""Google Cloud's other services: Cloud Tasks and OIDC tokens."""

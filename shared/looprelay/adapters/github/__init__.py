@@ -1,0 +1,1 @@
+"""GitHub's REST API: comments, reactions, App deliveries, and authentication."""

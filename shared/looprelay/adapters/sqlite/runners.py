@@ -1,0 +1,106 @@
+"""Registration tokens and runners in the embedded SQLite database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from looprelay.adapters.sqlite.database import SqliteDatabase, open_database, utc_text
+from looprelay.core.model import RegistrationToken, RunnerRecord
+from looprelay.ports import RunnerStatus
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS registration_tokens (
+    token_hash TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL,
+    used_at TEXT
+);
+CREATE TABLE IF NOT EXISTS runners (
+    runner_id TEXT PRIMARY KEY,
+    registered_at TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+"""
+
+
+class SqliteRunnerRegistry:
+    """The ``RunnerRegistry`` port on SQLite; one small JSON document per runner."""
+
+    def __init__(self, path: str | Path | SqliteDatabase) -> None:
+        """Open (creating) the tables in the database at ``path``; ``Transient`` on failure."""
+        self._db = open_database(path, schema=_SCHEMA, what="SQLite runner registry")
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    def add_registration_token(self, token: RegistrationToken) -> None:
+        """See ``RunnerRegistry.add_registration_token``."""
+        self._db.execute(
+            "INSERT INTO registration_tokens (token_hash, created_at, expires_at) VALUES (?,?,?)",
+            (token.token_hash, utc_text(token.created_at), utc_text(token.expires_at)),
+        )
+
+    def consume_registration_token(self, token_hash: str, *, at: datetime) -> bool:
+        """See ``RunnerRegistry.consume_registration_token``."""
+        cursor = self._db.execute(
+            "UPDATE registration_tokens SET used_at = ?"
+            " WHERE token_hash = ? AND used_at IS NULL AND expires_at > ?",
+            (utc_text(at), token_hash, utc_text(at)),
+        )
+        return cursor.rowcount == 1
+
+    def add_runner(self, runner: RunnerRecord) -> None:
+        """See ``RunnerRegistry.add_runner``."""
+        try:
+            self._db.execute(
+                "INSERT INTO runners (runner_id, registered_at, doc) VALUES (?,?,?)",
+                (runner.runner_id, utc_text(runner.registered_at), runner.model_dump_json()),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise ValueError(f"runner {runner.runner_id} already exists") from exc
+
+    def get_runner(self, runner_id: str) -> RunnerRecord | None:
+        """See ``RunnerRegistry.get_runner``."""
+        rows = self._db.rows("SELECT doc FROM runners WHERE runner_id = ?", (runner_id,))
+        return RunnerRecord.model_validate_json(rows[0]["doc"]) if rows else None
+
+    def list_runners(self) -> list[RunnerRecord]:
+        """See ``RunnerRegistry.list_runners``."""
+        rows = self._db.rows("SELECT doc FROM runners ORDER BY registered_at, runner_id")
+        return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
+
+    def _change(self, runner_id: str, **fields: Any) -> bool:
+        # One statement: json_patch applies only while the runner is not revoked.
+        cursor = self._db.execute(
+            "UPDATE runners SET doc = json_patch(doc, ?)"
+            " WHERE runner_id = ? AND json_extract(doc, '$.revoked_at') IS NULL",
+            (json.dumps(fields), runner_id),
+        )
+        return cursor.rowcount == 1
+
+    def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:
+        """See ``RunnerRegistry.revoke_runner``."""
+        return self._change(runner_id, revoked_at=utc_text(at))
+
+    def rotate_runner_secret(self, runner_id: str, *, secret_hash: str) -> bool:
+        """See ``RunnerRegistry.rotate_runner_secret``."""
+        return self._change(runner_id, secret_hash=secret_hash)
+
+    def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
+        """See ``RunnerRegistry.record_heartbeat``."""
+        return self._change(runner_id, last_seen_at=utc_text(at), **_status_fields(status))
+
+
+def _status_fields(status: RunnerStatus) -> dict[str, Any]:
+    return {
+        "version": status.version,
+        "capacity": status.capacity,
+        "repositories": list(status.repositories),
+        "workspace": status.workspace,
+        "sessions": status.sessions,
+    }

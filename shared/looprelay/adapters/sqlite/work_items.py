@@ -1,0 +1,252 @@
+"""Work items and their dispatches in the embedded SQLite database, behind ``WorkItemStore``.
+
+Each record is kept whole as its pydantic JSON in ``doc``; the columns beside it are copies of
+the fields the queries filter and order on, written in the same statement so they never drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from looprelay.adapters.sqlite.database import SqliteDatabase, open_database, utc_text
+from looprelay.core.model import DispatchRecord, WorkItemRecord
+
+_REFS_PER_QUERY = 500
+"""Well under SQLite's limit on a statement's parameters."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS work_items (
+    ref TEXT PRIMARY KEY, version INTEGER NOT NULL, doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS work_item_pull_requests (
+    pr_ref TEXT NOT NULL, work_item TEXT NOT NULL, PRIMARY KEY (pr_ref, work_item)
+);
+CREATE INDEX IF NOT EXISTS work_item_pull_requests_by_item
+    ON work_item_pull_requests (work_item);
+CREATE TABLE IF NOT EXISTS dispatches (
+    dispatch_id TEXT PRIMARY KEY,
+    work_item TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    lease_holder TEXT,
+    lease_expires_at TEXT,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dispatches_by_status ON dispatches (status, created_at, seq);
+CREATE INDEX IF NOT EXISTS dispatches_by_work_item ON dispatches (work_item, created_at, seq);
+"""
+
+_FINISHED_STATUSES = ("pending", "succeeded", "failed")
+"""What a lease holder may leave a dispatch as; ``pending`` offers it to the next runner."""
+
+_HELD_BY = "status = 'leased' AND lease_holder = ?"
+"""Only the runner holding the lease now may change it; a lapsed and retaken lease is not its."""
+
+
+def _opt_utc_text(moment: datetime | None) -> str | None:
+    return None if moment is None else utc_text(moment)
+
+
+class SqliteWorkItemStore:
+    """Work items and dispatches in one SQLite database; safe across threads and processes."""
+
+    def __init__(self, path: str | Path | SqliteDatabase) -> None:
+        """Open (creating the tables if needed) the database at ``path``.
+
+        Raises ``Transient`` when the file cannot be opened.
+        """
+        self._db = open_database(path, schema=_SCHEMA, what="SQLite work-item store")
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self._db.close()
+
+    def get_work_item(self, ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.get_work_item``."""
+        rows = self._db.rows("SELECT doc FROM work_items WHERE ref = ?", (ref,))
+        return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
+
+    def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
+        """See ``WorkItemStore.get_work_items``."""
+        wanted = sorted(set(refs))
+        found: dict[str, WorkItemRecord] = {}
+        for start in range(0, len(wanted), _REFS_PER_QUERY):
+            chunk = wanted[start : start + _REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT ref, doc FROM work_items WHERE ref IN ({marks})"  # noqa: S608 - values bound
+            rows = self._db.rows(query, tuple(chunk))
+            found |= {row["ref"]: WorkItemRecord.model_validate_json(row["doc"]) for row in rows}
+        return found
+
+    def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
+        """See ``WorkItemStore.find_work_item_for_pull_request``."""
+        rows = self._db.rows(
+            "SELECT w.doc FROM work_item_pull_requests p JOIN work_items w ON w.ref = p.work_item"
+            " WHERE p.pr_ref = ? ORDER BY p.work_item LIMIT 1",
+            (pr_ref,),
+        )
+        return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
+
+    def save_work_item(
+        self,
+        record: WorkItemRecord,
+        *,
+        expected_version: int,
+        dispatches: Sequence[DispatchRecord] = (),
+    ) -> bool:
+        """See ``WorkItemStore.save_work_item``."""
+        stored = record.model_copy(update={"version": expected_version + 1})
+        # Unsynced: before anything acts on it, a synced commit stands behind it (the lease
+        # a runner takes, the delivery's settle), and in WAL mode that makes it durable.
+        with self._db.transaction(synced=False) as db:
+            current = db.execute(
+                "SELECT version FROM work_items WHERE ref = ?", (stored.ref,)
+            ).fetchone()
+            if (current[0] if current else 0) != expected_version:
+                return False
+            db.execute(
+                "INSERT INTO work_items (ref, version, doc) VALUES (?,?,?) ON CONFLICT (ref)"
+                " DO UPDATE SET version = excluded.version, doc = excluded.doc",
+                (stored.ref, stored.version, stored.model_dump_json()),
+            )
+            db.execute("DELETE FROM work_item_pull_requests WHERE work_item = ?", (stored.ref,))
+            db.executemany(
+                "INSERT OR IGNORE INTO work_item_pull_requests (pr_ref, work_item) VALUES (?,?)",
+                [(pr_ref, stored.ref) for pr_ref in stored.pull_requests],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO dispatches (dispatch_id, work_item, seq, status, created_at,"
+                " lease_holder, lease_expires_at, doc) VALUES (?,?,?,?,?,?,?,?)",
+                [_dispatch_row(dispatch) for dispatch in dispatches],
+            )
+        return True
+
+    def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
+        """See ``WorkItemStore.get_dispatch``."""
+        rows = self._db.rows("SELECT doc FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+        return DispatchRecord.model_validate_json(rows[0]["doc"]) if rows else None
+
+    def list_dispatches(
+        self, *, statuses: Sequence[str] = (), work_item: str | None = None, limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatches``."""
+        clauses: list[str] = []
+        params: list[str] = []
+        if statuses:
+            clauses.append(f"status IN ({','.join('?' * len(statuses))})")
+            params.extend(statuses)
+        if work_item is not None:
+            clauses.append("work_item = ?")
+            params.append(work_item)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._db.rows(
+            f"SELECT doc FROM dispatches {where}"  # noqa: S608 - fixed columns, values bound
+            " ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            (*params, limit),
+        )
+        return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
+
+    def list_dispatch_heads(
+        self, *, statuses: Sequence[str], limit: int = 500
+    ) -> list[DispatchRecord]:
+        """See ``WorkItemStore.list_dispatch_heads``."""
+        marks = ",".join("?" * len(statuses))
+        # SQLite takes a bare column (doc) from the row that gave the group's MIN(seq).
+        rows = self._db.rows(
+            "SELECT doc, created_at, seq, dispatch_id FROM (SELECT doc, created_at,"  # noqa: S608
+            f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks})"
+            " GROUP BY work_item) ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            (*statuses, limit),
+        )
+        return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
+
+    def lease_dispatch(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> DispatchRecord | None:
+        """See ``WorkItemStore.lease_dispatch``."""
+        changes = {"status": "leased", "lease_holder": runner_id, "lease_expires_at": until}
+        return self._transition(
+            dispatch_id,
+            "status = 'pending' OR (status = 'leased' AND lease_expires_at < ?)",
+            (utc_text(now),),
+            {**changes, "updated_at": now},
+            attempt=True,
+        )
+
+    def renew_lease(
+        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+    ) -> bool:
+        """See ``WorkItemStore.renew_lease``."""
+        changes = {"lease_expires_at": until, "updated_at": now}
+        return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
+
+    def finish_dispatch(
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        status: str,
+        result: str,
+        now: datetime,
+        detail: str = "",
+    ) -> bool:
+        """See ``WorkItemStore.finish_dispatch``.
+
+        Raises ``ValueError`` for a ``status`` other than pending, succeeded or failed.
+        """
+        if status not in _FINISHED_STATUSES:
+            raise ValueError(f"{status!r} is not a status a dispatch can finish with")
+        # The holder stays recorded; only the expiry goes, so nothing reads it as still leased.
+        changes = {
+            "status": status,
+            "result": result,
+            "detail": detail,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        return self._transition(dispatch_id, _HELD_BY, (runner_id,), changes) is not None
+
+    def _transition(
+        self,
+        dispatch_id: str,
+        condition: str,
+        params: tuple[Any, ...],
+        changes: dict[str, Any],
+        *,
+        attempt: bool = False,
+    ) -> DispatchRecord | None:
+        # Read, check and write in one write transaction: exactly one racing caller matches.
+        with self._db.transaction() as db:
+            row = db.execute(
+                f"SELECT doc FROM dispatches WHERE dispatch_id = ? AND ({condition})",  # noqa: S608 - fixed conditions
+                (dispatch_id, *params),
+            ).fetchone()
+            if row is None:
+                return None
+            held = DispatchRecord.model_validate_json(row[0])
+            if attempt:
+                changes = {**changes, "attempts": held.attempts + 1}
+            record = held.model_copy(update=changes)
+            db.execute(
+                "UPDATE dispatches SET status = ?, lease_holder = ?, lease_expires_at = ?, doc = ?"
+                " WHERE dispatch_id = ?",
+                (
+                    record.status,
+                    record.lease_holder,
+                    _opt_utc_text(record.lease_expires_at),
+                    record.model_dump_json(),
+                    dispatch_id,
+                ),
+            )
+        return record
+
+
+def _dispatch_row(dispatch: DispatchRecord) -> tuple[Any, ...]:
+    d = dispatch
+    expires = _opt_utc_text(d.lease_expires_at)
+    columns = (d.dispatch_id, d.work_item, d.seq, d.status, utc_text(d.created_at), d.lease_holder)
+    return (*columns, expires, d.model_dump_json())

@@ -1,0 +1,1 @@
+"""The configuration: its model, its reference docs, and what it resolves to."""

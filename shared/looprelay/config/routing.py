@@ -1,0 +1,106 @@
+"""Resolve the ``routing`` config section into the core's ``RoutingPolicy`` and ``Templates``."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from looprelay.config.model import AuthorizedUser, RoutingConfig
+from looprelay.config.templates import (
+    CHECKLIST_COMMENT,
+    CONFIRMATION_COMMENT,
+    EVENT_PROMPT,
+    SPAWN_PROMPT,
+    bundled_template,
+    operator_template,
+)
+from looprelay.core.checklist import Phase
+from looprelay.core.control import Keywords
+from looprelay.core.interaction import resolve_mode
+from looprelay.core.plan import RoutingPolicy, Templates
+from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
+from looprelay.core.prsessions import resolve_session_per_pr
+from looprelay.errors import ConfigError
+
+log = logging.getLogger("looprelay.routing")
+
+
+def routing_policy(config: RoutingConfig) -> RoutingPolicy:
+    """Build the policy, logging a warning for each value that fell back to a default and for
+    logins authorized without a user id.
+
+    Raises ``ConfigError`` for values that cannot mean anything (a bad login, a login pinned
+    to two ids, two commands sharing a keyword, a malformed phase token).
+    """
+    interaction = resolve_mode(config.interaction.mode, runner_kind=config.runner_kind)
+    session_per_pr, warning = resolve_session_per_pr(config.session_per_pr)
+    for text in (interaction.warning, warning):
+        if text:
+            log.warning(text)
+    try:
+        users = AuthorizedUsers.from_config(
+            [_core_entry(entry) for entry in config.authorized_users]
+        )
+        if users.logins:
+            log.warning(_unpinned_warning(users.logins))
+        return RoutingPolicy(
+            users=users,
+            bot_logins=frozenset(config.bot_logins),
+            keywords=Keywords.from_config(config.control.keywords),
+            auto_execute_label=config.auto_execute_label,
+            require_start=config.control.require_start_command,
+            session_per_pr=session_per_pr,
+            interaction=interaction,
+            harness=config.harness,
+            runner_kind=config.runner_kind,
+            phases=tuple(Phase(p.token, p.label, p.opt_in) for p in config.phases),
+            close_ends_session=CloseEndsSession(config.close_ends_session),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"routing: {exc}") from exc
+
+
+def _core_entry(entry: str | int | AuthorizedUser) -> str | int | UserPin:
+    if isinstance(entry, AuthorizedUser):
+        return UserPin(entry.login, entry.id)
+    return entry
+
+
+def _unpinned_warning(logins: frozenset[str]) -> str:
+    names = ", ".join(sorted(logins))
+    return (
+        f"routing.authorizedUsers lists {names} by login alone: each login is pinned to the "
+        "user id of the first event seen with it, so whoever holds a login then is trusted; "
+        "write `{login: LOGIN, id: ID}` to pin it now (`gh api users/LOGIN --jq .id`)"
+    )
+
+
+class TemplateSource:
+    """The prompt and comment templates, read once; each decision gets a fresh boundary."""
+
+    def __init__(self, config: RoutingConfig) -> None:
+        """Read the operator's templates now. Raises ``ConfigError`` when one is unreadable."""
+        self._event = (
+            operator_template(config.prompt_template)
+            if config.prompt_template
+            else bundled_template(EVENT_PROMPT)
+        )
+        self._spawn = (
+            operator_template(config.spawn_prompt_template)
+            if config.spawn_prompt_template
+            else bundled_template(SPAWN_PROMPT)
+        )
+        self._sandboxed_event = config.prompt_template is not None
+        self._sandboxed_spawn = config.spawn_prompt_template is not None
+
+    def for_decision(self) -> Templates:
+        """Return the templates with a new random UNTRUSTED-block boundary."""
+        return Templates(
+            event_prompt=self._event,
+            spawn_prompt=self._spawn,
+            checklist_comment=bundled_template(CHECKLIST_COMMENT),
+            confirmation_comment=bundled_template(CONFIRMATION_COMMENT),
+            boundary=secrets.token_hex(16),
+            sandboxed_event=self._sandboxed_event,
+            sandboxed_spawn=self._sandboxed_spawn,
+        )

@@ -1,0 +1,173 @@
+"""The worker: a queue task in, the delivery ledger settled exactly once, 2xx or 5xx out.
+
+Scenario the ledger is built for: Cloud Tasks delivers at least once and in any order, and a
+worker can die anywhere. So (1) ``begin_delivery`` creates the record or finds it; (2) a settled
+record is a no-op; (3) the handler runs and must itself be idempotent, since a crash before
+settling runs it again; (4) ``settle_delivery`` is a compare-and-set, so only one run records
+the outcome. A ``Transient`` error answers 503 and leaves the record open for the retry;
+anything else is permanent: the delivery is settled ``failed`` (a dead letter to replay) and the
+queue gets 200 so it stops retrying.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from looprelay.app.messages import Request, Response, json_response
+from looprelay.core.envelope import Envelope
+from looprelay.core.model import RECEIVED, DeliveryRecord, EventRecord, is_valid_outcome
+from looprelay.errors import Transient, Unauthorized
+from looprelay.logsampling import LogSampler
+from looprelay.ports import Clock, Store, TaskAuthenticator
+
+log = logging.getLogger("looprelay.service.worker")
+
+RETRY_COUNT_HEADER = "x-cloudtasks-taskretrycount"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a handler decided for one delivery: a ledger outcome and a short detail."""
+
+    outcome: str
+    detail: str = ""
+
+
+class DeliveryHandler(Protocol):
+    """Decides and performs what a delivery means; must be idempotent."""
+
+    def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        """Handle one delivery; raise ``Transient`` to be retried."""
+        ...
+
+
+def record_only(envelope: Envelope, record: DeliveryRecord) -> Outcome:
+    """The handler used until routing is installed: the delivery is recorded, nothing else."""
+    return Outcome("ignored", "recorded; no router installed")
+
+
+class Worker:
+    """Handles queue tasks; one instance serves many requests and threads."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        authenticator: TaskAuthenticator,
+        clock: Clock,
+        handler: DeliveryHandler = record_only,
+    ) -> None:
+        self._store = store
+        self._auth = authenticator
+        self._clock = clock
+        self._handler = handler
+        self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
+
+    def handle(self, request: Request) -> Response:
+        """Answer one task request; never raises."""
+        if request.method != "POST":
+            return json_response(405, {"error": "only POST is accepted here"})
+        try:
+            self._auth.authenticate(request.headers)
+        except Unauthorized as exc:
+            self._refusals.warning(
+                log, exc.status, "worker request refused: %s", exc, kind="worker refusals"
+            )
+            return json_response(exc.status, {"error": str(exc)})
+        except Transient as exc:
+            log.error("cannot authenticate the queue now: %s", exc)
+            return json_response(503, {"error": "authentication unavailable; retry"})
+        try:
+            envelope = Envelope.model_validate_json(request.body)
+        except ValidationError as exc:
+            # Only our own ingress writes tasks, so this is a bug; the queue keeps the body.
+            log.error("task body is not an envelope: %s", exc.errors(include_input=False)[:3])
+            return json_response(400, {"error": "task body is not a delivery envelope"})
+        try:
+            return self._process(envelope, request)
+        except Transient as exc:
+            log.warning(
+                "transient failure, the queue will retry: %s",
+                exc,
+                extra={"delivery_id": envelope.delivery_id},
+            )
+            return json_response(503, {"error": "transient failure; retry"})
+
+    def _process(self, envelope: Envelope, request: Request) -> Response:
+        delivery_id = envelope.delivery_id
+        now = self._clock.now()
+        received = EventRecord(
+            name="delivery.received",
+            at=now,
+            delivery_id=delivery_id,
+            data={"event": envelope.event, "action": envelope.action},
+        )
+        # The event rides in the record's own write, made only by the attempt creating it.
+        record, _ = self._store.begin_delivery(
+            DeliveryRecord(
+                delivery_id=delivery_id,
+                event=envelope.event,
+                action=envelope.action,
+                received_at=now,
+                envelope=request.body.decode(),
+            ),
+            event=received,
+        )
+        if record.settled:
+            log.info(
+                "delivery already settled as %s; nothing to do",
+                record.outcome,
+                extra={"delivery_id": delivery_id},
+            )
+            return json_response(200, {"status": "already-settled", "outcome": record.outcome})
+        outcome = self._run_handler(envelope, record)
+        now = self._clock.now()
+        settled = EventRecord(
+            name="delivery.settled",
+            at=now,
+            delivery_id=delivery_id,
+            severity="ERROR" if outcome.outcome == "failed" else "INFO",
+            data={
+                "outcome": outcome.outcome,
+                "detail": outcome.detail,
+                "attempts": record.attempts,
+                "queue_retries": request.headers.get(RETRY_COUNT_HEADER),
+            },
+        )
+        # The event rides in the settle's own write: a crash cannot keep one without the other.
+        if not self._store.settle_delivery(
+            delivery_id, outcome=outcome.outcome, detail=outcome.detail, at=now, event=settled
+        ):
+            # Another attempt settled it meanwhile: answer with the one outcome on record.
+            stored = self._store.get_delivery(delivery_id)
+            answer = {"status": "already-settled", "outcome": stored.outcome if stored else None}
+            return json_response(200, answer)
+        log.info(
+            "delivery settled as %s",
+            outcome.outcome,
+            extra={"delivery_id": delivery_id, "fields": {"detail": outcome.detail}},
+        )
+        return json_response(200, {"status": "settled", "outcome": outcome.outcome})
+
+    def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        try:
+            outcome = self._handler(envelope, record)
+        except Transient:
+            raise
+        except Exception as exc:
+            # Anything but Transient will fail the same way again: settle it as a dead letter
+            # an operator can read and replay, instead of letting the queue spin on it.
+            log.exception("handler failed permanently", extra={"delivery_id": record.delivery_id})
+            return Outcome("failed", f"{type(exc).__name__}: {exc}"[:500])
+        if outcome.outcome == RECEIVED or not is_valid_outcome(outcome.outcome):
+            log.error(
+                "handler returned the unknown outcome %r",
+                outcome.outcome[:80],
+                extra={"delivery_id": record.delivery_id},
+            )
+            return Outcome("failed", f"handler returned unknown outcome {outcome.outcome[:80]!r}")
+        return outcome

@@ -1,0 +1,251 @@
+"""The runner API's request and answer bodies, and its endpoint table (``/runner/v1/...``).
+
+One table (:data:`ENDPOINTS`) says which bodies each endpoint takes and which answers it gives;
+the handlers route by it and ``schema/runner-api.openapi.json`` is generated from it, so the
+document and the server cannot disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from looprelay.core.model import MAX_RUNNER_LABELS, DispatchRecord
+from looprelay.core.replies import MAX_REPLY_CHARS
+
+API_PREFIX = "/runner/v1/"
+MAX_BODY_BYTES = 1024 * 1024
+"""Largest request body: a result's reply of ``MAX_REPLY_CHARS`` characters JSON-escaped as
+``\\uXXXX`` pairs (12 bytes each, as Python's and requests' encoders write them) fits."""
+# Each pattern is also stated in the OpenAPI document; checked with fullmatch, since re's "$"
+# would let a trailing newline through where JSON Schema's does not.
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+_REPOSITORY_PATTERN = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
+_NAME = re.compile(_NAME_PATTERN)
+_LABEL_PART = re.compile(_LABEL_PATTERN)
+_REPOSITORY = re.compile(_REPOSITORY_PATTERN)
+
+
+def _whole(value: object) -> object:
+    # JSON Schema's "integer" includes 2.0, which strict parsing alone would refuse.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_Whole = Annotated[int, BeforeValidator(_whole)]
+
+
+class _Body(BaseModel):
+    # Strict: the document says what each field is, so `true` is no number and "1" no int.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class RegisterBody(_Body):
+    """What an agent sends to exchange a registration token for credentials."""
+
+    token: str = Field(min_length=1, max_length=200)
+    name: str = Field(json_schema_extra={"pattern": _NAME_PATTERN})
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_RUNNER_LABELS,
+        json_schema_extra={
+            "propertyNames": {"pattern": _LABEL_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": _LABEL_PATTERN},
+        },
+    )
+    version: str = Field(default="", max_length=64)
+    capacity: _Whole = Field(default=1, ge=1, le=256)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.fullmatch(name):
+            raise ValueError("name must be 1-63 of A-Z a-z 0-9 . _ - starting alphanumeric")
+        return name
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not (_LABEL_PART.fullmatch(key) and _LABEL_PART.fullmatch(value)):
+                raise ValueError(f"label {key[:64]!r} must be k=v of A-Z a-z 0-9 . _ / -")
+        return labels
+
+
+class HeartbeatBody(_Body):
+    """What an agent reports about itself on every heartbeat."""
+
+    version: str = Field(default="", max_length=64)
+    capacity: _Whole = Field(default=1, ge=0, le=256)
+    repositories: list[str] = Field(
+        default_factory=list,
+        max_length=200,
+        json_schema_extra={"items": {"type": "string", "pattern": _REPOSITORY_PATTERN}},
+    )
+    workspace: bool = False
+    sessions: _Whole = Field(default=0, ge=0, le=10_000)
+
+    @field_validator("repositories")
+    @classmethod
+    def _repositories(cls, repositories: list[str]) -> list[str]:
+        for repository in repositories:
+            if not _REPOSITORY.fullmatch(repository):
+                raise ValueError(f"{repository[:100]!r} is not owner/repo")
+        return repositories
+
+
+class PollBody(_Body):
+    """A long poll for work."""
+
+    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+
+
+class RenewBody(_Body):
+    """Keep a lease while the dispatch is being applied."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+
+
+AgentEventName = Literal[
+    "workspace.prepared",
+    "workspace.cleaned",
+    "workspace.trusted",
+    "workspace.trust_failed",
+    "skill.installed",
+    "skill.install_failed",
+    "session.id_replaced",
+]
+"""Events a runner may report with a result; the server logs each beside the dispatch's own."""
+MAX_AGENT_EVENTS = 16
+MAX_AGENT_EVENT_VALUE_CHARS = 300
+
+
+_EventKey = Annotated[str, Field(max_length=40)]
+_EventValue = Annotated[str, Field(max_length=MAX_AGENT_EVENT_VALUE_CHARS)]
+
+
+class AgentEvent(_Body):
+    """Something the runner did while applying a dispatch (a tree prepared, a folder trusted)."""
+
+    name: AgentEventName
+    data: dict[_EventKey, _EventValue] = Field(default_factory=dict, max_length=8)
+
+
+class ResultBody(_Body):
+    """What the runner did with a dispatch it leased."""
+
+    dispatch_id: str = Field(min_length=1, max_length=100)
+    status: Literal["spawned", "delivered", "done", "failed"]
+    reason: str = Field(default="", max_length=100)
+    retryable: bool = False
+    detail: str = Field(default="", max_length=2000)
+    session_id: str | None = Field(default=None, max_length=100)
+    tmux_target: str | None = Field(default=None, pattern=r"^loop-[A-Za-z0-9_-]{1,80}$")
+    tmux_socket: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    resumed: bool = False
+    reply: str = Field(
+        default="",
+        max_length=MAX_REPLY_CHARS,
+        description="A headless turn's answer, or a short note that it failed, for the server "
+        "to post on the work item (or its pull request); empty: nothing to post.",
+    )
+    events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_AGENT_EVENTS)
+
+
+class EmptyBody(_Body):
+    """No fields."""
+
+
+class Registered(BaseModel):
+    """The credentials a registration buys; the secret is shown this once."""
+
+    runner_id: str
+    secret: str
+    name: str
+
+
+class HeartbeatHints(BaseModel):
+    """How often the server wants to hear from the runner."""
+
+    heartbeat_seconds: int
+    lost_after_seconds: int
+
+
+class Rotated(BaseModel):
+    """A runner's new secret; the old one stops working now."""
+
+    runner_id: str
+    secret: str
+
+
+class Leased(BaseModel):
+    """A dispatch now leased to the polling runner."""
+
+    dispatch: DispatchRecord
+
+
+class Renewed(BaseModel):
+    """The new end of the lease."""
+
+    lease_expires_at: str
+
+
+class Reported(BaseModel):
+    """What the server made of a result: ``succeeded``, ``failed`` or ``pending`` (offered
+    again)."""
+
+    status: str
+
+
+class ErrorAnswer(BaseModel):
+    """Every refusal: what is wrong and what to do."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One ``POST /runner/v1/<name>`` endpoint."""
+
+    summary: str
+    body: type[BaseModel]
+    answers: Mapping[int, type[BaseModel] | None]
+    authenticated: bool = True
+    errors: tuple[int, ...] = field(default=(400, 401, 413, 503))
+
+
+ENDPOINTS: Mapping[str, Endpoint] = {
+    "register": Endpoint(
+        "Exchange a registration token for a runner id and secret.",
+        RegisterBody,
+        {201: Registered},
+        authenticated=False,
+    ),
+    "heartbeat": Endpoint(
+        "Report liveness, capacity and what the runner serves.",
+        HeartbeatBody,
+        {200: HeartbeatHints},
+    ),
+    "rotate": Endpoint("Replace this runner's secret.", EmptyBody, {200: Rotated}),
+    "poll": Endpoint(
+        "Long-poll for the next dispatch this runner may take; leases it.",
+        PollBody,
+        {200: Leased, 204: None},
+    ),
+    "renew": Endpoint(
+        "Extend the lease of a dispatch being applied.",
+        RenewBody,
+        {200: Renewed},
+        errors=(400, 401, 409, 413, 503),
+    ),
+    "results": Endpoint(
+        "Report what the runner did with a leased dispatch.",
+        ResultBody,
+        {200: Reported},
+        errors=(400, 401, 404, 409, 413, 503),
+    ),
+}
