@@ -1,7 +1,7 @@
 """Count store operations at the adapter boundary, with no change to production code.
 
 ``install(counts)`` wraps every store adapter ``looprelay.app.local.LocalStack`` opens through
-``looprelay.app.stores`` (the ledger/event store, the work-item store, the runner registry) in a
+``looprelay.app.adapters`` (the ledger/event store, the work-item store, the runner registry) in a
 proxy that counts each port call as a read (``get_*``, ``list_*``, ``find_*``) or a write
 (anything else). Beneath it:
 
@@ -37,7 +37,7 @@ _FACTORIES = (
     ("open_work_item_store", "WorkItemStore"),
     ("open_runner_registry", "RunnerRegistry"),
 )
-"""The store factories of ``looprelay.app.stores``; wrapped there and wherever imported."""
+"""The store factories of ``looprelay.app.adapters``; wrapped there and wherever imported."""
 _IMPORTERS = ("looprelay.app.compose", "looprelay.app.services")
 
 
@@ -185,13 +185,13 @@ def _wrapping_all(opener: Callable[..., Any], counts: OpCounts) -> Callable[...,
 def install(counts: OpCounts) -> Callable[[], None]:
     """Wrap the store factories ``LocalStack`` uses; returns a function that unwraps them.
 
-    ``looprelay.app.stores.open_stores`` (all three adapters at once) is wrapped where it is defined
-    and where it was imported; the single factories only where they were imported by name
+    ``looprelay.app.adapters.open_stores`` (all three adapters at once) is wrapped where it is
+    defined and where it was imported; the single factories only where they were imported by name
     (``open_stores`` calls them for Firestore, and must not count twice). Raises
     ``RuntimeError`` when the factories moved (the wrapping would count nothing)."""
     import importlib
 
-    stores = importlib.import_module("looprelay.app.stores")
+    stores = importlib.import_module("looprelay.app.adapters")
     importers = [importlib.import_module(name) for name in _IMPORTERS]
     undo: list[Callable[[], None]] = []
 
@@ -203,7 +203,9 @@ def install(counts: OpCounts) -> Callable[[], None]:
                 undo.append(functools.partial(setattr, module, attribute, original))
 
     if not hasattr(stores, "open_stores") or not all(hasattr(stores, a) for a, _ in _FACTORIES):
-        raise RuntimeError("looprelay.app.stores changed its factories; update bench/storecount.py")
+        raise RuntimeError(
+            "looprelay.app.adapters changed its factories; update bench/storecount.py"
+        )
     patch([stores, *importers], "open_stores", _wrapping_all(stores.open_stores, counts))
     for attribute, port in _FACTORIES:
         patch(importers, attribute, _wrapping(getattr(stores, attribute), port, counts))

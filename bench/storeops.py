@@ -38,14 +38,14 @@ from loadrig import AUTO_EXECUTE_LABEL, free_port  # noqa: E402
 from loadrun import FIXTURE  # noqa: E402
 from storecount import OpCounts, install  # noqa: E402
 
+from looprelay.app.adapters import open_runner_registry  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
-from looprelay.app.stores import open_runner_registry  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.core.tasknames import delivery_task_name  # noqa: E402
 from looprelay.datadir import WEBHOOK_SECRET_FILE, WORKER_TOKEN_FILE, read_secret  # noqa: E402
-from looprelay.service.runner_secrets import runner_bearer  # noqa: E402
 from looprelay.service.runners import mint_registration_token  # noqa: E402
+from looprelay.wire.runner_api import runner_bearer  # noqa: E402
 
 REPEATS = 20
 BOT = "looprelay"

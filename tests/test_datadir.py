@@ -17,8 +17,7 @@ import pytest
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.adapters.sqlite.store import SqliteStore
-from looprelay.app.queues import open_queue
-from looprelay.app.stores import open_stores
+from looprelay.app.adapters import open_queue, open_stores
 from looprelay.config.model import Config, load_config
 from looprelay.config.secrets import webhook_secrets_from_env
 from looprelay.core.model import DeliveryRecord

@@ -34,9 +34,8 @@ from looprelay.service.lease_desk import (
     LeaseDesk,
 )
 from looprelay.service.results import Progress
-from looprelay.service.runner_secrets import runner_bearer
 from looprelay.service.runners import RunnerApi, mint_registration_token
-from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody
+from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub

@@ -17,8 +17,8 @@ from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.agent.credentials import Credentials, write_credentials
 from looprelay.agent.start import RunnerOptions, build_agent
 from looprelay.config.model import RunnersConfig
-from looprelay.service.runner_secrets import runner_bearer
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.wire.runner_api import runner_bearer
 from tests.app_server import AppServer
 from tests.fake_harness import FakeHarness
 from tests.gitrepos import offline_github

@@ -20,7 +20,7 @@ from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
-from looprelay.core.model import DispatchRecord
+from looprelay.wire.runner_api import Dispatch
 from tests import dispatches
 from tests.gitrepos import GitRepos, offline_github
 
@@ -45,7 +45,7 @@ WORK_ITEM = "github:octo/repo#15"
 SESSION = "loop-github-octo-repo-15"
 
 
-def make_dispatch(**fields: Any) -> DispatchRecord:
+def make_dispatch(**fields: Any) -> Dispatch:
     """A dispatch for ``github:octo/repo#15``'s own session; ``fields`` override any part."""
     defaults: dict[str, Any] = {
         "dispatch_id": f"d-{uuid.uuid4().hex[:8]}",
@@ -54,7 +54,8 @@ def make_dispatch(**fields: Any) -> DispatchRecord:
         "prompt": "Work on github:octo/repo#15",
         "created_at": datetime.now(UTC),
     }
-    return dispatches.make_dispatch(repository="octo/repo", number=15, **{**defaults, **fields})
+    record = dispatches.make_dispatch(repository="octo/repo", number=15, **{**defaults, **fields})
+    return Dispatch.from_record(record)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from looprelay.agent.start import LEDGER_FILE
-from looprelay.app.stores import open_store, open_work_item_store
+from looprelay.app.adapters import open_store, open_work_item_store
 from looprelay.cli.sender import post_delivery
 from looprelay.config.model import Config, load_config
 from looprelay.core.model import DeliveryRecord, DispatchRecord

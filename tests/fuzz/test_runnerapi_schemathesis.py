@@ -27,8 +27,8 @@ from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.config.model import RunnersConfig
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
-from looprelay.service.runner_secrets import runner_bearer
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.wire.runner_api import runner_bearer
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fuzz.budget import examples

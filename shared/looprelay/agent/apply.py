@@ -1,9 +1,9 @@
-"""Applying one dispatch the agent holds: exactly what it names, at most once (SPEC §3).
+"""Applying one dispatch the agent holds: exactly what it names, at most once.
 
 No HTTP here: a dispatch comes in, an :class:`ApplyResult` goes out, and the local ledger keeps
 the two together so a restart reports instead of re-applying.
 
-Scenario (tmux, the-loop E2/E3 and scenario 36), for ``spawn`` and ``deliver`` alike:
+Scenario (tmux), for ``spawn`` and ``deliver`` alike:
   - the session's pane is live         -> paste the prompt into it (``delivered``);
   - it is dead or missing              -> (re)spawn it with the prompt as boot prompt,
     ``--resume <id>`` for a deliver or a ``resume: true`` spawn (``spawned``, ``resumed``);
@@ -26,9 +26,9 @@ from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
 from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
 from looprelay.agent.workspaces import Checkout
-from looprelay.core.model import DISPATCH_KINDS, MAX_DETAIL_CHARS, DispatchRecord
 from looprelay.core.replies import failure_note
 from looprelay.errors import RunnerError
+from looprelay.wire.runner_api import DISPATCH_KINDS, MAX_DETAIL_CHARS, Dispatch
 
 SPAWNED, DELIVERED, DONE, FAILED = "spawned", "delivered", "done", "failed"
 RUNNER_KINDS = ("tmux", "process")
@@ -97,7 +97,7 @@ class Applier:
         """The runner's own extra argv per harness."""
         return self.preparer.harness_args
 
-    def apply(self, dispatch: DispatchRecord) -> ApplyResult:
+    def apply(self, dispatch: Dispatch) -> ApplyResult:
         """Apply ``dispatch`` once and return its result; a seen dispatch returns its old result.
 
         One stuck half-way by a crash is reported ``failed``/``interrupted``, never redone. Every
@@ -122,7 +122,7 @@ class Applier:
         self.ledger.record_result(prior.dispatch_id, result.to_record())
         return result
 
-    def _apply(self, d: DispatchRecord) -> ApplyResult:
+    def _apply(self, d: Dispatch) -> ApplyResult:
         _check(d)
         if d.kind in ("pause", "resume"):
             return ApplyResult(DONE, detail=f"{d.kind}: nothing to do on the runner")
@@ -137,7 +137,7 @@ class Applier:
         local = self.ledger.session(d.session_name)
         return self._host(d, stored_id=local.session_id if local else d.session_id, resume=True)
 
-    def _host(self, d: DispatchRecord, *, stored_id: str, resume: bool) -> ApplyResult:
+    def _host(self, d: Dispatch, *, stored_id: str, resume: bool) -> ApplyResult:
         name, state = d.session_name, self.terminal.pane_dead(d.session_name)
         if state is False:  # scenario 36: a live occupant gets the paste
             self.terminal.paste(name, d.prompt)
@@ -183,7 +183,7 @@ class Applier:
             events=tuple(note.to_record() for note in notes),
         )
 
-    def _terminate(self, d: DispatchRecord) -> ApplyResult:
+    def _terminate(self, d: Dispatch) -> ApplyResult:
         if d.runner_kind == "process":
             return ApplyResult(DONE, detail="no process runs between headless turns")
         outcome = self.terminal.terminate_harness(d.session_name, self.kill_grace_seconds)
@@ -193,7 +193,7 @@ class Applier:
         detail = f"harness {outcome}; tmux session {'kept' if keep else 'killed'}"
         return ApplyResult(DONE, detail=detail, tmux_target=d.session_name if keep else "")
 
-    def _cleanup(self, d: DispatchRecord) -> ApplyResult:
+    def _cleanup(self, d: Dispatch) -> ApplyResult:
         sessions = self.ledger.sessions_for(d.work_item)
         names = sorted({s.session_name for s in sessions} | {d.session_name})
         for name in names:
@@ -216,7 +216,7 @@ class Applier:
             events=tuple(note.to_record() for note in notes),
         )
 
-    def _headless(self, d: DispatchRecord) -> ApplyResult:
+    def _headless(self, d: Dispatch) -> ApplyResult:
         binary = harness.resolve_binary(d.harness)
         prepared = self.preparer.prepare(d, trust=False)  # no trust dialog without a TUI
         checkout, events = prepared.checkout, tuple(n.to_record() for n in prepared.notes)
@@ -267,7 +267,7 @@ class Applier:
             events=events,
         )
 
-    def _remember(self, d: DispatchRecord, session_id: str, checkout: Checkout) -> None:
+    def _remember(self, d: Dispatch, session_id: str, checkout: Checkout) -> None:
         self.ledger.remember(
             LocalSession.from_dispatch(
                 d, session_id=session_id, checkout=checkout.path, created_checkout=checkout.created
@@ -275,7 +275,7 @@ class Applier:
         )
 
 
-def _check(d: DispatchRecord) -> None:
+def _check(d: Dispatch) -> None:
     if d.kind not in DISPATCH_KINDS or d.runner_kind not in RUNNER_KINDS:
         raise RunnerError(
             f"cannot apply {d.kind!r} by {d.runner_kind!r}", reason="invalid-dispatch"

@@ -7,9 +7,8 @@ from typing import Any
 import requests
 
 from looprelay.agent.credentials import Credentials
-from looprelay.core.model import DispatchRecord
 from looprelay.errors import Transient, Unauthorized
-from looprelay.service.runner_secrets import runner_bearer
+from looprelay.wire.runner_api import Dispatch, runner_bearer
 
 CALL_TIMEOUT_SECONDS = 15.0
 """Budget of every call but the long poll, which gets its wait plus this."""
@@ -31,14 +30,14 @@ class RunnerClient:
         """Report liveness and capacity; returns the server's timing hints."""
         return self._call("heartbeat", status).json() or {}
 
-    def poll(self, wait_seconds: float) -> DispatchRecord | None:
+    def poll(self, wait_seconds: float) -> Dispatch | None:
         """Wait up to ``wait_seconds`` for a dispatch leased to this runner."""
         response = self._call(
             "poll", {"wait_seconds": wait_seconds}, timeout=wait_seconds + CALL_TIMEOUT_SECONDS
         )
         if response.status_code == 204:
             return None
-        return DispatchRecord.model_validate(response.json()["dispatch"])
+        return Dispatch.model_validate(response.json()["dispatch"])
 
     def renew(self, dispatch_id: str) -> None:
         """Extend the lease; raises ``LeaseLost`` when it passed to another runner."""

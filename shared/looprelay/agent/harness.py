@@ -1,4 +1,4 @@
-"""Each harness's argv, as pure functions, and its binary on PATH (SPEC §3, the-loop E4).
+"""Each harness's argv, as pure functions, and its binary on PATH.
 
 Claude (``claude``) is hosted in tmux or run headless; ``cursor-agent`` only runs headless, because
 it cannot be hosted in a terminal the agent pastes into. The prompt is always the last argv
@@ -20,7 +20,7 @@ CLAUDE = "claude"
 CURSOR_AGENT = "cursor-agent"
 HARNESSES = (CLAUDE, CURSOR_AGENT)
 INTERACTIVE_HARNESSES = (CLAUDE,)
-"""Harnesses that can live in a tmux pane (the-loop E4: cursor cannot be hosted)."""
+"""Harnesses that can live in a tmux pane (cursor cannot be hosted)."""
 
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -60,7 +60,7 @@ def interactive_argv(
     prompt: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv of a harness hosted in tmux (the-loop E4).
+    """Return the argv of a harness hosted in tmux.
 
     Spawn: ``claude --session-id <uuid> [extra] <prompt>``; resume: ``claude --resume <uuid>
     [extra] <prompt>``. An empty prompt is left out. Raises ``RunnerError``
@@ -86,7 +86,7 @@ def headless_argv(
     prompt: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv of one headless turn (SPEC §3 process runner).
+    """Return the argv of one headless turn.
 
     ``claude -p --output-format json (--session-id|--resume) <uuid> [extra] <prompt>``;
     ``cursor-agent -p --output-format json [--resume <id>] [extra] <prompt>`` (cursor-agent picks
@@ -113,7 +113,7 @@ def headless_argv(
 def usable_session_id(stored: str, *, resume: bool, fresh: str) -> tuple[str, str]:
     """Return the id to start with and why it was replaced (empty when ``stored`` is usable).
 
-    SPEC §3: an id that is not a canonical UUID never reaches argv; ``fresh`` replaces it, with
+    An id that is not a canonical UUID never reaches argv; ``fresh`` replaces it, with
     reason ``resume-failed`` when a resume was asked for, else ``invalid-session-id``.
     """
     if is_session_id(stored):
@@ -151,5 +151,5 @@ def _prompt_tail(prompt: str) -> list[str]:
     prompt = prompt.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
     if not prompt:
         return []
-    # A leading '-' would parse as an option; a leading space cannot (SPEC §3: never a flag).
+    # A leading '-' would parse as an option; a leading space cannot (never a flag).
     return [" " + prompt if prompt.startswith("-") else prompt]

@@ -1,7 +1,7 @@
 """The agent's local ledger: each dispatch applied at most once, and the sessions it holds.
 
 One SQLite file in the agent's state directory, WAL, ``synchronous=FULL``: a claim is on disk
-before the side effect it guards starts (SPEC §3: apply each dispatch at most once).
+before the side effect it guards starts (apply each dispatch at most once).
 
 Scenario, for a paste:
   1. ``claim`` writes ``applying``   -> the paste happens -> ``record_result`` writes the result.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looprelay.core.model import DispatchRecord
+from looprelay.wire.runner_api import Dispatch
 
 APPLYING = "applying"
 RECORDED = "recorded"
@@ -73,7 +73,7 @@ class LocalSession:
 
     @classmethod
     def from_dispatch(
-        cls, dispatch: DispatchRecord, *, session_id: str, checkout: Path, created_checkout: bool
+        cls, dispatch: Dispatch, *, session_id: str, checkout: Path, created_checkout: bool
     ) -> LocalSession:
         """Return the record of the session ``dispatch`` names, as it now runs here."""
         return cls(

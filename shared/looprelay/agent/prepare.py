@@ -3,7 +3,7 @@ Claude's consent to run there (folder trust), each reported as a note for the ev
 
 The tree comes first and is required: without it there is nothing to work on, so a git failure
 fails the dispatch (``workspace-failed``). The skill and the trust are best effort, as the
-predecessor's were (D12): a failure is reported (``skill.install_failed``,
+predecessor's were: a failure is reported (``skill.install_failed``,
 ``workspace.trust_failed``) and the spawn goes ahead, because a session that shows a dialog is
 still one an operator can attach to and fix.
 """
@@ -18,10 +18,9 @@ from looprelay.agent import claude_config, harness
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.skill import install_skill
 from looprelay.agent.workspaces import Checkout, Workspaces
-from looprelay.core.model import DispatchRecord
 from looprelay.core.workitems import parse_ref
 from looprelay.errors import RunnerError
-from looprelay.wire.runner_api import MAX_AGENT_EVENT_VALUE_CHARS
+from looprelay.wire.runner_api import MAX_AGENT_EVENT_VALUE_CHARS, Dispatch
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class SessionPreparer:
     harness_args: Mapping[str, Sequence[str]]
     environ: Mapping[str, str] | None = None
 
-    def prepare(self, d: DispatchRecord, *, trust: bool) -> Preparation:
+    def prepare(self, d: Dispatch, *, trust: bool) -> Preparation:
         """Return ``d``'s session tree with the skill installed and, with ``trust``, Claude's
         folder trust accepted. Raises ``RunnerError`` when the tree cannot be had."""
         checkout, notes = self._checkout(d)
@@ -69,7 +68,7 @@ class SessionPreparer:
             notes += self._trust(checkout.path, self.harness_args.get(d.harness, ()))
         return Preparation(checkout, tuple(notes))
 
-    def usable_fresh_id(self, d: DispatchRecord, session_id: str, fresh: str) -> tuple[str, str]:
+    def usable_fresh_id(self, d: Dispatch, session_id: str, fresh: str) -> tuple[str, str]:
         """Return the id a fresh Claude spawn starts with, and a reason when it was swapped.
 
         Claude refuses an id it has a transcript for ("Session ID ... is already in use"), as
@@ -83,7 +82,7 @@ class SessionPreparer:
             return session_id, ""  # unreadable state: let Claude say so itself
         return (fresh, "session-id-in-use") if taken else (session_id, "")
 
-    def _checkout(self, d: DispatchRecord) -> tuple[Checkout, list[Note]]:
+    def _checkout(self, d: Dispatch) -> tuple[Checkout, list[Note]]:
         local = self.ledger.session(d.session_name)
         if local is not None and Path(local.checkout).is_dir():
             return Checkout(path=Path(local.checkout), created=local.created_checkout), []
@@ -122,7 +121,7 @@ class SessionPreparer:
         return [Note("workspace.trusted", {"cwd": str(directory), "applied": ", ".join(changed)})]
 
 
-def pull_request_number(d: DispatchRecord) -> int | None:
+def pull_request_number(d: Dispatch) -> int | None:
     """Return the PR number of a pull request's own session, None for a work item's session.
 
     Raises ``RunnerError`` ``invalid-dispatch`` for an endpoint that is not a ref.

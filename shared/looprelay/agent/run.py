@@ -22,10 +22,9 @@ from typing import Any
 from looprelay.agent.apply import Applier, ApplyResult
 from looprelay.agent.client import LeaseLost, RunnerClient
 from looprelay.agent.statedir import StateLock
-from looprelay.core.model import DispatchRecord
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import Transient, Unauthorized
-from looprelay.wire.runner_api import MAX_AGENT_EVENTS
+from looprelay.wire.runner_api import MAX_AGENT_EVENTS, Dispatch
 
 log = logging.getLogger("looprelay.agent")
 
@@ -47,7 +46,7 @@ class AgentState:
     def update(
         self,
         *,
-        hold: DispatchRecord | None = None,
+        hold: Dispatch | None = None,
         release: str | None = None,
         count: str | None = None,
         note: str | None = None,
@@ -147,7 +146,7 @@ class Agent:
             elif dispatch is not None:
                 self._handle(dispatch)
 
-    def _handle(self, dispatch: DispatchRecord) -> None:
+    def _handle(self, dispatch: Dispatch) -> None:
         self.state.update(hold=dispatch, count="leased", note="applying")
         done = threading.Event()
         renewer = threading.Thread(target=self._renew_loop, args=(dispatch, done), daemon=True)
@@ -159,7 +158,7 @@ class Agent:
         self._report(dispatch, result)
         self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
 
-    def _hand_back(self, dispatch: DispatchRecord) -> None:
+    def _hand_back(self, dispatch: Dispatch) -> None:
         """A dispatch that arrived after the drain began goes back untouched."""
         self._report(
             dispatch,
@@ -171,14 +170,14 @@ class Agent:
             ),
         )
 
-    def _renew_loop(self, dispatch: DispatchRecord, done: threading.Event) -> None:
+    def _renew_loop(self, dispatch: Dispatch, done: threading.Event) -> None:
         while not done.wait(self.lease_renew_seconds):
             try:
                 self.client.renew(dispatch.dispatch_id)
             except (Transient, LeaseLost) as exc:
                 log.warning("lease renewal of %s failed: %s", dispatch.dispatch_id, exc)
 
-    def _report(self, dispatch: DispatchRecord, result: ApplyResult) -> None:
+    def _report(self, dispatch: Dispatch, result: ApplyResult) -> None:
         """Report until the server answers; its own stop event is not the agent's, so a
         final report still goes out while draining (bounded by the second signal)."""
         body = {

@@ -1,6 +1,6 @@
 """The loop's Claude Code skill, installed into a directory sessions start in.
 
-Seed 001 R3.3: the artifact-iteration rule and the channel rule live in the skill, so they bind
+The artifact-iteration rule and the channel rule live in the skill, so they bind
 every session, a hand-started one included; the daemon prompt only restates them in one line.
 Claude Code finds a project skill at ``<cwd>/.claude/skills/<name>/SKILL.md``.
 

@@ -27,7 +27,7 @@ from looprelay.agent.children import Overran, run_child
 from looprelay.errors import ConfigError, RunnerError
 
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
-"""The only session names the agent touches (the-loop E6: never signal anything else)."""
+"""The only session names the agent touches (never signal anything else)."""
 POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 2.0  # how long a SIGKILLed harness may take to be reaped
 COMMAND_TIMEOUT_SECONDS = 10.0
@@ -100,7 +100,7 @@ class TmuxTerminal:
         """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
 
         remain-on-exit is set globally in the same tmux invocation that may start the server, so
-        even a harness that exits at once leaves a dead pane to read (offline-toolchain §5), and
+        even a harness that exits at once leaves a dead pane to read, and
         exit-empty off keeps the server up when a respawn kills its last session.
         Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a directory,
         ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
@@ -169,7 +169,7 @@ class TmuxTerminal:
         self._query("kill-session", "-t", f"={name}")
 
     def terminate_harness(self, name: str, grace_seconds: float) -> str:
-        """End the harness in ``name`` and keep the session (the-loop E6).
+        """End the harness in ``name`` and keep the session.
 
         SIGTERM the pane's process (only a positive pid), poll every ``POLL_SECONDS`` for
         ``grace_seconds``, then SIGKILL and wait up to ``KILL_WAIT_SECONDS``. Returns ``absent``,
@@ -193,7 +193,7 @@ class TmuxTerminal:
         raise RunnerError(f"the harness in {name} survived SIGKILL", reason="terminate-failed")
 
     def attach_command(self, name: str, *, read_only: bool = False) -> str:
-        """Return the shell command an operator runs to watch ``name`` (the-loop E7)."""
+        """Return the shell command an operator runs to watch ``name``."""
         _check_name(name)
         flag = " -r" if read_only else ""
         return f"tmux -L {shlex.quote(self.socket_name)} attach{flag} -t {name}"

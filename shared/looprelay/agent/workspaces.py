@@ -1,4 +1,4 @@
-"""Where a session runs: a git working tree of its own for every session (the-loop D13).
+"""Where a session runs: a git working tree of its own for every session.
 
 Layout under the workspace root (``--workspace``):
   - ``.repos/<owner>/<repo>.git``: one shared bare clone per repository (strategy ``worktree``);

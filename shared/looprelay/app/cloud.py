@@ -38,7 +38,7 @@ def build_ingress(config: Config, environ: Mapping[str, str]) -> Ingress:
             "github.webhookSecrets is empty: a cloud deployment needs at least one secret "
             "(the name of an environment variable wired from Secret Manager)"
         )
-    from looprelay.app.queues import open_queue
+    from looprelay.app.adapters import open_queue
     from looprelay.config.secrets import webhook_secrets_from_env
     from looprelay.service.ingress import Ingress
 
@@ -55,19 +55,18 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     Raises ``ConfigError`` when ``worker.oidc`` is unset: in the cloud only the queue's
     identity may call the worker.
     """
-    if config.worker.oidc is None:
-        raise ConfigError(
-            "worker.oidc is unset: set serviceAccountEmail and audience so only Cloud Tasks "
-            "can call the worker"
-        )
-    from looprelay.adapters.clock import SystemClock
-    from looprelay.adapters.gcp.oidc import OidcTaskAuthenticator
-    from looprelay.app.services import build_router, github_client
-    from looprelay.app.stores import open_store
+    from looprelay.app.adapters import (
+        github_client,
+        open_store,
+        queue_authenticator,
+        system_clock,
+    )
+    from looprelay.app.services import build_router
     from looprelay.service.worker import Worker
 
+    authenticator = queue_authenticator(config)
     store = open_store(config, data_dir=None)
-    clock = SystemClock()
+    clock = system_clock()
     router = build_router(
         config,
         store=store,
@@ -78,11 +77,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     )
     return Worker(
         store=store,
-        authenticator=OidcTaskAuthenticator(
-            audience=config.worker.oidc.audience,
-            service_account_email=config.worker.oidc.service_account_email,
-            platform_verifies_signature=config.worker.oidc.platform_verifies_signature,
-        ),
+        authenticator=authenticator,
         clock=clock,
         handler=router,
     )
@@ -91,15 +86,13 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
 def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
     """The runner API's handler, on the configured store; long polls look again every
     second, as no in-process signal reaches them from the worker function."""
-    from looprelay.adapters.clock import SystemClock
+    from looprelay.app.adapters import github_client, open_store, system_clock
     from looprelay.app.services import build_runner_api as wire
-    from looprelay.app.services import github_client
-    from looprelay.app.stores import open_store
 
     return wire(
         config,
         store=open_store(config, data_dir=None),
-        clock=SystemClock(),
+        clock=system_clock(),
         data_dir=None,
         github=github_client(config, environ),
         waker=None,
@@ -112,12 +105,11 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
     Raises ``ConfigError`` when GitHub App auth is not configured (``sweeper.app_github``):
     a cloud deployment refuses to start rather than fail every scheduled run.
     """
-    from looprelay.adapters.clock import SystemClock
-    from looprelay.app.stores import open_store
-    from looprelay.service.sweeper import SweepHandler, app_github
+    from looprelay.app.adapters import app_github, open_store, system_clock
+    from looprelay.service.sweeper import SweepHandler
 
     return SweepHandler(
         github=app_github(config.github, environ),
         store=open_store(config, data_dir=None),
-        clock=SystemClock(),
+        clock=system_clock(),
     )

@@ -34,7 +34,7 @@ from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:
     from looprelay.adapters.sqlite.queue import SqliteQueue
-    from looprelay.app.stores import OpenStores
+    from looprelay.app.adapters import OpenStores
     from looprelay.app.webhook import WebhookPressure
     from looprelay.ports import Store
     from looprelay.service.ingress import Ingress
@@ -202,14 +202,17 @@ def _build_local(
 def _open_local(
     config: Config, environ: Mapping[str, str], *, data_dir: Path, verify: bool, lock: IO[str]
 ) -> LocalApp:
-    from looprelay.adapters.clock import SystemClock
-    from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
-    from looprelay.adapters.sqlite.queue import SqliteQueue
+    from looprelay.app.adapters import (
+        github_client,
+        local_queue_authenticator,
+        open_local_queue,
+        open_stores,
+        system_clock,
+    )
     from looprelay.app.longpoll import runner_api_handler
-    from looprelay.app.services import build_router, build_runner_api, github_client
-    from looprelay.app.stores import open_stores
+    from looprelay.app.services import build_router, build_runner_api
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
-    from looprelay.datadir import QUEUE_FILE, WORKER_TOKEN_FILE, read_or_create_secret
+    from looprelay.datadir import WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ports import MAX_TASK_BYTES
     from looprelay.service.ingress import Ingress
     from looprelay.service.lease_desk import DispatchWaker
@@ -218,11 +221,9 @@ def _open_local(
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
-    queue = SqliteQueue(
-        data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
-    )
+    queue = open_local_queue(config, data_dir=data_dir)
     ingress = Ingress(secrets=secrets, queue=queue, config=config.webhook, verify=verify)
-    clock, waker = SystemClock(), DispatchWaker()
+    clock, waker = system_clock(), DispatchWaker()
     github = github_client(config, environ)
     runner_api = build_runner_api(
         config,
@@ -246,7 +247,7 @@ def _open_local(
     )
     worker = Worker(
         store=stores.store,
-        authenticator=SharedSecretAuthenticator(worker_token),
+        authenticator=local_queue_authenticator(worker_token),
         clock=clock,
         handler=router,
     )

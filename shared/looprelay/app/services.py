@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 
-from looprelay.app.stores import open_runner_registry, open_work_item_store
+from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
@@ -17,18 +16,6 @@ from looprelay.service.route import Router
 from looprelay.service.runners import RunnerApi
 
 log = logging.getLogger("looprelay.app.services")
-
-
-def github_client(config: Config, environ: Mapping[str, str]) -> GitHub | None:
-    """Return the GitHub client, or None when no credentials are configured (comments and
-    reactions are then skipped, routing still works). Raises ``ConfigError`` for credentials
-    named but missing."""
-    if config.github.app_id is None and config.github.token_env is None:
-        log.warning("github.appId/github.tokenEnv unset: no comments or reactions on GitHub")
-        return None
-    from looprelay.adapters.github.rest import GitHubRest
-
-    return GitHubRest.from_config(config.github, environ)
 
 
 def build_router(

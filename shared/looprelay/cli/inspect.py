@@ -53,7 +53,7 @@ def deliveries(
     ctx.obj = (config_path, data_dir)
     if ctx.invoked_subcommand is not None:
         return
-    from looprelay.app.stores import open_store
+    from looprelay.app.adapters import open_store
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     emit(
@@ -68,10 +68,17 @@ def deliveries(
 @click.pass_obj
 def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) -> None:
     """Send a failed delivery (a dead letter) through the worker again."""
+    from looprelay.app.adapters import open_queue, open_store
     from looprelay.service.replay import replay_delivery
 
     config_path, data_dir = obj
-    replay_delivery(load(config_path), data_dir=data_path(data_dir), delivery_id=delivery_id)
+    config, data = load(config_path), data_path(data_dir)
+    replay_delivery(
+        open_store(config, data_dir=data),
+        open_queue(config, data_dir=data),
+        delivery_id=delivery_id,
+        now=datetime.now(UTC),
+    )
     click.echo(f"{delivery_id}: queued again")
 
 
@@ -89,14 +96,13 @@ def deliveries_sweep(
 ) -> None:
     """Ask GitHub to redeliver the App's failed deliveries of the last 3 days that the ledger
     lacks (GitHub never retries them itself). Needs github.appId and github.privateKeyEnv."""
-    from looprelay.adapters.clock import SystemClock
-    from looprelay.app.stores import open_store
-    from looprelay.service.sweeper import app_github, sweep
+    from looprelay.app.adapters import app_github, open_store, system_clock
+    from looprelay.service.sweeper import sweep
 
     config = load(config_path or obj[0])
     store = open_store(config, data_dir=data_path(data_dir or obj[1]))
     github = app_github(config.github, os.environ)
-    report = sweep(github, store, SystemClock(), limit=limit, dry_run=dry_run)
+    report = sweep(github, store, system_clock(), limit=limit, dry_run=dry_run)
     for delivery, outcome in report.picked:
         stamp = delivery.delivered_at.isoformat()
         click.echo(f"{outcome}  {delivery.guid}  attempt {delivery.id}  {delivery.event}  {stamp}")
@@ -144,7 +150,7 @@ def events(
     --follow pages by each store's own sequence, so events written in the same instant are
     each printed once.
     """
-    from looprelay.app.stores import open_store
+    from looprelay.app.adapters import open_store
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
@@ -180,13 +186,9 @@ def queue_list(
     config_path: Path | None, data_dir: Path | None, state: str | None, as_json: bool
 ) -> None:
     """List the embedded queue's tasks."""
-    from looprelay.adapters.sqlite.queue import SqliteQueue
-    from looprelay.datadir import QUEUE_FILE
+    from looprelay.app.adapters import open_local_queue
 
-    config = load(config_path)
-    queue = SqliteQueue(
-        data_path(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
-    )
+    queue = open_local_queue(load(config_path), data_dir=data_path(data_dir))
     for task in queue.list_tasks(state):
         row = {
             "name": task.name,
@@ -203,13 +205,9 @@ def queue_list(
 @click.argument("name")
 def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> None:
     """Give a dead task a fresh set of attempts."""
-    from looprelay.adapters.sqlite.queue import SqliteQueue
-    from looprelay.datadir import QUEUE_FILE
+    from looprelay.app.adapters import open_local_queue
 
-    config = load(config_path)
-    queue = SqliteQueue(
-        data_path(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
-    )
+    queue = open_local_queue(load(config_path), data_dir=data_path(data_dir))
     if not queue.retry_dead(name):
         raise click.ClickException(f"{name} is not a dead task")
     click.echo(f"{name}: queued again")
@@ -226,7 +224,7 @@ def dispatches(
     its runner reported (result, and the detail: a failed turn's message first)."""
     from datetime import UTC, datetime, timedelta
 
-    from looprelay.app.stores import open_runner_registry, open_work_item_store
+    from looprelay.app.adapters import open_runner_registry, open_work_item_store
     from looprelay.core.model import DISPATCH_OPEN
     from looprelay.core.scheduling import is_live, waiting_reasons
     from looprelay.service.lease_desk import leasable_heads

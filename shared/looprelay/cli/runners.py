@@ -39,7 +39,7 @@ def runners_token(config_path: Path | None, data_dir: Path | None, ttl: str | No
     """Mint a single-use registration token; prints only the token."""
     from datetime import UTC, datetime, timedelta
 
-    from looprelay.app.stores import open_runner_registry
+    from looprelay.app.adapters import open_runner_registry
     from looprelay.service.runners import mint_registration_token
 
     config = load(config_path)
@@ -65,7 +65,7 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     runners.lostAfterSeconds) or revoked."""
     from datetime import UTC, datetime, timedelta
 
-    from looprelay.app.stores import open_runner_registry
+    from looprelay.app.adapters import open_runner_registry
     from looprelay.core.scheduling import is_live
 
     config = load(config_path)
@@ -92,7 +92,7 @@ def runners_revoke(config_path: Path | None, data_dir: Path | None, runner_id: s
     """Revoke a runner: its next call is refused and told to register again."""
     from datetime import UTC, datetime
 
-    from looprelay.app.stores import open_runner_registry
+    from looprelay.app.adapters import open_runner_registry
 
     registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))
     if not registry.revoke_runner(runner_id, at=datetime.now(UTC)):
@@ -106,7 +106,7 @@ def runners_revoke(config_path: Path | None, data_dir: Path | None, runner_id: s
 def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: str) -> None:
     """Give a runner a new secret; prints it once. Put it in the runner's credentials file
     (the "secret" field of runner.json): until then the runner is refused."""
-    from looprelay.app.stores import open_runner_registry
+    from looprelay.app.adapters import open_runner_registry
     from looprelay.service.runner_secrets import hash_credential, new_runner_secret
 
     registry = open_runner_registry(load(config_path), data_dir=data_path(data_dir))

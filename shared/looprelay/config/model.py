@@ -266,7 +266,7 @@ class PhaseConfig(_Section):
 
 
 class ControlConfig(_Section):
-    """Control keywords in comments (SPEC §2)."""
+    """Control keywords in comments."""
 
     require_start_command: bool = Field(
         default=True,
@@ -312,7 +312,7 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
 
 
 class RoutingConfig(_Section):
-    """Policy and routing in the worker (SPEC §2)."""
+    """Policy and routing in the worker."""
 
     authorized_users: list[str | int | AuthorizedUser] = Field(
         default_factory=list,

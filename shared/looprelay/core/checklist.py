@@ -1,9 +1,9 @@
 """The phase-selection checklist: render its rows, parse ticks, freeze the answer.
 
-When a work item starts, looprelay posts one checklist comment (SPEC §2, seed 003, C7): a row per
+When a work item starts, looprelay posts one checklist comment: a row per
 selectable phase, the surface row ``outer-loop-on-pull-request`` and three radio rows
 ``pr-sessions-*`` with the operator's default pre-ticked. An authorized reply carrying the
-execute keyword freezes whatever is ticked at that moment (C8-C12).
+execute keyword freezes whatever is ticked at that moment.
 
 Predecessor discrepancies fixed here (reference, "Observed discrepancies"):
 
@@ -70,7 +70,7 @@ class ChecklistRow:
 
 @dataclass(frozen=True)
 class GraphSelection:
-    """The frozen answer of one work item's phase-selection gate (C12).
+    """The frozen answer of one work item's phase-selection gate.
 
     ``source`` says which body answered: the execute ``reply``, looprelay's
     ``recorded-comment``, or ``default`` when neither carried a row of this checklist.
@@ -168,7 +168,7 @@ def freeze_selection(
     have checked the actor is authorized and that ``recorded_body`` was read by the comment id
     looprelay recorded when posting, never found by searching for a marker a third party can
     copy (discrepancy #3). A reply carrying any row of this checklist wins; else the recorded
-    body; else the checklist's defaults (C9). Raises ``ValueError`` for invalid phases, an empty
+    body; else the checklist's defaults. Raises ``ValueError`` for invalid phases, an empty
     actor or a naive time.
     """
     _check_phases(phases)
@@ -209,7 +209,7 @@ def _answering_rows(
 
 def _own_rows(rows: tuple[ChecklistRow, ...], known: set[str]) -> tuple[ChecklistRow, ...]:
     # Only rows of this checklist count, so an unrelated to-do list in a reply does not
-    # discard the ticks on looprelay's comment; any pr-sessions-* token counts (C11).
+    # discard the ticks on looprelay's comment; any pr-sessions-* token counts.
     return tuple(r for r in rows if r.token in known or r.token.startswith(PR_SESSIONS_PREFIX))
 
 

@@ -1,7 +1,7 @@
 """Control keywords in comments, arming by label, and the work item's control state.
 
 Keywords are read from comment and review bodies only, never from issue or PR descriptions
-(C2), and never from quoted lines or code (:func:`~looprelay.core.policy.strip_quotes_and_code`):
+, and never from quoted lines or code (:func:`~looprelay.core.policy.strip_quotes_and_code`):
 quoting an earlier "the-loop stop", or showing the syntax in backticks, does not run it again.
 """
 
@@ -25,7 +25,7 @@ from looprelay.core.policy import (
 
 
 class Command(StrEnum):
-    """What a keyword asks for (C1, minus the-loop's ``contribute`` and ``do``)."""
+    """What a keyword asks for (minus the-loop's ``contribute`` and ``do``)."""
 
     START = "start"
     STOP = "stop"
@@ -40,7 +40,7 @@ NEW_COMMENT_ACTIONS = frozenset({"created", "submitted"})
 """Fixes B10 / discrepancy 5: an edited, deleted or dismissed comment never runs a command."""
 ARMING_ACTIONS = frozenset({"opened", "reopened"})
 
-# Whole word (C2): not glued to a word character, '-', ':', '/' or '\' on either side, nor to a
+# Whole word: not glued to a word character, '-', ':', '/' or '\' on either side, nor to a
 # '.' that touches a word (`x.the-loop start`, `the-loop start.py`); `the-loop start.` counts.
 _BEFORE = r"(?<![\w\-:/\\])(?<!\w\.)"
 _AFTER = r"(?![\w\-:/\\])(?!\.\w)"
@@ -117,7 +117,7 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class CommandRecord:
-    """One recognised command, for the event log (C4's record)."""
+    """One recognised command, for the event log."""
 
     command: Command
     keyword: str
@@ -142,10 +142,10 @@ class ControlReading:
 def read_command(
     envelope: Envelope, *, keywords: Keywords, authorization: Authorization
 ) -> ControlReading:
-    """Read the control command in a comment or review event, if any (SPEC §2, C2-C4).
+    """Read the control command in a comment or review event, if any.
 
     Expects the envelope and the policy's decision on its actor. Only ``ALLOWED`` actors
-    command (C3: CI and close-only events never do). Checks in order: keywords present, a
+    command (CI and close-only events never do). Checks in order: keywords present, a
     new comment (fixes B10), an authorized actor, one distinct command. Never raises.
     """
     comment = envelope.comment
@@ -174,7 +174,7 @@ class Signal(StrEnum):
 
 
 def envelope_labels(envelope: Envelope) -> list[str]:
-    """Return the labels of the issue or pull request an event is on (B11)."""
+    """Return the labels of the issue or pull request an event is on."""
     if envelope.issue is not None:
         return envelope.issue.labels
     return envelope.pull_request.labels if envelope.pull_request else []
@@ -185,7 +185,7 @@ def read_signal(
 ) -> Signal | None:
     """Return ``CLOSE`` for a closed issue or PR, ``ARM`` when it gets the auto-execute label.
 
-    Expects ``routing.autoExecuteLabel`` (None or "" arms nothing; names compared exactly, B11)
+    Expects ``routing.autoExecuteLabel`` (None or "" arms nothing; names compared exactly)
     and the policy's decision. A close counts from anyone (``CLOSE_ONLY``); arming needs an
     ``ALLOWED`` actor, as arming alone may start a session. Never raises.
     """
@@ -216,7 +216,7 @@ class ControlState(StrEnum):
 class Action(StrEnum):
     """What to do to the work item's sessions: SPAWN its session; TERMINATE it (the checkout
     stays); PAUSE (hold events, not replayed) and RESUME; EXECUTE (freeze the phase selection and
-    hand the comment to the session, C5); CLEANUP (end every session, release local resources)."""
+    hand the comment to the session); CLEANUP (end every session, release local resources)."""
 
     SPAWN = "spawn"
     TERMINATE = "terminate"
@@ -248,9 +248,9 @@ class Transition(NamedTuple):
 # -> PAUSED, PAUSE (events held, not replayed). "the-loop resume", or another start: -> STARTED,
 # RESUME. "the-loop stop": -> STOPPED, TERMINATE; the item stays armed, so a later start spawns
 # again. The issue closes: -> IDLE (TERMINATE if a session runs), as closing clears the control
-# record (C6); reopening it labelled arms it again. "the-loop cleanup", from any state: -> CLEANED,
+# record; reopening it labelled arms it again. "the-loop cleanup", from any state: -> CLEANED,
 # CLEANUP; only a new label arms it again. A start on an item never armed, a resume with nothing
-# paused, a stop with nothing running: NoOp with a reason, state unchanged (C4, scenario 17).
+# paused, a stop with nothing running: NoOp with a reason, state unchanged.
 # With requireStartCommand off, arming is the start.
 _S, _C = ControlState, Command
 _ARMABLE = frozenset({_S.IDLE, _S.CLEANED, _S.STOPPED, _S.ARMED})

@@ -50,10 +50,10 @@ USER_ID_MISMATCH = "refused:user-id-mismatch"
 """The outcome of an event whose listed login carries another user id than its pin."""
 
 
-def decide(  # noqa: PLR0911 - one guard per rule, in the order SPEC §2 gives them
+def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
     situation: Situation, policy: RoutingPolicy, templates: Templates
 ) -> Decision:
-    """Decide what one delivery means for its work item (SPEC §2).
+    """Decide what one delivery means for its work item.
 
     Expects the loaded situation (the target work item chosen by the caller among
     ``names.refs``; for ``execute``, the current body of looprelay's own recorded checklist
@@ -128,7 +128,7 @@ def _ignored(detail: str, *notes: Note) -> Decision:
 
 
 def _linked(situation: Situation) -> WorkItemRecord:
-    """The target's record (new if needed) with this event's PRs recorded for good (B5)."""
+    """The target's record (new if needed) with this event's PRs recorded for good."""
     target = situation.target
     assert target is not None  # checked by decide
     item = situation.work_item or WorkItemRecord(
@@ -146,7 +146,7 @@ def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
     )
     if replayed is not None:
         # A queue retry of a command already applied (its first attempt saved and has not
-        # settled yet): report what it did, change nothing (SPEC §2 delivery ledger).
+        # settled yet): report what it did, change nothing.
         outcome, _, detail = replayed.effect.partition(":")
         return Decision(outcome or "ignored", detail or "command already applied")
     if command is Command.START and _carries_label(situation, plan.policy.auto_execute_label):
@@ -243,7 +243,7 @@ def _close(plan: Plan, situation: Situation, authorization: Authorization) -> De
     envelope = situation.envelope
     own = [ref.format() for ref in situation.names.own]
     if plan.item.ref not in own:
-        # A linked PR closing ends only a session of its own, never its work item's (C13).
+        # A linked PR closing ends only a session of its own, never its work item's.
         for pr in own:
             plan.end_session(pr)
         return _finish(

@@ -1,4 +1,4 @@
-"""The UNTRUSTED payload excerpt a prompt carries (F5, F6; SPEC §2 "Prompts").
+"""The UNTRUSTED payload excerpt a prompt carries.
 
 Everything in a GitHub payload that a person typed is untrusted: a commenter can write text that
 argues with the agent's instructions. The excerpt keeps that text as *data*:
@@ -18,7 +18,7 @@ argues with the agent's instructions. The excerpt keeps that text as *data*:
 - **Fence.** :func:`wrap_untrusted` puts it in a ```` ```json ```` fence between begin/end lines
   carrying a per-render boundary the caller draws at random (the core uses no randomness).
 
-Deliberately not inherited from the predecessor (F6): the per-field budget is no longer halved
+Deliberately not inherited from the predecessor: the per-field budget is no longer halved
 until the whole JSON fits; the caps are stated once and the remainder is bounded by the envelope.
 """
 

@@ -1,4 +1,4 @@
-"""The phase-selection gate (seed 003): the checklist comment, and freezing the selection."""
+"""The phase-selection gate: the checklist comment, and freezing the selection."""
 
 from __future__ import annotations
 

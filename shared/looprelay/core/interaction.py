@@ -1,13 +1,12 @@
 """Interaction mode: where a session takes its answers from, and the directive that says so.
 
-Seeds 000-002 (and F7, F8): ``routing.interaction.mode`` is ``work-item`` (the default) or
+Seeds 000-002 (and F7): ``routing.interaction.mode`` is ``work-item`` (the default) or
 ``cli``. The directive is constant text per mode, chosen by a closed enum and never built from
-payload data, so there is no path from a commenter's text into it (seed 001, security). Prompt
+payload data, so there is no path from a commenter's text into it (security). Prompt
 templates carry it in the ``interaction_directive`` variable; a template that does not use the
 variable gets the directive appended, so a template edit cannot drop the rule (abuse case 3).
 
-The mode stays deployment-wide as SPEC §2 says (predecessor discrepancy 6 is recorded, not
-changed: seed 001 puts a per-work-item mode out of scope).
+The mode is deployment-wide: a per-work-item mode is out of scope (docs/traceability.md).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ DEFAULT_MODE: Final[InteractionMode] = "work-item"
 PLACEHOLDER: Final = "interaction_directive"
 RUNNER_PROCESS: Final = "process"
 AGENT_COMMENT_MARKER: Final = "<!-- looprelay:agent-comment -->"
-"""Ends every comment a session posts, so loop prevention drops it (SPEC §2, scenario 8)."""
+"""Ends every comment a session posts, so loop prevention drops it."""
 
 _BY_NAME: Final[dict[str, InteractionMode]] = {mode: mode for mode in MODES}
 _WARNING_VALUE_CAP = 80
@@ -86,9 +85,9 @@ def resolve_mode(raw: object, *, runner_kind: str) -> ModeResolution:
     Strings are trimmed and lower-cased (``"  CLI "`` is ``cli``). None resolves to
     ``work-item`` silently: nothing was declared, so nothing is wrong. Any other value,
     ``""``, ``"terminal"``, ``7`` or a list included, resolves to ``work-item``, never ``cli``,
-    with a warning naming the value and the valid set (seed 001 R1.3, abuse case 2). ``cli``
+    with a warning naming the value and the valid set (abuse case 2). ``cli``
     with the headless ``process`` runner is kept, with a warning: nobody can answer in a pipe,
-    but the operator's declaration stands (seed 001 R1.6). Never raises.
+    but the operator's declaration stands. Never raises.
     """
     if raw is None:
         return ModeResolution(DEFAULT_MODE)
@@ -121,7 +120,7 @@ def needs_directive_appended(template_variables: AbstractSet[str]) -> bool:
 
     Expects the template's undeclared variables, as ``jinja2.meta.find_undeclared_variables``
     reports them (a parse, not a substring search, so a comment or string mentioning the name
-    does not count). True when :data:`PLACEHOLDER` is not among them (seed 001 R2.4). Never
+    does not count). True when :data:`PLACEHOLDER` is not among them. Never
     raises.
     """
     return PLACEHOLDER not in template_variables

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 MARKER_TAG = "looprelay:v1"
 LEGACY_MARKER = "<!-- the-loop:agent-comment -->"
-"""the-loop's marker (B7); sessions it set up may still write it, so it is dropped too."""
+"""the-loop's marker; sessions it set up may still write it, so it is dropped too."""
 _FIELD = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 _FIELD_RE = re.compile(_FIELD, re.ASCII)
 _MARKER = re.compile(rf"<!-- {MARKER_TAG} kind=(?P<kind>{_FIELD}) id=(?P<id>{_FIELD}) -->", re.A)

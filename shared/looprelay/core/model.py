@@ -15,7 +15,7 @@ RECEIVED = "received"
 """Ledger outcome of a delivery the worker has taken but not yet settled."""
 
 SETTLED_OUTCOMES = ("dispatched", "ignored", "failed")
-"""Settled outcomes besides ``refused:<reason>`` (SPEC §2, delivery ledger)."""
+"""Settled outcomes besides ``refused:<reason>`` (delivery ledger)."""
 
 MAX_DETAIL_CHARS = 2_000
 """Cap on the free-text ``detail`` of a ledger record, so no document can grow without bound."""
@@ -138,7 +138,7 @@ class SessionRecord(BaseModel):
 
 
 class GraphRecord(BaseModel):
-    """The frozen phase selection of a work item (seed 003); never changed once written."""
+    """The frozen phase selection of a work item; never changed once written."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,7 +1,7 @@
 """Who may drive looprelay: loop prevention, the App's own bot, authorized actors, and which
 words of a comment are its author's own (quotes and code are not).
 
-Order (SPEC §2, B12): an event is dropped first if it is looprelay's own doing (a comment or
+Order: an event is dropped first if it is looprelay's own doing (a comment or
 review body carrying the marker of :mod:`looprelay.core.markers`, or the App's bot as sender or
 author), then judged by its actor.
 """
@@ -97,7 +97,7 @@ def drop_reason(envelope: Envelope, *, bot_logins: Collection[str]) -> DropReaso
 
     Expects the App's bot login(s) (``looprelay[bot]``; a bare slug also matches its
     ``[bot]`` login), compared case-insensitively with the sender and any comment author.
-    The comment or review body is checked for the marker (B7), in full: a marker the
+    The comment or review body is checked for the marker, in full: a marker the
     envelope's cap cut off still counts (``Comment.marked``). Issue and PR descriptions are
     not checked, as they never carry commands. Never raises.
     """
@@ -122,12 +122,12 @@ def _bot_names(logins: Iterable[str]) -> frozenset[str]:
 
 
 class Authorization(StrEnum):
-    """What an event's actor may do (SPEC §2 "Authorized actors")."""
+    """What an event's actor may do."""
 
     ALLOWED = "allowed"
     """A listed actor: anything, commands and cleanup included."""
     DENIED = "denied"
-    """Drop the event (B8: ``unauthorized-actor``)."""
+    """Drop the event (``unauthorized-actor``)."""
     ID_MISMATCH = "id-mismatch"
     """A listed login carrying another user id than the one pinned to it (a released username
     taken by someone else): drop the event, and log it."""
@@ -272,7 +272,7 @@ def _user_entry(entry: object) -> str | int | UserPin:
 
 def event_actor(envelope: Envelope) -> Actor | None:
     """Return who acted: the comment or review author for those events, none for CI, else the
-    sender (B8).
+    sender.
 
     Expects an envelope. A comment event without an author has no actor. Never raises.
     """
@@ -307,7 +307,7 @@ def authorize(
     pinned: Mapping[str, int] = _NO_PINS,
     close_ends_session: CloseEndsSession = CloseEndsSession.AUTHORIZED,
 ) -> Authorization:
-    """Decide what the actor of ``envelope`` may do (SPEC §2, B8; logins compared
+    """Decide what the actor of ``envelope`` may do (logins compared
     case-insensitively, where the-loop compared them exactly).
 
     Expects the configured users, the first-sight pins of logins listed alone, and

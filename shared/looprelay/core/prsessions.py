@@ -1,8 +1,8 @@
 """Session per pull request: the shared vocabulary, its resolution and the endpoint choice.
 
-``routing.sessionPerPr`` is the operator's default (SPEC §2); the phase-selection checklist lets
-a work item freeze its own answer (seed 003, C11-C13). Both speak the three names below, which
-is why this module owns them and :mod:`looprelay.core.checklist` imports them (seed 003, C1).
+``routing.sessionPerPr`` is the operator's default; the phase-selection checklist lets
+a work item freeze its own answer. Both speak the three names below, which
+is why this module owns them and :mod:`looprelay.core.checklist` imports them.
 The tmux session name of an endpoint lives here too, because an endpoint is what gets a session.
 """
 
@@ -44,7 +44,7 @@ class EndpointChoice:
     """Which session receives a PR event, and why.
 
     ``declined`` is true when the PR qualified for its own session but the runner cannot give it
-    a checkout of its own; the caller records ``session.pr_session_declined`` (D8).
+    a checkout of its own; the caller records ``session.pr_session_declined``.
     """
 
     endpoint: Endpoint
@@ -81,8 +81,8 @@ def effective_session_per_pr(
 
     Expects the work item's frozen choice as read from its stored record (None when it never
     answered) and the operator's resolved default. A frozen choice that is exactly one of the
-    three modes wins for this work item only (seed 003 C5); anything else, such as a hand-edited
-    ``"sometimes"``, ``""`` or ``3``, is ignored and the default applies (C13, scenario 27).
+    three modes wins for this work item only; anything else, such as a hand-edited
+    ``"sometimes"``, ``""`` or ``3``, is ignored and the default applies.
     Never raises.
     """
     if isinstance(frozen_choice, str) and frozen_choice in _BY_NAME:
@@ -96,7 +96,7 @@ def is_cross_repository(
     """Tell whether a PR lives, even in part, outside the work item's repository.
 
     Expects ``owner/repo`` names. True when the PR's head repository (a fork) or its base
-    repository (the PR's own home, which the predecessor compared, C13) differs from the work
+    repository (the PR's own home, which the predecessor compared) differs from the work
     item's, compared case-insensitively as GitHub does. Unknown sides (a deleted fork's head is
     null in GitHub's payload) do not count as different. Never raises.
     """
@@ -121,13 +121,13 @@ def choose_endpoint(
     Expects the effective mode (see :func:`effective_session_per_pr`), the work item's ref and
     repository, and, for a PR event, the PR's ref and repositories. ``pr_checkout_available``
     says whether the runner can give the PR a working tree of its own (a workspace root, not the
-    work item's tree, on the PR's head branch, D8). Never raises.
+    work item's tree, on the PR's head branch). Never raises.
     """
 
-    # Scenario (C13, D8): no PR, or the PR is the work item → the work item's session.
+    # Scenario: no PR, or the PR is the work item → the work item's session.
     # `never` → the work item's session. `cross-repository` with a same-repository PR → the
     # work item's session. Otherwise the PR is a candidate: its own session when it can have
-    # its own checkout, else the work item's session, declined (scenario 28).
+    # its own checkout, else the work item's session, declined.
     def stay(reason: str, *, declined: bool = False) -> EndpointChoice:
         return EndpointChoice("work-item", work_item_ref, reason, declined)
 
@@ -175,7 +175,7 @@ def tmux_session_name(ref: str) -> str:
     """Return the tmux session name of an endpoint: ``loop-`` + :func:`session_slug`.
 
     Expects a non-empty ref. The name matches ``^loop-[A-Za-z0-9_-]+$`` and is at most
-    :data:`TMUX_NAME_MAX_CHARS` long (E1). Raises ``ValueError`` for an empty ref.
+    :data:`TMUX_NAME_MAX_CHARS` long. Raises ``ValueError`` for an empty ref.
     """
     return TMUX_SESSION_PREFIX + session_slug(ref)
 

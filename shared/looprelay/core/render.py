@@ -1,4 +1,4 @@
-"""Rendering prompts and comments from Jinja2 templates (SPEC §2, "Prompts").
+"""Rendering prompts and comments from Jinja2 templates ("Prompts").
 
 Bundled templates render in a plain environment; an operator's template renders sandboxed, so
 it can format data but not reach Python objects. Either way only the variables below exist,

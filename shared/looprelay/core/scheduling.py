@@ -1,4 +1,4 @@
-"""Which dispatch a polling runner gets (SPEC §3, "Affinity and targeting").
+"""Which dispatch a polling runner gets ("Affinity and targeting").
 
 Scenario: work item #7's session lives on runner A. Its next dispatch (seq 5) waits until seq 4
 is settled, then goes to A alone while A is live; if A falls silent past ``lostAfterSeconds``,

@@ -1,13 +1,13 @@
 """Work items: which issues and pull requests an event is about, and how a PR links to issues.
 
 A work item is ``github:owner/repo#N``; the host is written only off github.com
-(``github:ghe.example.com/owner/repo#N``), as in the-loop (B1). Owner, repository and host are
+(``github:ghe.example.com/owner/repo#N``), as in the-loop. Owner, repository and host are
 kept in lower case: GitHub resolves them case-insensitively, so ``Fixes octo/Repo#3`` and an
 event from ``Octo/repo`` must name the same work item (the-loop compared them as written).
 
-A pull request links to issues from three sources (SPEC §2, B3), in this order: its head branch
+A pull request links to issues from three sources, in this order: its head branch
 ``issue-<n>`` (same repository only), closing keywords in its body, and links recorded by earlier
-events. A link once recorded is never dropped (B5): :func:`merge_links` only adds.
+events. A link once recorded is never dropped: :func:`merge_links` only adds.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def repository_ref(repository: str, number: int, *, host: str = DEFAULT_HOST) ->
 
 
 class LinkSource(StrEnum):
-    """Why a pull request is linked to an issue (B4's provenance)."""
+    """Why a pull request is linked to an issue."""
 
     BRANCH = "branch"
     KEYWORD = "keyword"
@@ -140,7 +140,7 @@ class Link:
 
     @property
     def weak(self) -> bool:
-        """Named by the branch name alone, so possibly invented (B4: verify before spawning)."""
+        """Named by the branch name alone, so possibly invented (verify before spawning)."""
         return self.sources == {LinkSource.BRANCH}
 
 
@@ -158,7 +158,7 @@ class WorkItems:
 
     @property
     def refs(self) -> tuple[WorkItemRef, ...]:
-        """Every ref, linked issues first and the event's own last (SPEC §2)."""
+        """Every ref, linked issues first and the event's own last."""
         return self.linked_refs + self.own
 
 
@@ -204,7 +204,7 @@ def work_items(
     recorded: AbstractSet[WorkItemRef] = frozenset(),
     host: str = DEFAULT_HOST,
 ) -> WorkItems:
-    """Return the work items ``envelope`` names (SPEC §2, B2).
+    """Return the work items ``envelope`` names.
 
     Issue events name the issue (or, on a PR conversation, the PR); PR events name the PR and
     its linked issues; CI events name ``check.pull_requests``; anything else names nothing.
@@ -226,7 +226,7 @@ def work_items(
 def merge_links(
     recorded: AbstractSet[WorkItemRef], links: Iterable[Link]
 ) -> frozenset[WorkItemRef]:
-    """Return the recorded links plus the new ones: a PR once linked stays linked (B5).
+    """Return the recorded links plus the new ones: a PR once linked stays linked.
 
     Expects the set recorded so far and the links an event found. Never raises.
     """

@@ -1,4 +1,4 @@
-"""GitHub side effects as decoration: a failure is logged and recorded, never raised (D14)."""
+"""GitHub side effects as decoration: a failure is logged and recorded, never raised."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The webhook: raw HTTP in, a verified slim envelope on the queue, 202 out.
 
-Checks run cheapest first and each failure has one status code (SPEC §1). Nothing here runs
+Checks run cheapest first and each failure has one status code. Nothing here runs
 policy; it must answer well inside GitHub's 10-second budget.
 """
 

@@ -31,6 +31,7 @@ from looprelay.core.scheduling import (
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.wire.runner_api import (
+    Dispatch,
     Leased,
     PollBody,
     RenewBody,
@@ -185,7 +186,9 @@ class LeaseDesk:
         leased = self._lease_next(runner)
         if leased is None:
             return None
-        return json_response(200, Leased(dispatch=leased).model_dump(mode="json"))
+        return json_response(
+            200, Leased(dispatch=Dispatch.from_record(leased)).model_dump(mode="json")
+        )
 
     def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
         now = self._clock.now()

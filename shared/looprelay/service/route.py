@@ -3,7 +3,7 @@
 The decision is made by the pure core (``core.decide``) on what this module loads; the save is
 a compare-and-set, so two deliveries for one work item racing through two workers decide again
 on the fresh state instead of losing an update. GitHub side effects (comments, reactions) come
-after the save and are best effort: they never undo or fail a decision (SPEC §2, D14).
+after the save and are best effort: they never undo or fail a decision.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Router:
         bound: WorkItemRecord | None,
     ) -> tuple[WorkItemRef | None, WorkItemRecord | None]:
         """The first candidate with a record wins; else the first not named by a branch
-        name alone (B4: a branch can invent an issue number)."""
+        name alone (a branch can invent an issue number)."""
         if bound is not None:
             return parse_ref(bound.ref), bound
         for ref in refs:

@@ -43,11 +43,6 @@ def credential_matches(value: str, stored_hash: str) -> bool:
     return hmac.compare_digest(hash_credential(value), stored_hash)
 
 
-def runner_bearer(runner_id: str, secret: str) -> str:
-    """Return the ``Authorization`` header value a runner sends."""
-    return f"Bearer {runner_id}:{secret}"
-
-
 def parse_runner_bearer(header: str) -> tuple[str, str] | None:
     """Split ``Bearer <runner_id>:<secret>``; None when the header has another shape."""
     if not header.lower().startswith(_BEARER):

@@ -10,15 +10,13 @@ is harmless: ingress names the task after the delivery and the ledger settles it
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from looprelay.app.messages import Request, Response, json_response
-from looprelay.config.model import GitHubConfig
 from looprelay.core.model import EventRecord
 from looprelay.core.sweep import REDELIVERY_WINDOW, deliveries_to_redeliver, failed_deliveries
-from looprelay.errors import ConfigError, Permanent, Transient
+from looprelay.errors import Permanent, Transient
 from looprelay.ports import AppDelivery, Clock, GitHub, Store
 
 log = logging.getLogger("looprelay.service.sweeper")
@@ -51,24 +49,6 @@ class SweepReport:
 PICKED_OUTCOMES = ("redelivered", "refused", "failed", "not asked")
 """``refused``: GitHub answered a 4xx; ``failed``: try again later (the run stops there);
 ``not asked``: after a failure, or in a dry run."""
-
-
-def app_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHub:
-    """The GitHub client a sweep needs, with App auth: only the App itself (its JWT) may list
-    and redeliver its webhook deliveries.
-
-    Raises ``ConfigError`` when ``github.appId`` or ``github.privateKeyEnv`` is unset, and as
-    ``GitHubRest.from_config`` does (naming the variable) when the key is missing or unusable.
-    """
-    if config.app_id is None or not config.private_key_env:
-        raise ConfigError(
-            "the redelivery sweep needs GitHub App auth: set github.appId and "
-            "github.privateKeyEnv (the name of an environment variable holding the App's "
-            "private key); a token cannot list the App's deliveries"
-        )
-    from looprelay.adapters.github.rest import GitHubRest
-
-    return GitHubRest.from_config(config, environ)
 
 
 def sweep(

@@ -10,12 +10,24 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from looprelay.core.model import MAX_RUNNER_LABELS, DispatchRecord
+from looprelay.core.model import (
+    DISPATCH_KINDS,
+    MAX_DETAIL_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_RUNNER_LABELS,
+    DispatchRecord,
+)
 from looprelay.core.replies import MAX_REPLY_CHARS
+
+__all__ = [  # what a runner needs of the domain, so the agent imports only this module
+    "DISPATCH_KINDS",
+    "MAX_DETAIL_CHARS",
+]
 
 API_PREFIX = "/runner/v1/"
 MAX_BODY_BYTES = 1024 * 1024
@@ -182,10 +194,48 @@ class Rotated(BaseModel):
     secret: str
 
 
+class Dispatch(BaseModel):
+    """One thing a runner must do for one session, as the runner receives it.
+
+    The store's record (``core.model.DispatchRecord``) also holds what only the server needs:
+    status, results, GitHub's ids. The agent imports this type, never the store's.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    dispatch_id: str
+    delivery_id: str
+    work_item: str
+    endpoint: str
+    seq: int
+    kind: str
+    repository: str
+    session_name: str
+    session_id: str
+    harness: str = "claude"
+    runner_kind: str = "tmux"
+    interaction: str = "work-item"
+    prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    labels: dict[str, str] = Field(default_factory=dict)
+    resume: bool = False
+    """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
+    closing: bool = False
+    """For a cleanup: the work item closed (a runner may keep its checkout on close)."""
+    runner_id: str | None = None
+    attempts: int = 0
+    lease_expires_at: datetime | None = None
+    created_at: datetime
+
+    @classmethod
+    def from_record(cls, record: DispatchRecord) -> Dispatch:
+        """The runner's view of the store's ``record``."""
+        return cls.model_validate(record.model_dump(include=set(cls.model_fields)))
+
+
 class Leased(BaseModel):
     """A dispatch now leased to the polling runner."""
 
-    dispatch: DispatchRecord
+    dispatch: Dispatch
 
 
 class Renewed(BaseModel):
@@ -249,3 +299,9 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         errors=(400, 401, 404, 409, 413, 503),
     ),
 }
+
+
+def runner_bearer(runner_id: str, secret: str) -> str:
+    """Return the ``Authorization`` header value a runner sends (``service.runner_secrets``
+    parses it)."""
+    return f"Bearer {runner_id}:{secret}"
