@@ -289,7 +289,7 @@ variable "function_resources" {
 variable "queue_log_sampling_ratio" {
   type        = number
   default     = 1.0
-  description = "Share of Cloud Tasks attempts written to Cloud Logging (0 to 1). Every attempt is logged by default; at 100 deliveries a second that is about 260 GiB a month (docs/scaling.md), so lower it there."
+  description = "Share of Cloud Tasks attempts written to Cloud Logging (0 to 1). Every attempt is logged by default; at 100 deliveries a second that is about 240 GiB a month of Cloud Logging (docs/scaling.md), so lower it there."
 
   validation {
     condition     = var.queue_log_sampling_ratio >= 0 && var.queue_log_sampling_ratio <= 1
