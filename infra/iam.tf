@@ -90,9 +90,13 @@ resource "google_cloud_run_service_iam_member" "sweeper_invoker" {
 
 # Public on purpose: GitHub cannot present a Google identity, so the webhook authenticates each
 # delivery at the application layer (HMAC-SHA256 X-Hub-Signature-256 with the webhook secrets)
-# and refuses anything unsigned before reading it further.
+# and refuses anything unsigned before reading it further. Where domain restricted sharing
+# refuses allUsers, public_invoker_binding = false leaves both bindings out and the operator
+# turns off the two services' invoker IAM check instead (docs/deploy.md).
 resource "google_cloud_run_service_iam_member" "webhook_public" {
   #checkov:skip=CKV_GCP_102:GitHub cannot send a Google ID token; every delivery is authenticated by its HMAC-SHA256 signature in the function
+  count = var.public_invoker_binding ? 1 : 0
+
   project  = var.project
   location = google_cloudfunctions2_function.fn["webhook"].location
   service  = google_cloudfunctions2_function.fn["webhook"].name
@@ -105,6 +109,8 @@ resource "google_cloud_run_service_iam_member" "webhook_public" {
 # runner's id and secret (everything else), stored only as hashes.
 resource "google_cloud_run_service_iam_member" "runners_public" {
   #checkov:skip=CKV_GCP_102:runner agents have no Google identity; the runner API authenticates each call with the runner's secret or a registration token
+  count = var.public_invoker_binding ? 1 : 0
+
   project  = var.project
   location = google_cloudfunctions2_function.fn["runners"].location
   service  = google_cloudfunctions2_function.fn["runners"].name

@@ -17,8 +17,8 @@ locals {
     webhook = {
       entry_point     = "webhook"
       description     = "GitHub deliveries: verify the signature, enqueue, answer 202."
-      memory          = "512Mi"
-      cpu             = "1"
+      memory          = var.function_resources.webhook.memory
+      cpu             = var.function_resources.webhook.cpu
       timeout_seconds = 30
       concurrency     = var.request_concurrency.webhook
       max_instances   = var.max_instances.webhook
@@ -27,8 +27,8 @@ locals {
     worker = {
       entry_point     = "worker"
       description     = "Cloud Tasks target: route one delivery and settle it in the ledger."
-      memory          = "512Mi"
-      cpu             = "1"
+      memory          = var.function_resources.worker.memory
+      cpu             = var.function_resources.worker.cpu
       timeout_seconds = var.worker_timeout_seconds
       concurrency     = var.request_concurrency.worker
       max_instances   = var.max_instances.worker
@@ -37,8 +37,8 @@ locals {
     runners = {
       entry_point = "runners"
       description = "Runner API (/runner/v1/...): registration, long polls, leases, results."
-      memory      = "512Mi"
-      cpu         = "1"
+      memory      = var.function_resources.runners.memory
+      cpu         = var.function_resources.runners.cpu
       # Long polls are held up to 55 s (runners.pollWaitSeconds).
       timeout_seconds = 120
       concurrency     = var.request_concurrency.runners
@@ -48,8 +48,8 @@ locals {
     sweeper = {
       entry_point     = "sweeper"
       description     = "Cloud Scheduler target: redeliver failed GitHub deliveries the ledger lacks."
-      memory          = "512Mi"
-      cpu             = "1"
+      memory          = var.function_resources.sweeper.memory
+      cpu             = var.function_resources.sweeper.cpu
       timeout_seconds = 300
       concurrency     = 1
       max_instances   = var.max_instances.sweeper
@@ -60,30 +60,30 @@ locals {
   # The configuration every function loads (looprelay.config.model, LOOPRELAY__section__key = YAML
   # value). Values are JSON, which YAML reads back unchanged ("" stays a string).
   config_env = {
-    LOOPRELAY__github__apiUrl                        = jsonencode(var.github_api_url)
-    LOOPRELAY__github__appId                         = jsonencode(var.github_app_id)
-    LOOPRELAY__github__privateKeyEnv                 = jsonencode(var.github_app_key_env)
-    LOOPRELAY__github__webhookSecrets                = jsonencode(var.webhook_secret_names)
-    LOOPRELAY__routing__authorizedUsers              = jsonencode(var.authorized_users)
-    LOOPRELAY__routing__botLogins                    = jsonencode(var.bot_logins)
-    LOOPRELAY__store__backend                        = jsonencode("firestore")
-    LOOPRELAY__store__retentionDays                  = jsonencode(var.retention_days)
-    LOOPRELAY__store__firestore__project             = jsonencode(var.project)
-    LOOPRELAY__store__firestore__database            = jsonencode(var.firestore_database)
-    LOOPRELAY__store__firestore__collectionPrefix    = jsonencode(var.collection_prefix)
-    LOOPRELAY__queue__backend                        = jsonencode("cloudtasks")
-    LOOPRELAY__queue__retry__maxAttempts             = jsonencode(var.queue_max_attempts)
-    LOOPRELAY__queue__retry__minBackoffSeconds       = jsonencode(var.queue_min_backoff_seconds)
-    LOOPRELAY__queue__retry__maxBackoffSeconds       = jsonencode(var.queue_max_backoff_seconds)
-    LOOPRELAY__queue__retry__maxDoublings            = jsonencode(var.queue_max_doublings)
-    LOOPRELAY__queue__cloudtasks__project            = jsonencode(var.project)
-    LOOPRELAY__queue__cloudtasks__location           = jsonencode(var.region)
-    LOOPRELAY__queue__cloudtasks__queue              = jsonencode(google_cloud_tasks_queue.deliveries.name)
-    LOOPRELAY__queue__cloudtasks__workerUrl          = jsonencode(local.worker_url)
-    LOOPRELAY__queue__cloudtasks__serviceAccountEmail = jsonencode(google_service_account.tasks.email)
+    LOOPRELAY__github__apiUrl                             = jsonencode(var.github_api_url)
+    LOOPRELAY__github__appId                              = jsonencode(var.github_app_id)
+    LOOPRELAY__github__privateKeyEnv                      = jsonencode(var.github_app_key_env)
+    LOOPRELAY__github__webhookSecrets                     = jsonencode(var.webhook_secret_names)
+    LOOPRELAY__routing__authorizedUsers                   = jsonencode(var.authorized_users)
+    LOOPRELAY__routing__botLogins                         = jsonencode(var.bot_logins)
+    LOOPRELAY__store__backend                             = jsonencode("firestore")
+    LOOPRELAY__store__retentionDays                       = jsonencode(var.retention_days)
+    LOOPRELAY__store__firestore__project                  = jsonencode(var.project)
+    LOOPRELAY__store__firestore__database                 = jsonencode(var.firestore_database)
+    LOOPRELAY__store__firestore__collectionPrefix         = jsonencode(var.collection_prefix)
+    LOOPRELAY__queue__backend                             = jsonencode("cloudtasks")
+    LOOPRELAY__queue__retry__maxAttempts                  = jsonencode(var.queue_max_attempts)
+    LOOPRELAY__queue__retry__minBackoffSeconds            = jsonencode(var.queue_min_backoff_seconds)
+    LOOPRELAY__queue__retry__maxBackoffSeconds            = jsonencode(var.queue_max_backoff_seconds)
+    LOOPRELAY__queue__retry__maxDoublings                 = jsonencode(var.queue_max_doublings)
+    LOOPRELAY__queue__cloudtasks__project                 = jsonencode(var.project)
+    LOOPRELAY__queue__cloudtasks__location                = jsonencode(var.region)
+    LOOPRELAY__queue__cloudtasks__queue                   = jsonencode(google_cloud_tasks_queue.deliveries.name)
+    LOOPRELAY__queue__cloudtasks__workerUrl               = jsonencode(local.worker_url)
+    LOOPRELAY__queue__cloudtasks__serviceAccountEmail     = jsonencode(google_service_account.tasks.email)
     LOOPRELAY__queue__cloudtasks__dispatchDeadlineSeconds = jsonencode(var.worker_dispatch_deadline_seconds)
-    LOOPRELAY__worker__oidc__serviceAccountEmail     = jsonencode(google_service_account.tasks.email)
-    LOOPRELAY__worker__oidc__audience                = jsonencode(local.worker_url)
+    LOOPRELAY__worker__oidc__serviceAccountEmail          = jsonencode(google_service_account.tasks.email)
+    LOOPRELAY__worker__oidc__audience                     = jsonencode(local.worker_url)
     # Cloud Run's IAM check (tasks SA only, iam.tf) verifies the token and strips its
     # signature before the request reaches the worker, which then checks the claims.
     LOOPRELAY__worker__oidc__platformVerifiesSignature = "true"
@@ -118,6 +118,8 @@ locals {
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
+    # Project IAM grants (iam.tf) read and write the project's policy through Resource Manager.
+    "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "cloudtasks.googleapis.com",
     "firestore.googleapis.com",

@@ -21,9 +21,10 @@ resource "google_cloud_tasks_queue" "deliveries" {
     max_concurrent_dispatches = var.queue_max_concurrent_dispatches
   }
 
-  # Every attempt in Cloud Logging, for reading a delivery's retries next to its delivery_id.
+  # Attempts in Cloud Logging, for reading a delivery's retries next to its delivery_id: all of
+  # them by default; a share at scale, where the log volume costs (docs/scaling.md).
   stackdriver_logging_config {
-    sampling_ratio = 1.0
+    sampling_ratio = var.queue_log_sampling_ratio
   }
 
   depends_on = [google_project_service.enabled]

@@ -183,8 +183,8 @@ variable "queue_max_retry_duration_seconds" {
 
 variable "queue_max_dispatches_per_second" {
   type        = number
-  default     = 20
-  description = "Tasks the queue starts per second (Cloud Tasks allows at most 500)."
+  default     = 200
+  description = "Tasks the queue starts per second (Cloud Tasks allows at most 500). Twice 100 deliveries a second, so retries and GitHub's bursts drain."
 
   validation {
     condition     = var.queue_max_dispatches_per_second > 0 && var.queue_max_dispatches_per_second <= 500
@@ -194,8 +194,8 @@ variable "queue_max_dispatches_per_second" {
 
 variable "queue_max_concurrent_dispatches" {
   type        = number
-  default     = 20
-  description = "Tasks in flight at once (Cloud Tasks allows at most 5,000)."
+  default     = 500
+  description = "Tasks in flight at once (Cloud Tasks allows at most 5,000): the rate times the worker's time per task, 100/s x up to 5 s. Keep it at most max_instances.worker x request_concurrency.worker, or the excess waits in Cloud Run and fails with 429."
 
   validation {
     condition     = var.queue_max_concurrent_dispatches >= 1 && var.queue_max_concurrent_dispatches <= 5000
@@ -215,6 +215,9 @@ variable "worker_dispatch_deadline_seconds" {
 }
 
 # --- Function sizing ------------------------------------------------------------------------
+# Defaults are sized for 100 deliveries a second and 1,000 runners (docs/scaling.md shows the
+# arithmetic). A limit is a ceiling, not a reservation: with no minimum instances nothing is
+# billed while idle, so a small deployment pays nothing for the headroom.
 
 variable "worker_timeout_seconds" {
   type        = number
@@ -231,11 +234,19 @@ variable "max_instances" {
   })
   default = {
     webhook = 20
-    worker  = 20
+    worker  = 40
     runners = 10
     sweeper = 1
   }
-  description = "Most instances of each function."
+  description = "Most instances of each function. worker x request_concurrency.worker should reach queue_max_concurrent_dispatches, and runners x request_concurrency.runners the runner agents' open polls (one per unit of each agent's --capacity, 2 by default) plus heartbeats. The sweeper must stay at 1: two sweeps at once would redeliver the same failures twice."
+
+  validation {
+    condition = (
+      var.max_instances.sweeper == 1
+      && alltrue([for fn in ["webhook", "worker", "runners"] : var.max_instances[fn] >= 1 && var.max_instances[fn] <= 1000])
+    )
+    error_message = "max_instances.sweeper must be 1, and the others between 1 and 1000."
+  }
 }
 
 variable "request_concurrency" {
@@ -245,19 +256,61 @@ variable "request_concurrency" {
     runners = number
   })
   default = {
-    webhook = 16
-    worker  = 8
-    runners = 40
+    webhook = 32
+    worker  = 16
+    runners = 500
   }
-  description = "Requests one instance serves at once (runner long polls mostly wait); the sweeper serves one."
+  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds hundreds (Cloud Run allows 1,000)."
+
+  validation {
+    condition = alltrue([
+      for fn in ["webhook", "worker", "runners"] : var.request_concurrency[fn] >= 1 && var.request_concurrency[fn] <= 1000
+    ])
+    error_message = "request_concurrency values must be between 1 and 1000 (Cloud Run's per-instance maximum)."
+  }
+}
+
+variable "function_resources" {
+  type = object({
+    webhook = object({ memory = string, cpu = string })
+    worker  = object({ memory = string, cpu = string })
+    runners = object({ memory = string, cpu = string })
+    sweeper = object({ memory = string, cpu = string })
+  })
+  default = {
+    webhook = { memory = "1Gi", cpu = "1" }
+    worker  = { memory = "1Gi", cpu = "1" }
+    runners = { memory = "1Gi", cpu = "1" }
+    sweeper = { memory = "512Mi", cpu = "1" }
+  }
+  description = "Memory and vCPU of one instance of each function. A concurrency above 1 needs at least 1 vCPU. The webhook holds each request body (up to webhook.maxBodyBytes) while it checks it, so its memory bounds request_concurrency.webhook times that size."
+}
+
+variable "queue_log_sampling_ratio" {
+  type        = number
+  default     = 1.0
+  description = "Share of Cloud Tasks attempts written to Cloud Logging (0 to 1). Every attempt is logged by default; at 100 deliveries a second that is about 240 GiB a month of Cloud Logging (docs/scaling.md), so lower it there."
+
+  validation {
+    condition     = var.queue_log_sampling_ratio >= 0 && var.queue_log_sampling_ratio <= 1
+    error_message = "queue_log_sampling_ratio must be between 0 and 1."
+  }
+}
+
+# --- Public access ---------------------------------------------------------------------------
+
+variable "public_invoker_binding" {
+  type        = bool
+  default     = true
+  description = "Grant roles/run.invoker to allUsers on the webhook and the runner API. Set false where the organisation policy iam.allowedPolicyMemberDomains (domain restricted sharing) refuses allUsers, and disable those two services' invoker IAM check instead (docs/deploy.md)."
 }
 
 # --- Sweeper --------------------------------------------------------------------------------
 
 variable "sweeper_schedule" {
   type        = string
-  default     = "*/15 * * * *"
-  description = "Cron schedule of the redelivery sweep."
+  default     = "*/5 * * * *"
+  description = "Cron schedule of the redelivery sweep. Each run pages GitHub's delivery list (100 a page) back to the previous run: at 100 deliveries a second a 5-minute gap is 300 pages (docs/scaling.md)."
 }
 
 variable "sweeper_time_zone" {
