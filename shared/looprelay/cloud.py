@@ -85,6 +85,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         ),
         clock=clock,
         handler=router,
+        allowed_events=config.webhook.allowed_events(),
     )
 
 

@@ -93,7 +93,8 @@ class Store(Protocol):
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:
         """Return ledger records, newest first, optionally only one ``outcome`` (a
-        ``refused`` filter matches every ``refused:<reason>``)."""
+        ``refused`` or ``ignored`` filter also matches every ``refused:<reason>`` or
+        ``ignored:<reason>``)."""
         ...
 
     def append_event(self, event: EventRecord) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from looprelay.adapters.sqlite_common import SqliteDatabase, open_database, parse_utc_text, utc_text
 from looprelay.records import (
     MAX_DETAIL_CHARS,
+    REASONED_OUTCOMES,
     RECEIVED,
     DeliveryRecord,
     EventRecord,
@@ -143,11 +144,11 @@ class SqliteStore:
             rows = self._db.rows(
                 "SELECT * FROM deliveries ORDER BY received_at DESC LIMIT ?", (limit,)
             )
-        elif outcome == "refused":
+        elif outcome in REASONED_OUTCOMES:
             rows = self._db.rows(
-                "SELECT * FROM deliveries WHERE outcome LIKE 'refused:%'"
+                "SELECT * FROM deliveries WHERE outcome = ? OR outcome LIKE ?"
                 " ORDER BY received_at DESC LIMIT ?",
-                (limit,),
+                (outcome, f"{outcome}:%", limit),
             )
         else:
             rows = self._db.rows(

@@ -249,6 +249,7 @@ def _open_local(
         authenticator=SharedSecretAuthenticator(worker_token),
         clock=clock,
         handler=router,
+        allowed_events=config.webhook.allowed_events(),
     )
     blocking, pressure = Blocking(), WebhookPressure()
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))

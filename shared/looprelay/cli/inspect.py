@@ -19,13 +19,13 @@ DETAIL_SHOWN_CHARS = 200
 
 
 def _outcome(value: str | None) -> str | None:
-    from looprelay.records import is_valid_outcome
+    from looprelay.records import REASONED_OUTCOMES, is_valid_outcome
 
-    if value is None or value == "refused" or is_valid_outcome(value):
+    if value is None or value in REASONED_OUTCOMES or is_valid_outcome(value):
         return value
     raise click.BadParameter(
-        f"{value[:80]!r} is none of received, dispatched, ignored, failed, refused or "
-        "refused:REASON",
+        f"{value[:80]!r} is none of received, dispatched, ignored, ignored:REASON, pong, "
+        "failed, refused or refused:REASON",
         param_hint="--outcome",
     )
 
@@ -36,7 +36,8 @@ def _outcome(value: str | None) -> str | None:
     "--outcome",
     default=None,
     callback=lambda ctx, param, value: _outcome(value),
-    help="Only this outcome (received, dispatched, ignored, refused, refused:REASON, failed).",
+    help="Only this outcome (received, dispatched, ignored, ignored:event, pong, refused, "
+    "refused:REASON, failed).",
 )
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
