@@ -16,6 +16,7 @@ from looprelay.errors import ConfigError
 if TYPE_CHECKING:
     from looprelay.ingress import Ingress
     from looprelay.runnerapi import RunnerApi
+    from looprelay.statusview import StatusReader
     from looprelay.sweeper import SweepHandler
     from looprelay.worker import Worker
 
@@ -121,4 +122,22 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
         github=app_github(config.github, environ),
         store=open_store(config, data_dir=None),
         clock=SystemClock(),
+    )
+
+
+def build_status_reader(config: Config) -> StatusReader:
+    """The status page's reader, on the configured stores (served by the sweeper, which is
+    behind IAM)."""
+    from datetime import timedelta
+
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.statusview import StatusReader
+    from looprelay.stores import open_runner_registry, open_store, open_work_item_store
+
+    return StatusReader(
+        store=open_store(config, data_dir=None),
+        work_items=open_work_item_store(config, data_dir=None),
+        runners=open_runner_registry(config, data_dir=None),
+        clock=SystemClock(),
+        lost_after=timedelta(seconds=config.runners.lost_after_seconds),
     )

@@ -148,6 +148,11 @@ class WorkItemStore(Protocol):
         """Return the work item a pull request was linked to, or None."""
         ...
 
+    def list_work_items(self, *, limit: int = 100) -> list[WorkItemRecord]:
+        """Return at most ``limit`` work items, the most recently decided on first (never
+        decided on: last), for the operator's status view."""
+        ...
+
     def save_work_item(
         self,
         record: WorkItemRecord,

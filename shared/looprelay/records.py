@@ -140,6 +140,8 @@ class SessionRecord(BaseModel):
     status: str = "pending"
     """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
     runner_id: str | None = None
+    tmux_socket: str | None = None
+    """The tmux socket the runner reported at spawn (None: the runner's default one)."""
     spawned_at: datetime | None = None
     announced: bool = False
 

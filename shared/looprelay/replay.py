@@ -30,3 +30,45 @@ def replay_delivery(config: Config, *, data_dir: Path | None, delivery_id: str) 
     # A fresh name: the original is still inside the queue's dedup window.
     name = delivery_task_name(delivery_id, replay=int(now.timestamp()))
     open_queue(config, data_dir=data_dir).enqueue(Task(name=name, body=record.envelope.encode()))
+
+
+RETRY_ROUNDS = 8
+"""Compare-and-set rounds on a contended work item before a retry gives up."""
+
+
+def retry_dispatch(config: Config, *, data_dir: Path | None, dispatch_id: str) -> str:
+    """Queue an interrupted dispatch again under a new id, last in its work item's line;
+    return the new id. Runners see it on their next poll.
+
+    Raises ``ConfigError`` when the dispatch is unknown, was not interrupted, its session has
+    ended, or its work item stayed contended.
+    """
+    from looprelay.core.plan import retry_dispatch as plan_retry
+    from looprelay.records import EventRecord
+    from looprelay.stores import open_work_item_store
+
+    items = open_work_item_store(config, data_dir=data_dir)
+    dispatch = items.get_dispatch(dispatch_id)
+    if dispatch is None:
+        raise ConfigError(f"no dispatch {dispatch_id}; `looprelay dispatches --all` lists them")
+    for _ in range(RETRY_ROUNDS):
+        item = items.get_work_item(dispatch.work_item)
+        if item is None:
+            raise ConfigError(f"the work item {dispatch.work_item} of {dispatch_id} is gone")
+        now = datetime.now(UTC)
+        try:
+            updated, retried = plan_retry(item, dispatch, now=now)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if items.save_work_item(updated, expected_version=item.version, dispatches=[retried]):
+            open_store(config, data_dir=data_dir).append_event(
+                EventRecord(
+                    name="dispatch.retried",
+                    at=now,
+                    delivery_id=dispatch.delivery_id,
+                    work_item=dispatch.work_item,
+                    data={"dispatch_id": dispatch_id, "retry": retried.dispatch_id},
+                )
+            )
+            return retried.dispatch_id
+    raise ConfigError(f"the work item {dispatch.work_item} kept changing; try again")

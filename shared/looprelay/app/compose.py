@@ -7,6 +7,7 @@ Two shapes serve the same paths:
     POST /runner/v1/... runner agents (schema/runner-api.openapi.json)
     POST /sweeper       Cloud Scheduler's redelivery sweep (cloud only)
     GET  /healthz       liveness
+    GET  /status        the operator's status page, or its JSON (app/status.py)
 
 ``build_app(config, environ, data_dir=...)`` is ``looprelay up``'s: the data directory locked,
 the SQLite stores, the embedded queue (an enqueue is synced before its 202, and its
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, overload
 
@@ -175,11 +177,18 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             Endpoint(path, blocking(worker.handle), MAX_TASK_BYTES) for path in ("/", WORKER_PATH)
         ]
     else:
+        from looprelay.app.status import STATUS_PATH, status_handler
+
         sweeper = cloud.build_sweeper(config, environ)
         endpoints = [
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)
         ]
+        # The operator's status page rides on the one function that is behind IAM and reads
+        # the store: Cloud Run has authenticated every caller (docs/operations.md).
+        reader = cloud.build_status_reader(config)
+        handler = status_handler(reader.read, blocking, local_only=False)
+        endpoints.append(Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES))
     return build_asgi(endpoints)
 
 
@@ -206,16 +215,20 @@ def _open_local(
     from looprelay.adapters.embedded_queue import EmbeddedQueue
     from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
     from looprelay.app.longpoll import runner_api_handler
+    from looprelay.app.status import STATUS_PATH, status_handler, to_status
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
     from looprelay.datadir import QUEUE_FILE, WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ingress import Ingress
     from looprelay.leases import DispatchWaker
     from looprelay.ports import MAX_TASK_BYTES
+    from looprelay.secrets_env import operator_token_from_env
+    from looprelay.statusview import StatusReader
     from looprelay.stores import open_stores
     from looprelay.wiring import build_router, build_runner_api, github_client
     from looprelay.worker import Worker
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
+    operator_token = operator_token_from_env(config.server, environ)
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
     queue = EmbeddedQueue(
@@ -251,6 +264,14 @@ def _open_local(
         handler=router,
         allowed_events=config.webhook.allowed_events(),
     )
+    status = StatusReader(
+        store=stores.store,
+        work_items=stores.work_items,
+        runners=stores.runners,
+        clock=clock,
+        lost_after=timedelta(seconds=config.runners.lost_after_seconds),
+        command_args=("--data", str(data_dir)),
+    )
     blocking, pressure = Blocking(), WebhookPressure()
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
     cap = config.webhook.max_body_bytes
@@ -259,6 +280,12 @@ def _open_local(
             Endpoint(WEBHOOK_PATH, webhook, cap, _size_refusal(ingress)),
             Endpoint(WORKER_PATH, blocking(worker.handle), MAX_TASK_BYTES),
             Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
+            Endpoint(
+                STATUS_PATH,
+                status_handler(status.read, blocking, local_only=True, token=operator_token),
+                _HEALTH_MAX_BODY_BYTES,
+            ),
+            Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
             Endpoint(
                 RUNNER_PREFIX, runner_api_handler(runner_api, blocking), _runner_max_body_bytes()
             ),

@@ -216,18 +216,27 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     click.echo(f"{name}: queued again")
 
 
-@click.command("dispatches")
+@click.group("dispatches", invoke_without_command=True)
 @state_options
 @click.option("--all", "show_all", is_flag=True, help="Settled ones too, not only open ones.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
 def dispatches(
-    config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: Path | None,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """List dispatches; an open one no runner may take says why it waits, a settled one what
     its runner reported (result, and the detail: a failed turn's message first)."""
+    ctx.obj = (config_path, data_dir)
+    if ctx.invoked_subcommand is not None:
+        return
     from datetime import UTC, datetime, timedelta
 
-    from looprelay.core.scheduling import is_live, waiting_reasons
+    from looprelay.core.scheduling import is_live
+    from looprelay.core.status import explain_waits
     from looprelay.leases import leasable_heads
     from looprelay.records import DISPATCH_OPEN
     from looprelay.stores import open_runner_registry, open_work_item_store
@@ -239,13 +248,10 @@ def dispatches(
     lost_after = timedelta(seconds=config.runners.lost_after_seconds)
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
-    heads = leasable_heads(items, now=now)
-    waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
-    head_ids = {d.dispatch_id for d in heads}
+    open_rows = [d for d in rows if d.status in DISPATCH_OPEN]
+    waiting = explain_waits(open_rows, leasable_heads(items, now=now), runners, live=live)
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
-        if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
-            why = "after-earlier-dispatch-of-its-work-item"
         row = {
             "dispatch_id": dispatch.dispatch_id,
             "work_item": dispatch.work_item,
@@ -264,3 +270,21 @@ def dispatches(
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
             click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+
+
+@dispatches.command("retry")
+@click.argument("dispatch_id")
+@click.pass_obj
+def dispatches_retry(obj: tuple[Path | None, Path | None], dispatch_id: str) -> None:
+    """Queue an interrupted dispatch again, under a new id, after its work item's others.
+
+    A runner reports `interrupted` when it stopped half-way and cannot tell whether the
+    session got the text: attach to the session first, and retry only if it did not.
+    """
+    from looprelay.replay import retry_dispatch
+
+    config_path, data_dir = obj
+    new_id = retry_dispatch(
+        load(config_path), data_dir=data_path(data_dir), dispatch_id=dispatch_id
+    )
+    click.echo(f"{dispatch_id}: queued again as {new_id}")
