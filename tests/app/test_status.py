@@ -305,3 +305,20 @@ class TestStatusCommand:
             for row in (*from_cli[part], *from_page[part]):
                 row.pop("last_seen_at", None)
             assert from_cli[part] == from_page[part]
+
+
+def test_an_interrupted_dispatch_is_retried_by_the_command_the_page_gives(seeded: Seeded) -> None:
+    view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
+    [command] = [r["command"] for r in view["replays"] if r["id"] == "dp-cut"]
+    words = command.split()
+    assert words[:3] == ["looprelay", "dispatches", "retry"]
+
+    result = cli(*words[1:])
+
+    assert result.returncode == 0, result.stderr
+    new_id = result.stdout.split()[-1]
+    view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
+    retried = {d["dispatch_id"]: d for d in view["dispatches"]}[new_id]
+    assert (retried["kind"], retried["seq"], retried["status"]) == ("deliver", 4, "pending")
+    again = cli("dispatches", "--data", str(seeded.stack.data_dir), "retry", "dp-waiting")
+    assert again.returncode == 1 and "only those are retried" in again.stderr

@@ -66,13 +66,19 @@ def deliveries(
 
 @deliveries.command("replay")
 @click.argument("delivery_id")
+@state_options
 @click.pass_obj
-def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) -> None:
+def deliveries_replay(
+    obj: tuple[Path | None, Path | None],
+    delivery_id: str,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Send a failed delivery (a dead letter) through the worker again."""
     from looprelay.replay import replay_delivery
 
-    config_path, data_dir = obj
-    replay_delivery(load(config_path), data_dir=data_path(data_dir), delivery_id=delivery_id)
+    config = load(config_path or obj[0])
+    replay_delivery(config, data_dir=data_path(data_dir or obj[1]), delivery_id=delivery_id)
     click.echo(f"{delivery_id}: queued again")
 
 
@@ -274,8 +280,14 @@ def dispatches(
 
 @dispatches.command("retry")
 @click.argument("dispatch_id")
+@state_options
 @click.pass_obj
-def dispatches_retry(obj: tuple[Path | None, Path | None], dispatch_id: str) -> None:
+def dispatches_retry(
+    obj: tuple[Path | None, Path | None],
+    dispatch_id: str,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Queue an interrupted dispatch again, under a new id, after its work item's others.
 
     A runner reports `interrupted` when it stopped half-way and cannot tell whether the
@@ -283,8 +295,7 @@ def dispatches_retry(obj: tuple[Path | None, Path | None], dispatch_id: str) -> 
     """
     from looprelay.replay import retry_dispatch
 
-    config_path, data_dir = obj
-    new_id = retry_dispatch(
-        load(config_path), data_dir=data_path(data_dir), dispatch_id=dispatch_id
-    )
+    config = load(config_path or obj[0])
+    data = data_path(data_dir or obj[1])
+    new_id = retry_dispatch(config, data_dir=data, dispatch_id=dispatch_id)
     click.echo(f"{dispatch_id}: queued again as {new_id}")
