@@ -6,7 +6,7 @@
 #   runners  Firestore (this database only); the App key
 #   sweeper  Firestore (this database only); the App key
 #   tasks    the only invoker of the worker
-#   scheduler the only invoker of the sweeper
+#   scheduler the sweeper's invoker (and operator_members, for its status page)
 # Each function reads only its own secrets (secrets.tf). No identity gets a project-wide role
 # without a condition naming the database.
 
@@ -86,6 +86,19 @@ resource "google_cloud_run_service_iam_member" "sweeper_invoker" {
   service  = google_cloudfunctions2_function.fn["sweeper"].name
   role     = "roles/run.invoker"
   member   = google_service_account.scheduler.member
+}
+
+# Operators read the status page (GET /status) on the sweeper: the one function that reads the
+# store and is closed by IAM (docs/operations.md, "The status page"). It also lets them POST a
+# sweep, which `looprelay deliveries sweep` does anyway.
+resource "google_cloud_run_service_iam_member" "operator_status_reader" {
+  for_each = toset(var.operator_members)
+
+  project  = var.project
+  location = google_cloudfunctions2_function.fn["sweeper"].location
+  service  = google_cloudfunctions2_function.fn["sweeper"].name
+  role     = "roles/run.invoker"
+  member   = each.value
 }
 
 # Public on purpose: GitHub cannot present a Google identity, so the webhook authenticates each

@@ -8,6 +8,11 @@ output "runner_api_url" {
   value       = google_cloudfunctions2_function.fn["runners"].service_config[0].uri
 }
 
+output "sweeper_url" {
+  description = "The sweeper function; `<url>/status` is the status page (behind IAM: docs/operations.md)."
+  value       = google_cloudfunctions2_function.fn["sweeper"].service_config[0].uri
+}
+
 output "worker_url" {
   description = "Where Cloud Tasks posts, and the audience of its OIDC tokens."
   value       = local.worker_url

@@ -324,5 +324,5 @@ variable "sweeper_time_zone" {
 variable "operator_members" {
   type        = list(string)
   default     = []
-  description = "IAM members (user:, group:, serviceAccount:) who run the looprelay CLI against the cloud: Firestore access, and enqueue + act-as for `looprelay deliveries replay`."
+  description = "IAM members (user:, group:, serviceAccount:) who run the looprelay CLI against the cloud: Firestore access, enqueue + act-as for `looprelay deliveries replay`, and the sweeper's invoker role for the status page (GET /status)."
 }

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.local import LocalStack
 from looprelay.app.messages import Request
 from looprelay.app.server import LocalServer
@@ -32,8 +33,10 @@ from looprelay.config.model import (
 from looprelay.core.envelope import Envelope
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import delivery_task_name
+from looprelay.datadir import STORE_FILE
 from looprelay.service.ingress import Ingress
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
+from tests.fake_harness import wait_until
 from tests.samples import payload_bytes
 
 SECRET = b"ingress-test-secret"
@@ -198,21 +201,52 @@ class TestAccepted:
         envelope = Envelope.model_validate_json(receiver.held()[delivery_task_name("d-lone")])
         assert envelope.comment is not None and envelope.comment.body.startswith("\ufffd ")
 
-    def test_ping_gets_200_and_is_not_queued(self, receiver: Receiver) -> None:
+    def test_ping_gets_200_and_is_queued_for_the_ledger(self, receiver: Receiver) -> None:
         body = payload_bytes("ping")
-        assert receiver.post("POST", _headers(body, event="ping"), body) == (
-            200,
-            {"status": "pong"},
-        )
-        assert receiver.held() == {}
+        headers = _headers(body, event="ping", delivery="d-ping")
+        assert receiver.post("POST", headers, body) == (200, {"status": "pong"})
+        held = receiver.held()[delivery_task_name("d-ping")]
+        assert Envelope.model_validate_json(held).event == "ping"
 
-    def test_an_event_off_the_allow_list_is_acknowledged_and_ignored(
-        self, receiver: Receiver
+    @pytest.mark.parametrize("event", ["push", "projects_v2_item"])
+    def test_an_event_off_the_allow_list_is_acknowledged_and_queued_for_the_ledger(
+        self, receiver: Receiver, event: str
     ) -> None:
         body = payload_bytes("push")
-        status, answer = receiver.post("POST", _headers(body, event="push"), body)
-        assert (status, answer["status"]) == (202, "ignored")
-        assert receiver.held() == {}
+        headers = _headers(body, event=event, delivery="d-off-list")
+        assert receiver.post("POST", headers, body) == (
+            202,
+            {"status": "ignored", "delivery": "d-off-list"},
+        )
+        held = receiver.held()[delivery_task_name("d-off-list")]
+        assert Envelope.model_validate_json(held).event == event
+
+
+def test_every_delivery_github_lists_is_in_the_ledger_with_its_outcome(tmp_path: Path) -> None:
+    """GitHub's "Recent Deliveries" shows pings and events off the allow-list too: each one
+    can be looked up in the ledger by its delivery id, with what became of it."""
+    receiver = _embedded(tmp_path)
+    posted = next(receiver)
+    sent = {"d-ping": "ping", "d-push": "push", "d-projects": "projects_v2_item"}
+    for delivery, event in sent.items():
+        body = payload_bytes("ping" if event == "ping" else "push")
+        assert posted.post("POST", _headers(body, event=event, delivery=delivery), body)[0] < 300
+    store = SqliteStore(tmp_path / "data" / STORE_FILE)
+
+    def outcomes() -> dict[str, str] | None:
+        found = {d: store.get_delivery(d) for d in sent}
+        settled = {d: r.outcome for d, r in found.items() if r is not None and r.settled}
+        return settled if len(settled) == len(sent) else None
+
+    assert wait_until(outcomes, what="three settled deliveries") == {
+        "d-ping": "pong",
+        "d-push": "ignored:event",
+        "d-projects": "ignored:event",
+    }
+    ignored = store.list_deliveries(outcome="ignored")
+    assert {r.delivery_id for r in ignored} == {"d-projects", "d-push"}
+    store.close()
+    next(receiver, None)
 
 
 def _sha1_only(headers: dict[str, str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ import requests
 
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.messages import Request
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord
 from looprelay.errors import Transient, Unauthorized
@@ -399,3 +400,38 @@ class TestSharedSecretAuthenticator:
             SharedSecretAuthenticator(SECRET).authenticate(headers)
         assert refused.value.status == 401
         assert SECRET not in str(refused.value)
+
+
+class TestDeliveriesNotRouted:
+    """A ping and an event off ``webhook.events`` are in the ledger, never routed."""
+
+    @pytest.mark.parametrize(
+        ("event", "outcome"),
+        [("ping", "pong"), ("push", "ignored:event"), ("projects_v2_item", "ignored:event")],
+    )
+    def test_it_is_settled_without_the_handler(
+        self, tmp_path: Path, event: str, outcome: str
+    ) -> None:
+        store = SqliteStore(tmp_path / "store.db")
+        handler = ScriptedHandler(DISPATCHED)
+        worker = Worker(
+            store=store,
+            authenticator=SharedSecretAuthenticator(SECRET),
+            clock=FixedClock(NOW),
+            handler=handler,
+            allowed_events={"issue_comment"},
+        )
+        body = Envelope(delivery_id=DELIVERY_ID, event=event).model_dump_json().encode()
+        request = Request(
+            method="POST",
+            path="/worker",
+            headers={"authorization": f"Bearer {SECRET}"},
+            body=body,
+        )
+
+        assert worker.handle(request).status == 200
+
+        record = store.get_delivery(DELIVERY_ID)
+        assert record is not None and (record.event, record.outcome) == (event, outcome)
+        assert handler.calls == []
+        store.close()

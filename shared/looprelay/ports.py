@@ -93,7 +93,8 @@ class Store(Protocol):
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:
         """Return ledger records, newest first, optionally only one ``outcome`` (a
-        ``refused`` filter matches every ``refused:<reason>``)."""
+        ``refused`` or ``ignored`` filter also matches every ``refused:<reason>`` or
+        ``ignored:<reason>``)."""
         ...
 
     def append_event(self, event: EventRecord) -> None:
@@ -145,6 +146,11 @@ class WorkItemStore(Protocol):
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """Return the work item a pull request was linked to, or None."""
+        ...
+
+    def list_work_items(self, *, limit: int = 100) -> list[WorkItemRecord]:
+        """Return at most ``limit`` work items, the most recently decided on first (never
+        decided on: last), for the operator's status view."""
         ...
 
     def save_work_item(

@@ -144,7 +144,9 @@ class TestFiltersRefuseUnknownValues:
         assert says in result.output
         assert "Traceback" not in result.output
 
-    @pytest.mark.parametrize("outcome", ["refused", "refused:unauthorized-actor", "failed"])
+    @pytest.mark.parametrize(
+        "outcome", ["refused", "refused:unauthorized-actor", "failed", "ignored:event", "pong"]
+    )
     def test_known_outcomes_are_taken(self, tmp_path: Path, outcome: str) -> None:
         result = CliRunner().invoke(
             cli, ["deliveries", "--outcome", outcome, "--data", str(tmp_path)]

@@ -145,15 +145,19 @@ class TestDeliveryLedger:
         assert store.settle_delivery("bad", outcome="dispatched", detail="", at=later)
 
     def test_list_is_newest_first_and_filters_by_outcome(self, store: Store) -> None:
-        for index, outcome in enumerate(["dispatched", "failed", "refused:a", "refused:b"]):
+        outcomes = ["dispatched", "failed", "refused:a", "refused:b", "ignored", "ignored:event"]
+        for index, outcome in enumerate(outcomes):
             delivery_id = f"d-{index}"
             store.begin_delivery(_record(delivery_id, at=T0 + timedelta(seconds=index)))
             store.settle_delivery(delivery_id, outcome=outcome, detail="", at=T0)
         store.begin_delivery(_record("d-open", at=T0 + timedelta(seconds=10)))
         everything = [r.delivery_id for r in store.list_deliveries()]
-        assert everything == ["d-open", "d-3", "d-2", "d-1", "d-0"]
+        assert everything == ["d-open", "d-5", "d-4", "d-3", "d-2", "d-1", "d-0"]
         assert [r.delivery_id for r in store.list_deliveries(outcome="failed")] == ["d-1"]
         assert [r.delivery_id for r in store.list_deliveries(outcome="refused")] == ["d-3", "d-2"]
+        assert [r.delivery_id for r in store.list_deliveries(outcome="ignored")] == ["d-5", "d-4"]
+        ignored_event = store.list_deliveries(outcome="ignored:event")
+        assert [r.delivery_id for r in ignored_event] == ["d-5"]
         assert [r.delivery_id for r in store.list_deliveries(outcome="received")] == ["d-open"]
         assert len(store.list_deliveries(limit=2)) == 2
 

@@ -70,6 +70,19 @@ class TestWorkItems:
         assert work_item_store.get_work_items([]) == {}
         assert work_item_store.get_work_items(["github:octo/demo#999"]) == {}
 
+    def test_the_listing_is_newest_decision_first_and_bounded(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        """The status page lists the work items last decided on; one never decided on (no
+        ``updated_at``) comes last."""
+        for number, at in ((1, T0), (2, T0 + timedelta(minutes=5)), (3, None)):
+            record = _item(ref=f"github:octo/demo#{number}", number=number, updated_at=at)
+            assert work_item_store.save_work_item(record, expected_version=0)
+
+        listed = [item.ref for item in work_item_store.list_work_items()]
+        assert listed == ["github:octo/demo#2", "github:octo/demo#1", "github:octo/demo#3"]
+        assert [item.number for item in work_item_store.list_work_items(limit=1)] == [2]
+
     def test_a_rich_record_round_trips(self, work_item_store: WorkItemStore) -> None:
         record = _item(
             control="started",

@@ -367,6 +367,7 @@ class TestRenderPrompt:
         assert "A `issue_comment` event arrived" in text
 
     def test_the_attach_comment_names_the_socket_and_target(self) -> None:
+        session = "loop-github-codertocat-hello-world-1"
         text = render_comment(
             bundled_template(ATTACH_COMMENT),
             {
@@ -374,8 +375,7 @@ class TestRenderPrompt:
                 "runner_name": "laptop",
                 "harness": "claude",
                 "interaction": "work-item",
-                "tmux_socket": "looprelay",
-                "session_name": "loop-github-codertocat-hello-world-1",
+                "attach_command": f"tmux -L looprelay attach -t {session}",
             },
         )
         assert "tmux -L looprelay attach -t loop-github-codertocat-hello-world-1" in text

@@ -341,6 +341,14 @@ class TestFromACleanVenv:
         assert response.status_code == 200, served.output()
         assert response.json()["redelivered"] == 1
         assert fake_github.redelivered == [31]
+        # The operator's status page rides on this function, the one behind IAM.
+        page = requests.get(served.url + "/status", timeout=30)
+        assert page.status_code == 200, served.output()
+        assert "<title>looprelay status</title>" in page.text
+        view = requests.get(
+            served.url + "/status", headers={"Accept": "application/json"}, timeout=30
+        ).json()
+        assert view["runners"] == [] and view["replays"] == []
 
 
 def test_the_clean_install_stays_within_its_budget(deployed: Deployed) -> None:

@@ -515,7 +515,7 @@ def test_the_queue_retry_policy_and_rate_limits_are_explicit_and_match_the_confi
     assert config.cloudtasks.queue == "<google_cloud_tasks_queue.deliveries.name>"
 
 
-def test_only_the_tasks_identity_invokes_the_worker_and_only_the_scheduler_the_sweeper() -> None:
+def test_who_may_invoke_each_function() -> None:
     invokers: dict[str, set[str]] = {}
     for kind, named in _infra()["resource"].items():
         if not re.fullmatch(
@@ -530,7 +530,8 @@ def test_only_the_tasks_identity_invokes_the_worker_and_only_the_scheduler_the_s
             assert body["role"] in ("roles/run.invoker", "roles/cloudfunctions.invoker")
             invokers.setdefault(key.group(1), set()).add(body["member"])
     assert invokers["worker"] == {"${google_service_account.tasks.member}"}
-    assert invokers["sweeper"] == {"${google_service_account.scheduler.member}"}
+    # Operators open the status page on the sweeper (docs/operations.md).
+    assert invokers["sweeper"] == {"${google_service_account.scheduler.member}", "${each.value}"}
     public = {key for key, members in invokers.items() if "allUsers" in members}
     assert public == {"webhook", "runners"}, "only the HMAC- and secret-checked functions"
     config = _config(_functions()["webhook"]["env"])

@@ -95,14 +95,17 @@ def _same_repo_pr(
 
 class TestIngressScenarios:
     def test_scenarios_1_and_2_are_covered_by_the_ingress_suite(self) -> None:
-        """Scenario 1 (forged/missing/SHA-1 signature → 401) and 2 (event off the allow-list
-        → 202, nothing queued) never reach the worker: ingress answers them. This only checks
-        that the ingress tests covering them still exist."""
+        """Scenario 1 (forged/missing/SHA-1 signature → 401) never reaches the worker, and 2
+        (event off the allow-list → 202) reaches it only to be recorded as ``ignored:event``,
+        never routed. This only checks that the ingress tests covering them still exist."""
         cases = {case[0] for case in test_ingress.BAD_REQUESTS}
         assert {"forged signature", "no signature", "sha-1 only"} <= cases
         assert hasattr(
             test_ingress.TestAccepted,
-            "test_an_event_off_the_allow_list_is_acknowledged_and_ignored",
+            "test_an_event_off_the_allow_list_is_acknowledged_and_queued_for_the_ledger",
+        )
+        assert hasattr(
+            test_ingress, "test_every_delivery_github_lists_is_in_the_ledger_with_its_outcome"
         )
 
     def test_an_event_naming_no_work_item_is_ignored_by_the_worker(self, relay: MakeRelay) -> None:

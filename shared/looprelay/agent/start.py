@@ -24,6 +24,7 @@ from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.statedir import StateLock, default_state_dir
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces, parse_checkout_pairs
+from looprelay.core.attach import runner_socket
 from looprelay.errors import ConfigError, RunnerError
 
 LEDGER_FILE = "ledger.db"
@@ -54,7 +55,7 @@ class RunnerOptions:
 
 def default_tmux_socket(runner_id: str) -> str:
     """Return the tmux socket of a runner: its own, so two runners never share sessions."""
-    return f"looprelay-{runner_id}"
+    return runner_socket(runner_id)
 
 
 def build_agent(options: RunnerOptions) -> Agent:

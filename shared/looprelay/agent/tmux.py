@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import signal
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from looprelay.agent.children import Overran, run_child
+from looprelay.core.attach import attach_command
 from looprelay.errors import ConfigError, RunnerError
 
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
@@ -195,8 +195,7 @@ class TmuxTerminal:
     def attach_command(self, name: str, *, read_only: bool = False) -> str:
         """Return the shell command an operator runs to watch ``name``."""
         _check_name(name)
-        flag = " -r" if read_only else ""
-        return f"tmux -L {shlex.quote(self.socket_name)} attach{flag} -t {name}"
+        return attach_command(socket=self.socket_name, session=name, read_only=read_only)
 
     def kill_server(self) -> None:
         """Stop this socket's tmux server and every session on it; none running is fine."""

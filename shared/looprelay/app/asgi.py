@@ -159,6 +159,7 @@ def to_request(scope: Scope, body: bytes) -> Request:
         query=scope.get("query_string", b"").decode("latin-1"),
         headers=headers,
         body=body,
+        client=(scope.get("client") or ("",))[0] or "",
     )
 
 

@@ -16,6 +16,7 @@ from looprelay.errors import ConfigError
 if TYPE_CHECKING:
     from looprelay.service.ingress import Ingress
     from looprelay.service.runners import RunnerApi
+    from looprelay.service.status import StatusReader
     from looprelay.service.sweeper import SweepHandler
     from looprelay.service.worker import Worker
 
@@ -80,6 +81,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         authenticator=authenticator,
         clock=clock,
         handler=router,
+        allowed_events=config.webhook.allowed_events(),
     )
 
 
@@ -112,4 +114,22 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
         github=app_github(config.github, environ),
         store=open_store(config, data_dir=None),
         clock=system_clock(),
+    )
+
+
+def build_status_reader(config: Config) -> StatusReader:
+    """The status page's reader, on the configured stores (served by the sweeper, which is
+    behind IAM)."""
+    from datetime import timedelta
+
+    from looprelay.adapters.clock import SystemClock
+    from looprelay.app.adapters import open_runner_registry, open_store, open_work_item_store
+    from looprelay.service.status import StatusReader
+
+    return StatusReader(
+        store=open_store(config, data_dir=None),
+        work_items=open_work_item_store(config, data_dir=None),
+        runners=open_runner_registry(config, data_dir=None),
+        clock=SystemClock(),
+        lost_after=timedelta(seconds=config.runners.lost_after_seconds),
     )

@@ -7,6 +7,7 @@ Two shapes serve the same paths:
     POST /runner/v1/... runner agents (schema/runner-api.openapi.json)
     POST /sweeper       Cloud Scheduler's redelivery sweep (cloud only)
     GET  /healthz       liveness
+    GET  /status        the operator's status page, or its JSON (app/status.py)
 
 ``build_app(config, environ, data_dir=...)`` is ``looprelay up``'s: the data directory locked,
 the SQLite stores, the embedded queue (an enqueue is synced before its 202, and its
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, overload
 
@@ -175,11 +177,18 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             Endpoint(path, blocking(worker.handle), MAX_TASK_BYTES) for path in ("/", WORKER_PATH)
         ]
     else:
+        from looprelay.app.status import STATUS_PATH, status_handler
+
         sweeper = cloud.build_sweeper(config, environ)
         endpoints = [
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)
         ]
+        # The operator's status page rides on the one function that is behind IAM and reads
+        # the store: Cloud Run has authenticated every caller (docs/operations.md).
+        reader = cloud.build_status_reader(config)
+        handler = status_handler(reader.read, blocking, local_only=False)
+        endpoints.append(Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES))
     return build_asgi(endpoints)
 
 
@@ -211,14 +220,18 @@ def _open_local(
     )
     from looprelay.app.longpoll import runner_api_handler
     from looprelay.app.services import build_router, build_runner_api
+    from looprelay.app.status import STATUS_PATH, status_handler, to_status
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
+    from looprelay.config.secrets import operator_token_from_env
     from looprelay.datadir import WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ports import MAX_TASK_BYTES
     from looprelay.service.ingress import Ingress
     from looprelay.service.lease_desk import DispatchWaker
+    from looprelay.service.status import StatusReader
     from looprelay.service.worker import Worker
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
+    operator_token = operator_token_from_env(config.server, environ)
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
     queue = open_local_queue(config, data_dir=data_dir)
@@ -250,6 +263,15 @@ def _open_local(
         authenticator=local_queue_authenticator(worker_token),
         clock=clock,
         handler=router,
+        allowed_events=config.webhook.allowed_events(),
+    )
+    status = StatusReader(
+        store=stores.store,
+        work_items=stores.work_items,
+        runners=stores.runners,
+        clock=clock,
+        lost_after=timedelta(seconds=config.runners.lost_after_seconds),
+        command_args=("--data", str(data_dir)),
     )
     blocking, pressure = Blocking(), WebhookPressure()
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
@@ -259,6 +281,12 @@ def _open_local(
             Endpoint(WEBHOOK_PATH, webhook, cap, _size_refusal(ingress)),
             Endpoint(WORKER_PATH, blocking(worker.handle), MAX_TASK_BYTES),
             Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
+            Endpoint(
+                STATUS_PATH,
+                status_handler(status.read, blocking, local_only=True, token=operator_token),
+                _HEALTH_MAX_BODY_BYTES,
+            ),
+            Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
             Endpoint(
                 RUNNER_PREFIX, runner_api_handler(runner_api, blocking), _runner_max_body_bytes()
             ),

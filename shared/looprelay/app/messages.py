@@ -21,6 +21,8 @@ class Request:
     headers: Mapping[str, str]
     body: bytes = b""
     query: str = ""
+    client: str = ""
+    """The peer's address as the server saw it (empty when unknown)."""
 
 
 @dataclass(frozen=True)

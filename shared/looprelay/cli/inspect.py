@@ -19,13 +19,13 @@ DETAIL_SHOWN_CHARS = 200
 
 
 def _outcome(value: str | None) -> str | None:
-    from looprelay.core.model import is_valid_outcome
+    from looprelay.core.model import REASONED_OUTCOMES, is_valid_outcome
 
-    if value is None or value == "refused" or is_valid_outcome(value):
+    if value is None or value in REASONED_OUTCOMES or is_valid_outcome(value):
         return value
     raise click.BadParameter(
-        f"{value[:80]!r} is none of received, dispatched, ignored, failed, refused or "
-        "refused:REASON",
+        f"{value[:80]!r} is none of received, dispatched, ignored, ignored:REASON, pong, "
+        "failed, refused or refused:REASON",
         param_hint="--outcome",
     )
 
@@ -36,7 +36,8 @@ def _outcome(value: str | None) -> str | None:
     "--outcome",
     default=None,
     callback=lambda ctx, param, value: _outcome(value),
-    help="Only this outcome (received, dispatched, ignored, refused, refused:REASON, failed).",
+    help="Only this outcome (received, dispatched, ignored, ignored:event, pong, refused, "
+    "refused:REASON, failed).",
 )
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -65,14 +66,19 @@ def deliveries(
 
 @deliveries.command("replay")
 @click.argument("delivery_id")
+@state_options
 @click.pass_obj
-def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) -> None:
+def deliveries_replay(
+    obj: tuple[Path | None, Path | None],
+    delivery_id: str,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Send a failed delivery (a dead letter) through the worker again."""
     from looprelay.app.adapters import open_queue, open_store
     from looprelay.service.replay import replay_delivery
 
-    config_path, data_dir = obj
-    config, data = load(config_path), data_path(data_dir)
+    config, data = load(config_path or obj[0]), data_path(data_dir or obj[1])
     replay_delivery(
         open_store(config, data_dir=data),
         open_queue(config, data_dir=data),
@@ -213,20 +219,29 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     click.echo(f"{name}: queued again")
 
 
-@click.command("dispatches")
+@click.group("dispatches", invoke_without_command=True)
 @state_options
 @click.option("--all", "show_all", is_flag=True, help="Settled ones too, not only open ones.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
 def dispatches(
-    config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: Path | None,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """List dispatches; an open one no runner may take says why it waits, a settled one what
     its runner reported (result, and the detail: a failed turn's message first)."""
+    ctx.obj = (config_path, data_dir)
+    if ctx.invoked_subcommand is not None:
+        return
     from datetime import UTC, datetime, timedelta
 
     from looprelay.app.adapters import open_runner_registry, open_work_item_store
     from looprelay.core.model import DISPATCH_OPEN
-    from looprelay.core.scheduling import is_live, waiting_reasons
+    from looprelay.core.scheduling import is_live
+    from looprelay.core.status import explain_waits
     from looprelay.service.lease_desk import leasable_heads
 
     config = load(config_path)
@@ -236,13 +251,10 @@ def dispatches(
     lost_after = timedelta(seconds=config.runners.lost_after_seconds)
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
-    heads = leasable_heads(items, now=now)
-    waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
-    head_ids = {d.dispatch_id for d in heads}
+    open_rows = [d for d in rows if d.status in DISPATCH_OPEN]
+    waiting = explain_waits(open_rows, leasable_heads(items, now=now), runners, live=live)
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
-        if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
-            why = "after-earlier-dispatch-of-its-work-item"
         row = {
             "dispatch_id": dispatch.dispatch_id,
             "work_item": dispatch.work_item,
@@ -261,3 +273,32 @@ def dispatches(
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
             click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+
+
+@dispatches.command("retry")
+@click.argument("dispatch_id")
+@state_options
+@click.pass_obj
+def dispatches_retry(
+    obj: tuple[Path | None, Path | None],
+    dispatch_id: str,
+    config_path: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Queue an interrupted dispatch again, under a new id, after its work item's others.
+
+    A runner reports `interrupted` when it stopped half-way and cannot tell whether the
+    session got the text: attach to the session first, and retry only if it did not.
+    """
+    from looprelay.app.adapters import open_store, open_work_item_store
+    from looprelay.service.replay import retry_dispatch
+
+    config = load(config_path or obj[0])
+    data = data_path(data_dir or obj[1])
+    new_id = retry_dispatch(
+        open_work_item_store(config, data_dir=data),
+        open_store(config, data_dir=data),
+        dispatch_id=dispatch_id,
+        now=lambda: datetime.now(UTC),
+    )
+    click.echo(f"{dispatch_id}: queued again as {new_id}")

@@ -11,6 +11,7 @@ from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
 from looprelay.cli.skill import skill_group
+from looprelay.cli.status import status
 from looprelay.errors import LoopRelayError
 
 
@@ -22,6 +23,7 @@ def cli() -> None:
 for _command in (
     up,
     send,
+    status,
     config_group,
     deliveries,
     dispatches,

@@ -348,6 +348,7 @@ def runner_status(
     from looprelay.agent.ledger import Ledger
     from looprelay.agent.start import LEDGER_FILE, STATUS_FILE, default_tmux_socket
     from looprelay.agent.statedir import default_state_dir
+    from looprelay.core.attach import attach_command
 
     if state_dir is None or tmux_socket is None:
         runner_id = read_credentials(credentials_path or default_credentials_path()).runner_id
@@ -364,7 +365,7 @@ def runner_status(
             "work_item": s.work_item,
             "endpoint": s.endpoint,
             "checkout": s.checkout,
-            "attach": f"tmux -L {tmux_socket} attach -t {s.session_name}"
+            "attach": attach_command(socket=tmux_socket, session=s.session_name)
             if s.runner_kind == "tmux"
             else None,
         }

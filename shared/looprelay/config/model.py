@@ -89,8 +89,8 @@ class WebhookConfig(_Section):
 
     events: list[str] = Field(
         default_factory=lambda: list(DEFAULT_EVENTS),
-        description="Events that are queued for the worker; any other event is acknowledged "
-        "with 202 and ignored.",
+        description="Events that are routed; any other event is acknowledged with 202 and "
+        "recorded in the ledger as `ignored:event` (a ping as `pong`), never routed.",
     )
     ci_events: bool = Field(
         default=False,
@@ -419,6 +419,17 @@ class ServerConfig(_Section):
 
     host: str = Field(default="127.0.0.1", description="Address to bind; loopback by default.")
     port: int = Field(default=8484, ge=0, le=65535, description="Port to bind (0 = any free).")
+    operator_token_env: str | None = Field(
+        default=None,
+        description="Name of an environment variable holding a token (at least 16 characters) "
+        "that opens `/status` to callers off this machine, sent as `Authorization: Bearer "
+        "TOKEN`. Unset: `/status` answers only callers on this machine.",
+    )
+
+    @field_validator("operator_token_env")
+    @classmethod
+    def _optional_name(cls, name: str | None) -> str | None:
+        return None if name is None else _check_env_name(name)
 
 
 class Config(_Section):

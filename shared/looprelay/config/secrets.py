@@ -1,10 +1,11 @@
-"""Webhook secrets named in the config, read from the environment."""
+"""Secrets named in the config (webhook secrets, the operator token), read from the
+environment."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from looprelay.config.model import GitHubConfig
+from looprelay.config.model import GitHubConfig, ServerConfig
 from looprelay.datadir import warn_if_weak
 from looprelay.errors import ConfigError
 
@@ -27,3 +28,26 @@ def webhook_secrets_from_env(github: GitHubConfig, environ: Mapping[str, str]) -
         warn_if_weak(value.encode(), name=f"environment variable {name}")
         values.append(value.encode())
     return values
+
+
+MIN_OPERATOR_TOKEN_CHARS = 16
+
+
+def operator_token_from_env(server: ServerConfig, environ: Mapping[str, str]) -> bytes | None:
+    """Return the operator token ``server.operatorTokenEnv`` names, or None when none is named.
+
+    Raises ``ConfigError`` naming the variable when it is unset, empty or shorter than
+    ``MIN_OPERATOR_TOKEN_CHARS``: a token that was meant to be there must not silently leave
+    the page closed, nor open it to a guess.
+    """
+    name = server.operator_token_env
+    if name is None:
+        return None
+    value = environ.get(name, "")
+    if len(value) < MIN_OPERATOR_TOKEN_CHARS:
+        state = "unset or empty" if not value else f"shorter than {MIN_OPERATOR_TOKEN_CHARS}"
+        raise ConfigError(
+            f"server.operatorTokenEnv names {name}, but that environment variable is {state}; "
+            "put a long random token there (for example `openssl rand -hex 32`)"
+        )
+    return value.encode()

@@ -14,8 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 RECEIVED = "received"
 """Ledger outcome of a delivery the worker has taken but not yet settled."""
 
-SETTLED_OUTCOMES = ("dispatched", "ignored", "failed")
-"""Settled outcomes besides ``refused:<reason>`` (delivery ledger)."""
+SETTLED_OUTCOMES = ("dispatched", "ignored", "failed", "pong")
+"""Settled outcomes besides ``refused:<reason>`` and ``ignored:<reason>`` (``pong``: GitHub's
+ping)."""
+REASONED_OUTCOMES = ("refused", "ignored")
+"""Outcomes that also come as ``<outcome>:<reason>``; a filter by the bare word matches all."""
+IGNORED_EVENT = "ignored:event"
+"""The outcome of a delivery whose event is not on ``webhook.events``: recorded, never routed,
+so every delivery GitHub lists under "Recent Deliveries" can be found in the ledger."""
+PONG = "pong"
 
 MAX_DETAIL_CHARS = 2_000
 """Cap on the free-text ``detail`` of a ledger record, so no document can grow without bound."""
@@ -26,7 +33,7 @@ def is_valid_outcome(outcome: str) -> bool:
     if outcome == RECEIVED or outcome in SETTLED_OUTCOMES:
         return True
     prefix, _, reason = outcome.partition(":")
-    return prefix == "refused" and bool(reason)
+    return prefix in REASONED_OUTCOMES and bool(reason)
 
 
 class DeliveryRecord(BaseModel):
@@ -133,6 +140,8 @@ class SessionRecord(BaseModel):
     status: str = "pending"
     """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
     runner_id: str | None = None
+    tmux_socket: str | None = None
+    """The tmux socket the runner reported at spawn (None: the runner's default one)."""
     spawned_at: datetime | None = None
     announced: bool = False
 

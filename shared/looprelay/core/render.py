@@ -32,7 +32,7 @@ PROMPT_VARIABLES = frozenset(
         "payload_excerpt",
     }
 )
-_NAME = re.compile(r"^[a-z_]{1,64}$")
+_NAME = re.compile(r"^[a-z0-9_]{1,64}$")  # event and action names (projects_v2_item)
 _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 _DELIVERY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _COMPILED_TEMPLATES = 64

@@ -33,7 +33,7 @@ SIGNATURE_HEADER = "x-hub-signature-256"
 JSON_TYPE = "application/json"
 FORM_TYPE = "application/x-www-form-urlencoded"
 _DELIVERY_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_EVENT_NAME = re.compile(r"^[a-z_]{1,64}$")
+_EVENT_NAME = re.compile(r"^[a-z0-9_]{1,64}$")  # projects_v2_item has digits
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Admission:
     delivery_id: str
     event: str
     action: str | None
+    status: str = "queued"
+    """The acknowledgement: ``queued``, ``ignored`` (an event off the allow-list) or ``pong``
+    (GitHub's ping). All three are queued, so the worker records each in the ledger."""
 
 
 class Ingress:
@@ -81,8 +84,8 @@ class Ingress:
         return self.answer(admitted, lambda: self._queue.enqueue(admitted.task))
 
     def admit(self, request: Request) -> Response | Admission:
-        """Check one webhook request: the final answer when it is refused, ignored or a
-        ping, else the task to enqueue. Never raises.
+        """Check one webhook request: the final answer when it is refused, else the task to
+        enqueue (an ignored event's and a ping's too: the worker records them). Never raises.
 
         With :meth:`answer` it lets a server that must not block (``looprelay up``) enqueue
         the task without waiting, and answer when the enqueue is durable.
@@ -120,7 +123,9 @@ class Ingress:
                 "fields": {"event": admission.event, "action": admission.action},
             },
         )
-        status = "queued" if queued else "duplicate"
+        if admission.status == "pong":
+            return json_response(200, {"status": "pong"})
+        status = admission.status if queued else "duplicate"
         return json_response(202, {"status": status, "delivery": delivery_id})
 
     def _refused(self, exc: BadDelivery, delivery_id: str) -> Response:
@@ -150,19 +155,18 @@ class Ingress:
             raise BadDelivery("missing or malformed X-GitHub-Delivery header")
         self._check_signature(request)
         payload = _decode(request.body, media_type)
-        if event == "ping":
-            log.info("ping received", extra={"delivery_id": delivery_id})
-            return json_response(200, {"status": "pong"})
-        if event not in self._allowed:
+        status = "pong" if event == "ping" else "queued" if event in self._allowed else "ignored"
+        if status == "ignored":
             log.info(
-                "event %s is not on the allow-list; ignored",
+                "event %s is not on the allow-list; recorded as ignored",
                 event,
                 extra={"delivery_id": delivery_id},
             )
-            return json_response(202, {"status": "ignored", "delivery": delivery_id})
         envelope, body = self._project(event, delivery_id, payload)
         task = Task(name=delivery_task_name(delivery_id), body=body)
-        return Admission(task=task, delivery_id=delivery_id, event=event, action=envelope.action)
+        return Admission(
+            task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
+        )
 
     def _check_size(self, request: Request) -> None:
         declared = request.headers.get("content-length")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from looprelay.config.templates import ATTACH_COMMENT, bundled_template
+from looprelay.core.attach import attach_command, runner_socket
 from looprelay.core.model import DispatchRecord, EventRecord, RunnerRecord, WorkItemRecord
 from looprelay.core.render import render_comment
 from looprelay.core.replies import (
@@ -125,6 +126,7 @@ class Progress:
                     changes["session_id"] = result.session_id
                 if result.status == "spawned":
                     changes["spawned_at"] = self._clock.now()
+                    changes["tmux_socket"] = result.tmux_socket
             else:
                 return False
             sessions = dict(item.sessions) | {dispatch.endpoint: session.model_copy(update=changes)}
@@ -191,8 +193,10 @@ class Progress:
                 "runner_name": runner.name,
                 "harness": dispatch.harness,
                 "interaction": dispatch.interaction,
-                "tmux_socket": result.tmux_socket or "looprelay",
-                "session_name": result.tmux_target or dispatch.session_name,
+                "attach_command": attach_command(
+                    socket=result.tmux_socket or runner_socket(runner.runner_id),
+                    session=result.tmux_target or dispatch.session_name,
+                ),
             },
         )
         post_once(

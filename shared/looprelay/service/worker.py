@@ -12,6 +12,7 @@ queue gets 200 so it stops retrying.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,7 +20,14 @@ from pydantic import ValidationError
 
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.envelope import Envelope
-from looprelay.core.model import RECEIVED, DeliveryRecord, EventRecord, is_valid_outcome
+from looprelay.core.model import (
+    IGNORED_EVENT,
+    PONG,
+    RECEIVED,
+    DeliveryRecord,
+    EventRecord,
+    is_valid_outcome,
+)
 from looprelay.errors import Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
@@ -60,7 +68,11 @@ class Worker:
         authenticator: TaskAuthenticator,
         clock: Clock,
         handler: DeliveryHandler = record_only,
+        allowed_events: Collection[str] | None = None,
     ) -> None:
+        """``allowed_events`` (``webhook.events``): a delivery of any other event, and a
+        ping, is settled without the handler (``ignored:event``, ``pong``); None routes all."""
+        self._allowed = None if allowed_events is None else frozenset(allowed_events)
         self._store = store
         self._auth = authenticator
         self._clock = clock
@@ -154,6 +166,10 @@ class Worker:
         return json_response(200, {"status": "settled", "outcome": outcome.outcome})
 
     def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        if envelope.event == "ping":
+            return Outcome(PONG, "GitHub's ping")
+        if self._allowed is not None and envelope.event not in self._allowed:
+            return Outcome(IGNORED_EVENT, f"{envelope.event} is not on webhook.events")
         try:
             outcome = self._handler(envelope, record)
         except Transient:

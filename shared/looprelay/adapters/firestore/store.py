@@ -52,8 +52,8 @@ def _dt(value: datetime) -> datetime:
 
 
 def _outcome_fields(outcome: str, detail: str, settled_at: datetime | None) -> dict[str, Any]:
-    # ``outcome_kind`` ("refused" for every "refused:<reason>") makes the ``refused`` filter an
-    # equality query: Firestore has no prefix match on strings.
+    # ``outcome_kind`` ("refused" for every "refused:<reason>", "ignored" for "ignored" and every
+    # "ignored:<reason>") makes those filters equality queries: Firestore has no prefix match.
     return {
         "outcome": outcome,
         "outcome_kind": outcome.partition(":")[0],
@@ -212,7 +212,7 @@ class FirestoreStore:
     ) -> list[DeliveryRecord]:
         """See ``Store.list_deliveries``; raises ``Transient`` when Firestore is unavailable."""
         query = self._deliveries.order_by("received_at", direction=firestore.Query.DESCENDING)
-        field = "outcome_kind" if outcome == "refused" else "outcome"
+        field = "outcome_kind" if outcome in model.REASONED_OUTCOMES else "outcome"
         if outcome is not None:
             query = query.where(filter=FieldFilter(field, "==", outcome))
         with _translated("list deliveries"):

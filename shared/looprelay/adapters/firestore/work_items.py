@@ -103,6 +103,13 @@ class FirestoreWorkItemStore:
             snapshots = list(query.limit(1).stream())
         return WorkItemRecord.model_validate(_plain(snapshots[0].to_dict())) if snapshots else None
 
+    def list_work_items(self, *, limit: int = 100) -> list[WorkItemRecord]:
+        """See ``WorkItemStore.list_work_items``; raises ``Transient`` when unavailable."""
+        query = self._items.order_by("updated_at", direction=firestore.Query.DESCENDING)
+        with translated("list work items"):
+            snapshots = list(query.limit(limit).stream())
+        return [WorkItemRecord.model_validate(_plain(s.to_dict())) for s in snapshots]
+
     # Scenario: savers A and B both read work item W at version 1, then which of their
     # dispatch ids exist, and each commits one batch: W updated under "last updated when I
     # read it" plus create() of the missing dispatches. A commits; B's batch fails whole

@@ -18,6 +18,7 @@ from looprelay.adapters.sqlite.database import (
 )
 from looprelay.core.model import (
     MAX_DETAIL_CHARS,
+    REASONED_OUTCOMES,
     RECEIVED,
     DeliveryRecord,
     EventRecord,
@@ -148,11 +149,11 @@ class SqliteStore:
             rows = self._db.rows(
                 "SELECT * FROM deliveries ORDER BY received_at DESC LIMIT ?", (limit,)
             )
-        elif outcome == "refused":
+        elif outcome in REASONED_OUTCOMES:
             rows = self._db.rows(
-                "SELECT * FROM deliveries WHERE outcome LIKE 'refused:%'"
+                "SELECT * FROM deliveries WHERE outcome = ? OR outcome LIKE ?"
                 " ORDER BY received_at DESC LIMIT ?",
-                (limit,),
+                (outcome, f"{outcome}:%", limit),
             )
         else:
             rows = self._db.rows(

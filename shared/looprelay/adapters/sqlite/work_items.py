@@ -91,6 +91,15 @@ class SqliteWorkItemStore:
         )
         return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
+    def list_work_items(self, *, limit: int = 100) -> list[WorkItemRecord]:
+        """See ``WorkItemStore.list_work_items`` (a scan: a local store holds few)."""
+        rows = self._db.rows(
+            "SELECT doc FROM work_items"
+            " ORDER BY json_extract(doc, '$.updated_at') DESC, ref LIMIT ?",
+            (limit,),
+        )
+        return [WorkItemRecord.model_validate_json(row["doc"]) for row in rows]
+
     def save_work_item(
         self,
         record: WorkItemRecord,

@@ -1,0 +1,311 @@
+"""The operator's status view: who runs what, where to attach, what waits and why, what failed
+and the command that replays it. Values in, one :class:`StatusView` out.
+
+The view names only what an operator needs: ids, names, states, times, reasons and commands.
+No prompt, comment body or secret (hash) is ever copied into it, so no renderer can leak one.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict
+
+from looprelay.core.attach import attach_command, runner_socket
+from looprelay.core.model import (
+    DeliveryRecord,
+    DispatchRecord,
+    RunnerRecord,
+    SessionRecord,
+    WorkItemRecord,
+)
+from looprelay.core.scheduling import is_live, waiting_reasons
+
+AFTER_EARLIER = "after-earlier-dispatch-of-its-work-item"
+"""Why a pending dispatch that is not its work item's head waits."""
+INTERRUPTED = "interrupted"
+"""The result a runner reports for a dispatch it may have half applied (at most once)."""
+DETAIL_CHARS = 200
+"""How much of a free-text detail the view keeps (a failed turn's message, a dead letter's
+exception): enough to see what happened, never a whole document."""
+ATTACHABLE = frozenset({"live", "lost"})
+"""Session states whose tmux session may still be there to attach to."""
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class RunnerRow(_Row):
+    """One registered runner: its state, capacity and use, never its secret."""
+
+    runner_id: str
+    name: str
+    state: str
+    """``live``, ``lost`` (silent past ``runners.lostAfterSeconds``) or ``revoked``."""
+    capacity: int
+    sessions: int
+    last_seen_at: datetime | None
+    version: str
+    repositories: list[str]
+    workspace: bool
+    labels: dict[str, str]
+
+
+class SessionRow(_Row):
+    """One session of a work item: where it runs and how to watch it."""
+
+    work_item: str
+    control: str
+    endpoint: str
+    session: str
+    state: str
+    runner_id: str | None
+    runner: str | None
+    harness: str
+    runner_kind: str
+    attach: str | None
+    """The shell command that attaches to it, on the runner's machine (tmux sessions that may
+    still be there)."""
+
+
+class DispatchRow(_Row):
+    """One open dispatch and, when nobody may take it now, why it waits."""
+
+    dispatch_id: str
+    work_item: str
+    endpoint: str
+    seq: int
+    kind: str
+    status: str
+    runner: str | None
+    attempts: int
+    created_at: datetime
+    waiting: str | None
+
+
+class DeliveryRow(_Row):
+    """One ledger record: a delivery GitHub made and what became of it."""
+
+    delivery_id: str
+    event: str
+    action: str | None
+    outcome: str
+    detail: str
+    attempts: int
+    received_at: datetime
+    settled_at: datetime | None
+
+
+class ReplayRow(_Row):
+    """A dead letter or an interrupted dispatch, and the command that replays it."""
+
+    kind: str
+    """``delivery`` (a failed delivery) or ``dispatch`` (an interrupted one)."""
+    id: str
+    subject: str
+    """The event of a delivery, the work item of a dispatch."""
+    at: datetime | None
+    detail: str
+    command: str
+
+
+class Totals(_Row):
+    """The counts the page's first line gives."""
+
+    runners_live: int
+    runners: int
+    sessions_live: int
+    dispatches_open: int
+    dispatches_waiting: int
+    dead_letters: int
+    interrupted: int
+
+
+class StatusView(_Row):
+    """Everything the status page, its JSON and ``looprelay status`` show."""
+
+    generated_at: datetime
+    totals: Totals
+    runners: list[RunnerRow]
+    sessions: list[SessionRow]
+    dispatches: list[DispatchRow]
+    deliveries: list[DeliveryRow]
+    replays: list[ReplayRow]
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """What the view is built from, as read through the ports.
+
+    ``heads`` are the dispatches that may be leased now (``leases.leasable_heads``);
+    ``command_args`` go after every replay command (``--data DIR`` for a local store).
+    """
+
+    runners: Sequence[RunnerRecord]
+    work_items: Sequence[WorkItemRecord]
+    open_dispatches: Sequence[DispatchRecord]
+    heads: Sequence[DispatchRecord]
+    deliveries: Sequence[DeliveryRecord]
+    dead_letters: Sequence[DeliveryRecord]
+    failed_dispatches: Sequence[DispatchRecord]
+    command_args: Sequence[str] = ()
+
+
+def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) -> StatusView:
+    """Build the view of ``inputs`` as of ``now`` (aware). Never raises."""
+    runner_states = {r.runner_id: _runner_state(r, now, lost_after) for r in inputs.runners}
+    live = [runner_id for runner_id, state in runner_states.items() if state == "live"]
+    names = {r.runner_id: r.name for r in inputs.runners}
+    waits = explain_waits(inputs.open_dispatches, inputs.heads, inputs.runners, live=live)
+    sessions = [
+        _session_row(item, session, names)
+        for item in inputs.work_items
+        for session in item.sessions.values()
+    ]
+    replays = [_dead_letter_row(d, inputs.command_args) for d in inputs.dead_letters] + [
+        _interrupted_row(d, inputs.command_args)
+        for d in inputs.failed_dispatches
+        if d.result == INTERRUPTED
+    ]
+    dispatches = [_dispatch_row(d, waits.get(d.dispatch_id)) for d in inputs.open_dispatches]
+    return StatusView(
+        generated_at=now,
+        totals=Totals(
+            runners_live=len(live),
+            runners=len(inputs.runners),
+            sessions_live=sum(1 for s in sessions if s.state == "live"),
+            dispatches_open=len(dispatches),
+            dispatches_waiting=sum(1 for d in dispatches if d.waiting),
+            dead_letters=sum(1 for r in replays if r.kind == "delivery"),
+            interrupted=sum(1 for r in replays if r.kind == "dispatch"),
+        ),
+        runners=[_runner_row(r, runner_states[r.runner_id]) for r in inputs.runners],
+        sessions=sessions,
+        dispatches=dispatches,
+        deliveries=[_delivery_row(d) for d in inputs.deliveries],
+        replays=replays,
+    )
+
+
+def explain_waits(
+    open_dispatches: Sequence[DispatchRecord],
+    heads: Sequence[DispatchRecord],
+    runners: Sequence[RunnerRecord],
+    *,
+    live: Sequence[str],
+) -> dict[str, str]:
+    """Say, by dispatch id, why each open dispatch nobody may take now waits: the reason the
+    runners refuse a head of line, or that an earlier dispatch of its work item goes first."""
+    waits = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
+    head_ids = {d.dispatch_id for d in heads}
+    for dispatch in open_dispatches:
+        behind = dispatch.status == "pending" and dispatch.dispatch_id not in head_ids
+        if behind and dispatch.dispatch_id not in waits:
+            waits[dispatch.dispatch_id] = AFTER_EARLIER
+    return waits
+
+
+def _runner_state(runner: RunnerRecord, now: datetime, lost_after: timedelta) -> str:
+    if runner.revoked:
+        return "revoked"
+    return "live" if is_live(runner, now=now, lost_after=lost_after) else "lost"
+
+
+def _runner_row(runner: RunnerRecord, state: str) -> RunnerRow:
+    return RunnerRow(
+        runner_id=runner.runner_id,
+        name=runner.name,
+        state=state,
+        capacity=runner.capacity,
+        sessions=runner.sessions,
+        last_seen_at=runner.last_seen_at,
+        version=runner.version,
+        repositories=list(runner.repositories),
+        workspace=runner.workspace,
+        labels=dict(runner.labels),
+    )
+
+
+def _session_row(
+    item: WorkItemRecord, session: SessionRecord, names: Mapping[str, str]
+) -> SessionRow:
+    attach = None
+    if session.runner_kind == "tmux" and session.runner_id and session.status in ATTACHABLE:
+        socket = session.tmux_socket or runner_socket(session.runner_id)
+        attach = attach_command(socket=socket, session=session.session_name)
+    return SessionRow(
+        work_item=item.ref,
+        control=item.control,
+        endpoint=session.endpoint,
+        session=session.session_name,
+        state=session.status,
+        runner_id=session.runner_id,
+        runner=names.get(session.runner_id or ""),
+        harness=session.harness,
+        runner_kind=session.runner_kind,
+        attach=attach,
+    )
+
+
+def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:
+    return DispatchRow(
+        dispatch_id=dispatch.dispatch_id,
+        work_item=dispatch.work_item,
+        endpoint=dispatch.endpoint,
+        seq=dispatch.seq,
+        kind=dispatch.kind,
+        status=dispatch.status,
+        runner=dispatch.lease_holder or dispatch.runner_id,
+        attempts=dispatch.attempts,
+        created_at=dispatch.created_at,
+        waiting=waiting,
+    )
+
+
+def _delivery_row(delivery: DeliveryRecord) -> DeliveryRow:
+    return DeliveryRow(
+        delivery_id=delivery.delivery_id,
+        event=delivery.event,
+        action=delivery.action,
+        outcome=delivery.outcome,
+        detail=_short(delivery.detail),
+        attempts=delivery.attempts,
+        received_at=delivery.received_at,
+        settled_at=delivery.settled_at,
+    )
+
+
+def _dead_letter_row(delivery: DeliveryRecord, args: Sequence[str]) -> ReplayRow:
+    return ReplayRow(
+        kind="delivery",
+        id=delivery.delivery_id,
+        subject=delivery.event,
+        at=delivery.settled_at or delivery.received_at,
+        detail=_short(delivery.detail),
+        command=_command(["deliveries", "replay", delivery.delivery_id], args),
+    )
+
+
+def _interrupted_row(dispatch: DispatchRecord, args: Sequence[str]) -> ReplayRow:
+    return ReplayRow(
+        kind="dispatch",
+        id=dispatch.dispatch_id,
+        subject=dispatch.work_item,
+        at=dispatch.updated_at or dispatch.created_at,
+        detail=_short(dispatch.detail),
+        command=_command(["dispatches", "retry", dispatch.dispatch_id], args),
+    )
+
+
+def _command(words: Sequence[str], args: Sequence[str]) -> str:
+    return shlex.join(["looprelay", *words, *args])
+
+
+def _short(text: str) -> str:
+    """``text`` on one line, at most :data:`DETAIL_CHARS` characters."""
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= DETAIL_CHARS else one_line[: DETAIL_CHARS - 1] + "…"

@@ -1,0 +1,324 @@
+"""`GET /status`, its JSON, who may read it, and `looprelay status`: `looprelay up`'s application
+over a real SQLite data directory, seeded through the stores' own ports.
+
+Requests from this machine go over real HTTP; a caller off this machine is the same ASGI
+application called with a non-loopback client address (the one thing loopback HTTP cannot
+give a test).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import requests
+from starlette.applications import Starlette
+
+from looprelay.app.adapters import open_runner_registry, open_work_item_store
+from looprelay.app.local import LocalStack
+from looprelay.config.model import Config, ServerConfig
+from looprelay.core.model import (
+    DeliveryRecord,
+    DispatchRecord,
+    RunnerRecord,
+    SessionRecord,
+    WorkItemRecord,
+)
+from looprelay.errors import ConfigError
+from looprelay.ports import RunnerStatus
+from tests.test_up import cli
+
+TOKEN = "operator-token-0123456789abcdef"
+TOKEN_ENV = "TEST_LOOPRELAY_OPERATOR_TOKEN"
+HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+PROMPT = "PRIVATE-PROMPT-TEXT do not show"
+REF = "github:octo/private-repo#7"
+SESSION = "loop-github-octo-private-repo-7"
+
+
+@dataclass
+class Seeded:
+    stack: LocalStack
+    runner_id: str
+
+    @property
+    def url(self) -> str:
+        return f"{self.stack.base_url}/status"
+
+    @property
+    def app(self) -> Starlette:
+        return self.stack.local.app
+
+
+def _seed(config: Config, data_dir: Path) -> str:
+    """A live runner with a hostile name, a work item with a live tmux session and a waiting
+    dispatch carrying a private prompt, a dead letter and an interrupted dispatch."""
+    now = datetime.now(UTC)
+    registry = open_runner_registry(config, data_dir=data_dir)
+    runner = RunnerRecord(
+        runner_id="r-laptop", name=f"laptop {HOSTILE}", secret_hash="HASH-NEVER-SHOWN",
+        registered_at=now,
+    )  # fmt: skip
+    registry.add_runner(runner)
+    registry.record_heartbeat(
+        runner.runner_id,
+        at=now,
+        status=RunnerStatus(version="9.9.9", capacity=3, repositories=("octo/other",), sessions=1),
+    )
+    session = SessionRecord(
+        endpoint=REF, session_name=SESSION, session_id="s-1", harness="claude",
+        runner_kind="tmux", interaction="work-item", status="live", runner_id="r-laptop",
+    )  # fmt: skip
+    item = WorkItemRecord(
+        ref=REF, repository="octo/private-repo", number=7, control="running",
+        sessions={REF: session}, next_seq=4, updated_at=now,
+    )  # fmt: skip
+    dispatch = DispatchRecord(
+        dispatch_id="dp-waiting", delivery_id="d-2", work_item=REF, endpoint=REF, seq=3,
+        kind="spawn", repository="octo/private-repo", session_name=SESSION, session_id="s-1",
+        prompt=PROMPT, created_at=now,
+    )  # fmt: skip
+    interrupted = dispatch.model_copy(
+        update={"dispatch_id": "dp-cut", "seq": 2, "status": "failed", "result": "interrupted",
+                "detail": f"stopped mid-paste {HOSTILE}", "kind": "deliver"}
+    )  # fmt: skip
+    items = open_work_item_store(config, data_dir=data_dir)
+    assert items.save_work_item(item, expected_version=0, dispatches=[interrupted, dispatch])
+    return runner.runner_id
+
+
+def _dead_letter(stack: LocalStack) -> None:
+    now = datetime.now(UTC) - timedelta(minutes=3)
+    stack.store.begin_delivery(
+        DeliveryRecord(delivery_id="d-dead", event="issue_comment", action="created",
+                       received_at=now, envelope="{}")
+    )  # fmt: skip
+    stack.store.settle_delivery(
+        "d-dead", outcome="failed", detail=f"KeyError: {HOSTILE}", at=now + timedelta(seconds=1)
+    )
+
+
+def _serve(tmp_path: Path, environ: Mapping[str, str], config: Config) -> Iterator[Seeded]:
+    data_dir = tmp_path / "data"
+    stack = LocalStack(config, data_dir=data_dir, environ=environ)
+    runner_id = _seed(config, stack.data_dir)
+    _dead_letter(stack)
+    stack.start()
+    yield Seeded(stack, runner_id)
+    stack.stop()
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Iterator[Seeded]:
+    yield from _serve(tmp_path, {}, Config(server=ServerConfig(port=0)))
+
+
+@pytest.fixture
+def with_token(tmp_path: Path) -> Iterator[Seeded]:
+    config = Config(server=ServerConfig(port=0, operator_token_env=TOKEN_ENV))
+    yield from _serve(tmp_path, {TOKEN_ENV: TOKEN}, config)
+
+
+def call(
+    app: Starlette, path: str, *, client: str, headers: Mapping[str, str]
+) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the ASGI application as if ``client`` had connected."""
+
+    async def run() -> tuple[int, dict[str, str], bytes]:
+        sent: list[dict[str, Any]] = []
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+            "root_path": "", "client": (client, 40000), "server": ("127.0.0.1", 8484),
+            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+    return anyio.run(run)
+
+
+class TestWhatItShows:
+    def test_json_names_every_part_an_operator_acts_on(self, seeded: Seeded) -> None:
+        response = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10)
+
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/json")
+        view = response.json()
+        assert set(view) == {
+            "generated_at", "totals", "runners", "sessions", "dispatches", "deliveries",
+            "replays",
+        }  # fmt: skip
+        [runner] = view["runners"]
+        assert (runner["runner_id"], runner["state"], runner["capacity"]) == ("r-laptop", "live", 3)
+        assert (runner["sessions"], runner["version"]) == (1, "9.9.9")
+        [session] = view["sessions"]
+        assert session["attach"] == f"tmux -L looprelay-r-laptop attach -t {SESSION}"
+        assert (session["work_item"], session["state"]) == (REF, "live")
+        [waiting] = view["dispatches"]
+        assert (waiting["dispatch_id"], waiting["waiting"]) == (
+            "dp-waiting",
+            "repository-not-served",
+        )
+        commands = {row["id"]: row["command"] for row in view["replays"]}
+        data_dir = str(seeded.stack.data_dir)
+        assert commands == {
+            "d-dead": f"looprelay deliveries replay d-dead --data {data_dir}",
+            "dp-cut": f"looprelay dispatches retry dp-cut --data {data_dir}",
+        }
+        assert view["totals"]["dead_letters"] == 1 and view["totals"]["interrupted"] == 1
+        assert [d["outcome"] for d in view["deliveries"]] == ["failed"]
+
+    def test_no_prompt_and_no_secret_hash_ever_appears(self, seeded: Seeded) -> None:
+        for accept in ("application/json", "text/html"):
+            body = requests.get(seeded.url, headers={"Accept": accept}, timeout=10).text
+            assert PROMPT not in body
+            assert "HASH-NEVER-SHOWN" not in body
+
+    def test_the_page_is_self_contained_html_with_hostile_text_escaped(
+        self, seeded: Seeded
+    ) -> None:
+        response = requests.get(seeded.url, headers={"Accept": "text/html"}, timeout=10)
+
+        assert response.headers["content-type"] == "text/html; charset=utf-8"
+        page = response.text
+        assert "<script" not in page and "<img" not in page
+        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
+        assert f"tmux -L looprelay-r-laptop attach -t {SESSION}" in page
+        assert 'http-equiv="refresh"' in page
+        assert "src=" not in page.replace("src=x", "") and "href=" not in page
+        assert "script-src" not in response.headers["content-security-policy"]
+
+    def test_the_root_points_to_the_status_page(self, seeded: Seeded) -> None:
+        response = requests.get(seeded.stack.base_url + "/", timeout=10, allow_redirects=False)
+        assert (response.status_code, response.headers["location"]) == (307, "/status")
+
+
+class TestWhoMayRead:
+    @pytest.mark.parametrize(
+        ("client", "headers"),
+        [
+            ("203.0.113.9", {"host": "relay.example"}),
+            ("203.0.113.9", {"host": "127.0.0.1:8484"}),
+            # A tunnel connects from loopback but forwards the public name or the caller.
+            ("127.0.0.1", {"host": "abc.ngrok.example"}),
+            ("127.0.0.1", {"host": "127.0.0.1:8484", "x-forwarded-for": "198.51.100.7"}),
+            ("::1", {"host": "[::1]:8484", "forwarded": "for=198.51.100.7"}),
+        ],
+    )
+    def test_without_a_token_only_this_machine_may(
+        self, seeded: Seeded, client: str, headers: dict[str, str]
+    ) -> None:
+        status, _, body = call(seeded.app, "/status", client=client, headers=headers)
+        assert status == 403
+        assert "server.operatorTokenEnv" in json.loads(body)["error"]
+
+    @pytest.mark.parametrize(
+        ("client", "host"), [("127.0.0.1", "127.0.0.1:8484"), ("::1", "[::1]:8484"),
+                             ("127.0.0.1", "localhost:8484")]
+    )  # fmt: skip
+    def test_this_machine_may(self, seeded: Seeded, client: str, host: str) -> None:
+        status, _, _ = call(seeded.app, "/status", client=client, headers={"host": host})
+        assert status == 200
+
+    def test_with_a_token_a_caller_elsewhere_presenting_it_may(self, with_token: Seeded) -> None:
+        elsewhere = {"host": "relay.example", "accept": "application/json"}
+        status, _, body = call(
+            with_token.app,
+            "/status",
+            client="203.0.113.9",
+            headers=elsewhere | {"authorization": f"Bearer {TOKEN}"},
+        )
+        assert status == 200 and json.loads(body)["runners"][0]["runner_id"] == "r-laptop"
+
+    @pytest.mark.parametrize(
+        "authorization", [None, f"Bearer {TOKEN}x", f"Basic {TOKEN}", f"Bearer {TOKEN[:-1]}"]
+    )
+    def test_with_a_token_anyone_else_elsewhere_is_told_to_send_it(
+        self, with_token: Seeded, authorization: str | None
+    ) -> None:
+        headers = {"host": "relay.example"}
+        if authorization:
+            headers["authorization"] = authorization
+        status, answer, _ = call(with_token.app, "/status", client="203.0.113.9", headers=headers)
+        assert status == 401
+        assert answer["www-authenticate"].startswith("Bearer")
+
+    def test_with_a_token_this_machine_still_may(self, with_token: Seeded) -> None:
+        assert requests.get(with_token.url, timeout=10).status_code == 200
+
+    @pytest.mark.parametrize("value", [None, "", "short"])
+    def test_a_named_token_that_is_missing_or_short_stops_the_start(
+        self, tmp_path: Path, value: str | None
+    ) -> None:
+        config = Config(server=ServerConfig(port=0, operator_token_env=TOKEN_ENV))
+        environ = {} if value is None else {TOKEN_ENV: value}
+        with pytest.raises(ConfigError, match=TOKEN_ENV):
+            LocalStack(config, data_dir=tmp_path / "data", environ=environ)
+
+
+class TestStatusCommand:
+    def test_it_prints_the_same_view_as_aligned_text(self, seeded: Seeded) -> None:
+        data_dir = str(seeded.stack.data_dir)
+        result = cli("status", "--data", data_dir)
+
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith("looprelay status at ")
+        assert any(f"tmux -L looprelay-r-laptop attach -t {SESSION}" in line for line in lines)
+        assert any(
+            line.startswith("dp-waiting") and "repository-not-served" in line for line in lines
+        )
+        assert any(
+            f"looprelay deliveries replay d-dead --data {data_dir}" in line for line in lines
+        )
+        header = next(line for line in lines if line.startswith("DISPATCH "))
+        row = next(line for line in lines if line.startswith("dp-waiting"))
+        assert row.index(REF) == header.index("WORK ITEM")
+        assert PROMPT not in result.stdout
+
+    def test_json_is_the_pages_json(self, seeded: Seeded) -> None:
+        result = cli("status", "--data", str(seeded.stack.data_dir), "--json")
+
+        assert result.returncode == 0, result.stderr
+        [line] = result.stdout.splitlines()
+        from_cli = json.loads(line)
+        from_page = requests.get(
+            seeded.url, headers={"Accept": "application/json"}, timeout=10
+        ).json()
+        for part in ("runners", "sessions", "dispatches", "replays"):
+            for row in (*from_cli[part], *from_page[part]):
+                row.pop("last_seen_at", None)
+            assert from_cli[part] == from_page[part]
+
+
+def test_an_interrupted_dispatch_is_retried_by_the_command_the_page_gives(seeded: Seeded) -> None:
+    view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
+    [command] = [r["command"] for r in view["replays"] if r["id"] == "dp-cut"]
+    words = command.split()
+    assert words[:3] == ["looprelay", "dispatches", "retry"]
+
+    result = cli(*words[1:])
+
+    assert result.returncode == 0, result.stderr
+    new_id = result.stdout.split()[-1]
+    view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
+    retried = {d["dispatch_id"]: d for d in view["dispatches"]}[new_id]
+    assert (retried["kind"], retried["seq"], retried["status"]) == ("deliver", 4, "pending")
+    again = cli("dispatches", "--data", str(seeded.stack.data_dir), "retry", "dp-waiting")
+    assert again.returncode == 1 and "only those are retried" in again.stderr
