@@ -413,7 +413,7 @@ def test_every_plain_variable_is_a_valid_config_key() -> None:
 def test_the_cloud_modules_read_nothing_unwired() -> None:
     # Names (literals or module constants) read with environ.get / environ[...] by the code the
     # functions run at start-up; names held in the config are covered by the builder test.
-    modules = [MAIN, *(ROOT / "shared" / "looprelay" / f"{m}.py" for m in ("cloud", "logs"))]
+    modules = [MAIN, *(ROOT / "shared" / "looprelay" / m for m in ("app/cloud.py", "logs.py"))]
     read = set()
     for path in modules:
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -555,7 +555,7 @@ def test_firestore_ttl_policies_cover_every_expiring_collection() -> None:
             assert body.get("index_config") == [{}], f"{address}: exempt the TTL field"
     assert {f"{prefix}{name}": "expires_at" for name in TTL_COLLECTIONS}.items() <= ttl.items()
     adapters = "".join(
-        p.read_text() for p in (ROOT / "shared" / "looprelay" / "adapters").glob("firestore_*.py")
+        p.read_text() for p in (ROOT / "shared" / "looprelay" / "adapters" / "firestore").glob("*.py")
     )
     for name in TTL_COLLECTIONS:
         assert f'{{collection_prefix}}{name}"' in adapters, f"no adapter writes {name} any more"
