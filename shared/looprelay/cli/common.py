@@ -36,6 +36,27 @@ def state_options(func: F) -> F:
     )(func)
 
 
+def log_options(func: F) -> F:
+    """``--log-level`` and ``--log-format``: every long-running command takes both."""
+    from looprelay.logs import LOG_FORMATS, LOG_LEVELS
+
+    func = click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="auto",
+        show_default=True,
+        help="text: one readable line per event; json: one JSON object per line (log "
+        "collectors); auto: text at a terminal, else json.",
+    )(func)
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        help="Least severe level logged.",
+    )(func)
+
+
 def load(config_path: Path | None) -> Config:
     try:
         return load_config(config_path)

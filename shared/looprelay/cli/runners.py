@@ -11,7 +11,8 @@ from types import FrameType
 
 import click
 
-from looprelay.cli.common import data_path, load, state_options
+from looprelay.cli.common import data_path, load, log_options, state_options
+from looprelay.logs import LogFormat
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -264,7 +265,7 @@ def runner_register(
     show_default=True,
     help="After `stop`, keep the tmux session (the pane shows how the harness ended) or kill it.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_options
 def runner_run(
     credentials_path: Path | None,
     checkouts: tuple[str, ...],
@@ -281,6 +282,7 @@ def runner_run(
     poll_wait: float,
     keep_session_on_terminate: bool,
     log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Run the agent in the foreground; first SIGTERM drains, a second stops at once."""
     from looprelay.agent.credentials import default_credentials_path
@@ -288,7 +290,7 @@ def runner_run(
     from looprelay.agent.start import RunnerOptions, build_agent
     from looprelay.logs import configure_logging
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format=log_format)
     agent = build_agent(
         RunnerOptions(
             credentials_path=credentials_path or default_credentials_path(),

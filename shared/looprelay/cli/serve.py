@@ -10,21 +10,27 @@ from typing import Any
 
 import click
 
-from looprelay.cli.common import data_path, load, state_options
+from looprelay.cli.common import data_path, load, log_options, state_options
 from looprelay.config import Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
+from looprelay.logs import LogFormat
 
 
 @click.command()
 @state_options
 @click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="Port to bind [default: 8484].")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port to bind, 0 for any free one [default: 8484].",
+)
 @click.option(
     "--insecure-no-verify",
     is_flag=True,
     help="Accept unsigned deliveries (local experiments only; warns on every request).",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_options
 def up(
     config_path: Path | None,
     data_dir: Path | None,
@@ -32,6 +38,7 @@ def up(
     port: int | None,
     insecure_no_verify: bool,
     log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Run webhook, worker and runner API on one machine, with the embedded store and queue.
 
@@ -41,7 +48,7 @@ def up(
     from looprelay.embedded import EmbeddedStack
     from looprelay.logs import configure_logging
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format=log_format)
     config = load(config_path)
     server = config.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
@@ -105,19 +112,28 @@ def send(
     data_dir: Path | None,
 ) -> None:
     """Sign PAYLOAD like GitHub does and post it to a running webhook."""
+    import requests
+
     from looprelay.sender import post_delivery
 
     config = load(config_path)
     target = url or f"http://{config.server.host}:{config.server.port}/webhook"
     secret = _sending_secret(config, secret_env, data_path(data_dir))
-    status, body = post_delivery(
-        url=target,
-        event=event,
-        body=payload.read_bytes(),
-        secret=secret,
-        delivery_id=delivery or str(uuid.uuid4()),
-        form=form,
-    )
+    try:
+        status, body = post_delivery(
+            url=target,
+            event=event,
+            body=payload.read_bytes(),
+            secret=secret,
+            delivery_id=delivery or str(uuid.uuid4()),
+            form=form,
+        )
+    except requests.ConnectionError as exc:
+        raise click.ClickException(
+            f"nothing answers at {target}; start `looprelay up` or pass the --url it printed"
+        ) from exc
+    except requests.RequestException as exc:
+        raise click.ClickException(f"sending to {target} failed: {exc}") from exc
     click.echo(f"{status} {body}")
     if not 200 <= status < 300:
         sys.exit(1)
