@@ -11,9 +11,22 @@ from pathlib import Path
 
 import click
 
-from looprelay.cli.common import data_path, emit, load, state_options
+from looprelay.cli.common import data_path, emit, load, state_options, table
 
 FOLLOW_POLL_SECONDS = 1.0
+_EVENT_COLUMNS = ("at", "name", "delivery_id", "work_item", "data")
+_DISPATCH_COLUMNS = (
+    "dispatch_id",
+    "work_item",
+    "seq",
+    "kind",
+    "status",
+    "runner",
+    "waiting",
+    "created_at",
+    "result",
+    "detail",
+)
 DETAIL_SHOWN_CHARS = 200
 """How much of a dispatch's detail one line of `looprelay dispatches` shows (--json: all)."""
 
@@ -149,22 +162,27 @@ def events(
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
     start = since.replace(tzinfo=UTC) if since is not None else None
+    printed = False
     if follow and start is None:
         newest = listing(newest=True, limit=1)
         cursor = newest[-1].cursor if newest else None  # none yet: all to come is new
     else:
         batch = listing(since=start, newest=start is None, limit=limit)
-        emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
-        cursor = batch[-1].cursor if batch else None
+        emit(batch, as_json, _EVENT_COLUMNS)
+        cursor, printed = (batch[-1].cursor if batch else None), bool(batch)
         if not follow:
             return
-    while True:
-        batch = listing(after=cursor, since=start, limit=limit)
-        emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
-        if batch:
-            cursor = batch[-1].cursor
-        else:
-            time.sleep(FOLLOW_POLL_SECONDS)
+    try:
+        while True:
+            batch = listing(after=cursor, since=start, limit=limit)
+            emit(batch, as_json, _EVENT_COLUMNS, headers=not printed)
+            printed = printed or bool(batch)
+            if batch:
+                cursor = batch[-1].cursor
+            else:
+                time.sleep(FOLLOW_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how one stops following: not an error
 
 
 @click.group("queue")
@@ -187,15 +205,20 @@ def queue_list(
     queue = EmbeddedQueue(
         data_path(data_dir) / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
     )
-    for task in queue.list_tasks(state):
-        row = {
+    rows = [
+        {
             "name": task.name,
             "state": task.state,
             "attempts": task.attempts,
             "last_status": task.last_status,
             "last_error": task.last_error,
         }
-        click.echo(json.dumps(row) if as_json else "  ".join(str(v) for v in row.values()))
+        for task in queue.list_tasks(state)
+    ]
+    if not as_json:
+        table(rows, ("name", "state", "attempts", "last_status", "last_error"))
+    for row in rows if as_json else ():
+        click.echo(json.dumps(row))
 
 
 @queue_group.command("retry")
@@ -241,6 +264,7 @@ def dispatches(
     heads = leasable_heads(items, now=now)
     waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
     head_ids = {d.dispatch_id for d in heads}
+    shown = []
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
         if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
@@ -262,4 +286,5 @@ def dispatches(
         else:
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
-            click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+            shown.append(row)
+    table(shown, tuple(_DISPATCH_COLUMNS))
