@@ -124,3 +124,29 @@ class TestSend:
             line
             == f"error: nothing answers at {url}; start `looprelay up` or pass the --url it printed"
         )
+
+
+class TestRunnerServerWarning:
+    def test_plain_http_to_another_machine_is_warned_about(self, tmp_path: Path) -> None:
+        # 0.0.0.0 is not loopback, yet nothing listens there: the warning, then a clear error.
+        result = looprelay(
+            "runner",
+            "register",
+            *("--server", "http://0.0.0.0:9", "--token", "t", "--name", "box"),
+            *("--credentials", str(tmp_path / "runner.json")),
+        )
+        assert result.stderr.startswith(
+            "warning: http://0.0.0.0:9 is plain http to another machine: the runner's secret "
+            "and every prompt cross the network unencrypted; use https"
+        )
+        one_error(result)
+
+    def test_plain_http_on_loopback_is_not(self, tmp_path: Path) -> None:
+        result = looprelay(
+            "runner",
+            "register",
+            *("--server", "http://127.0.0.1:9", "--token", "t", "--name", "box"),
+            *("--credentials", str(tmp_path / "runner.json")),
+        )
+        assert "warning" not in result.stderr
+        one_error(result)
