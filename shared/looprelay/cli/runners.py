@@ -31,7 +31,9 @@ def _duration_seconds(text: str) -> int:
 
 @click.group("runners")
 def runners_group() -> None:
-    """Operator view of runner agents: tokens, list, revoke, rotate."""
+    """Operator view of runner agents: tokens, list, revoke, rotate.
+
+    On the machine that runs sessions, see `looprelay runner -h` (register, run, status)."""
 
 
 @runners_group.command("token")
@@ -137,7 +139,10 @@ def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: s
 
 @click.group("runner")
 def runner_group() -> None:
-    """This machine as a runner agent."""
+    """This machine as a runner agent: register, run, status.
+
+    The operator's view of every runner (tokens, list, revoke, rotate) is
+    `looprelay runners -h`."""
 
 
 def _warn_if_plain_http(server: str) -> None:
