@@ -196,3 +196,33 @@ class TestConfigCommand:
             assert result.returncode == 1, result.stdout
             [last] = result.stderr.strip().splitlines()[-1:]
             assert last.startswith("error: ") and expected in last, result.stderr
+
+
+class TestInteractionBlock:
+    def test_the_schema_declares_the_two_modes_and_the_default(self) -> None:
+        schema = json.loads(config_schema_text())
+        mode = schema["$defs"]["InteractionConfig"]["properties"]["mode"]
+        assert (mode["enum"], mode["default"]) == (["work-item", "cli"], "work-item")
+
+    def test_an_undeclared_mode_still_starts_as_work_item_with_a_warning(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        from looprelay.routingpolicy import routing_policy
+
+        config = load_config(_write(tmp_path, "routing:\n  interaction:\n    mode: terminal\n"))
+        with caplog.at_level("WARNING", logger="looprelay.routing"):
+            policy = routing_policy(config.routing)
+        assert policy.interaction.mode == "work-item"
+        assert any("'terminal'" in record.getMessage() for record in caplog.records)
+
+    @pytest.mark.parametrize("block", ["null", "cli", "[cli]"], ids=["null", "string", "list"])
+    def test_an_interaction_that_is_not_a_mapping_means_the_default(
+        self, tmp_path: Path, block: str
+    ) -> None:
+        config = load_config(_write(tmp_path, f"routing:\n  interaction: {block}\n"))
+        assert config.routing.interaction.mode == "work-item"
+
+    def test_the_example_config_is_valid_and_comments_the_interaction_block(self) -> None:
+        example = ROOT / "looprelay.example.yaml"
+        load_config(example)
+        assert "  #   interaction:\n  #     mode: work-item" in example.read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from looprelay.core.interaction import MODES
 from looprelay.errors import ConfigError
 
 ENV_OVERRIDE_PREFIX = "LOOPRELAY__"
@@ -284,10 +285,11 @@ class InteractionConfig(_Section):
     """Where sessions take their answers from (seeds 000-002)."""
 
     mode: Any = Field(
-        default=None,
+        default="work-item",
+        json_schema_extra={"enum": list(MODES)},
         description="`work-item` (default: questions go to GitHub comments) or `cli` (a human "
-        "is attached). Trimmed and lower-cased; any other value means `work-item` and logs a "
-        "warning naming it.",
+        "is attached). Trimmed and lower-cased; the schema declares only these two, while at "
+        "run time any other value means `work-item` and logs a warning naming it.",
     )
 
 
@@ -380,6 +382,12 @@ class RoutingConfig(_Section):
         )
         + ".",
     )
+
+    @field_validator("interaction", mode="before")
+    @classmethod
+    def _interaction_block(cls, block: Any) -> Any:
+        # `interaction:` left empty (null) or not a mapping declares nothing: the default.
+        return block if isinstance(block, Mapping) else {}
 
     @field_validator("authorized_users", mode="before")
     @classmethod
