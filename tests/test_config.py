@@ -83,6 +83,23 @@ class TestLoadConfig:
         assert config.github.webhook_secrets == ["A", "B"]
         assert config.server.port == 1
 
+    def test_overrides_are_spelled_as_shells_spell_them(self) -> None:
+        config = load_config(
+            None,
+            environ={
+                "LOOPRELAY__RUNNERS__LOST_AFTER_SECONDS": "300",
+                "LOOPRELAY__ROUTING__AUTHORIZEDUSERS": "[42]",
+            },
+        )
+        assert config.runners.lost_after_seconds == 300
+        assert config.routing.authorized_users == [42]
+
+    def test_a_bad_override_names_its_variable(self) -> None:
+        with pytest.raises(
+            ConfigError, match=r"server\.port: .*\(set by LOOPRELAY__SERVER__PORT\)"
+        ):
+            load_config(None, environ={"LOOPRELAY__SERVER__PORT": "many"})
+
     def test_an_override_of_an_unknown_key_is_an_error_too(self) -> None:
         with pytest.raises(ConfigError, match=r"store\.nope: unknown key"):
             load_config(None, environ={"LOOPRELAY__store__nope": "1"})
@@ -136,3 +153,76 @@ class TestConfigCommand:
         result = self._run("config", "validate", str(_write(tmp_path, "sever:\n  port: 1\n")))
         assert result.returncode == 1
         assert "sever: unknown key" in result.stderr
+
+    def test_validate_warns_that_no_one_is_authorized(self, tmp_path: Path) -> None:
+        result = self._run("config", "validate", str(_write(tmp_path, "server:\n  port: 9000\n")))
+        assert result.returncode == 0
+        assert "routing.authorizedUsers is empty: every event and command" in result.stderr
+
+    @pytest.mark.parametrize(
+        ("routing", "files", "message"),
+        [
+            ("authorizedUsers: ['@octocat']", {}, "entry '@octocat' is neither a GitHub login"),
+            (
+                "promptTemplate: {dir}/broken.j2",
+                {"broken.j2": "{% if work_item %}\n"},
+                "broken.j2: template syntax error on line 1",
+            ),
+            (
+                "spawnPromptTemplate: {dir}/spawn.j2",
+                {"spawn.j2": "{{ secrets }}\n"},
+                "spawn.j2: template uses unknown variables ['secrets']",
+            ),
+            (
+                "promptTemplate: {dir}/missing.j2",
+                {},
+                "cannot read the prompt template {dir}/missing.j2: No such file or directory",
+            ),
+        ],
+        ids=["at-login", "does-not-compile", "unknown-variable", "missing-file"],
+    )
+    def test_validate_refuses_what_up_refuses(
+        self, tmp_path: Path, routing: str, files: dict[str, str], message: str
+    ) -> None:
+        for name, text in files.items():
+            (tmp_path / name).write_text(text, encoding="utf-8")
+        config = _write(tmp_path, f"routing:\n  {routing.format(dir=tmp_path)}\n")
+        expected = message.format(dir=tmp_path)
+        checked = self._run("config", "validate", str(config))
+        started = self._run(
+            "up", "--config", str(config), "--data", str(tmp_path / "data"), "--port", "0"
+        )
+        for result in (checked, started):
+            assert result.returncode == 1, result.stdout
+            [last] = result.stderr.strip().splitlines()[-1:]
+            assert last.startswith("error: ") and expected in last, result.stderr
+
+
+class TestInteractionBlock:
+    def test_the_schema_declares_the_two_modes_and_the_default(self) -> None:
+        schema = json.loads(config_schema_text())
+        mode = schema["$defs"]["InteractionConfig"]["properties"]["mode"]
+        assert (mode["enum"], mode["default"]) == (["work-item", "cli"], "work-item")
+
+    def test_an_undeclared_mode_still_starts_as_work_item_with_a_warning(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        from looprelay.config.routing import routing_policy
+
+        config = load_config(_write(tmp_path, "routing:\n  interaction:\n    mode: terminal\n"))
+        with caplog.at_level("WARNING", logger="looprelay.routing"):
+            policy = routing_policy(config.routing)
+        assert policy.interaction.mode == "work-item"
+        assert any("'terminal'" in record.getMessage() for record in caplog.records)
+
+    @pytest.mark.parametrize("block", ["null", "cli", "[cli]"], ids=["null", "string", "list"])
+    def test_an_interaction_that_is_not_a_mapping_means_the_default(
+        self, tmp_path: Path, block: str
+    ) -> None:
+        config = load_config(_write(tmp_path, f"routing:\n  interaction: {block}\n"))
+        assert config.routing.interaction.mode == "work-item"
+
+    def test_the_example_config_is_valid_and_comments_the_interaction_block(self) -> None:
+        example = ROOT / "looprelay.example.yaml"
+        load_config(example)
+        assert "  #   interaction:\n  #     mode: work-item" in example.read_text(encoding="utf-8")

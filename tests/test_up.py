@@ -124,7 +124,7 @@ class TestUpAndSend:
         assert len(read_secret(secret_file)) == 64
         banner = up.stderr_path.read_text()
         assert str(secret_file) in banner
-        assert "looprelay send" in banner
+        assert re.search(r"-m looprelay.cli send --comment|looprelay send --comment", banner)
         assert up.webhook_url.startswith("http://127.0.0.1:")
 
     def test_a_sent_comment_is_recorded_once_and_a_resend_changes_nothing(
@@ -271,7 +271,7 @@ class TestRunnerRegistration:
 
         listed = cli("runners", "list", "--data", str(data_dir), "--json")
         [row] = [json.loads(line) for line in listed.stdout.splitlines()]
-        assert row["status"] == "live"
+        assert row["status"] == "not-started"  # live once its agent runs
         assert (row["runner_id"], row["labels"], row["revoked_at"]) == (
             saved["runner_id"],
             {"os": "linux"},
@@ -294,6 +294,20 @@ class TestRunnerRegistration:
         assert reused.returncode == 1
         assert "already used" in reused.stderr
         assert not (tmp_path / "other.json").exists()
+
+        # Registering again over the same credentials is refused before the token is spent.
+        second = cli("runners", "token", "--data", str(data_dir)).stdout.strip()
+        register = ["runner", "register", "--server", server, "--token", second, "--name", "new"]
+        kept = cli(*register, "--credentials", str(credentials))
+        assert kept.returncode == 1
+        assert kept.stderr.strip() == (
+            f"error: {credentials} already holds a runner's credentials; pass --replace to "
+            "overwrite them, or --credentials to write another file"
+        )
+        assert json.loads(credentials.read_text()) == saved
+        replaced = cli(*register, "--credentials", str(credentials), "--replace")
+        assert replaced.returncode == 0, replaced.stderr
+        assert json.loads(credentials.read_text())["name"] == "new"
 
         assert cli("runners", "revoke", "--data", str(data_dir), saved["runner_id"]).returncode == 0
         again = cli("runners", "list", "--data", str(data_dir))

@@ -352,7 +352,14 @@ class RunnerProcess:
     """A `looprelay runner run` process; the same credentials and state make a restart."""
 
     def __init__(
-        self, *, credentials: Path, state: Path, socket_name: str, checkout: Path, capacity: int
+        self,
+        *,
+        credentials: Path,
+        state: Path,
+        socket_name: str,
+        checkout: Path,
+        capacity: int,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.state = state
         self.runner_id = json.loads(credentials.read_text())["runner_id"]
@@ -366,6 +373,7 @@ class RunnerProcess:
                     *("--credentials", str(credentials), "--state", str(state)),
                     *("--checkout", f"{REPOSITORY}={checkout}", "--tmux-socket", socket_name),
                     *("--capacity", str(capacity), "--poll-wait", str(POLL_WAIT_SECONDS)),
+                    *extra,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -411,7 +419,7 @@ def launch(
     credentials, ledger and state). All are SIGKILLed at teardown."""
     launched: list[RunnerProcess] = []
 
-    def start(name: str, *, capacity: int = 1) -> RunnerProcess:
+    def start(name: str, *, capacity: int = 1, extra: tuple[str, ...] = ()) -> RunnerProcess:
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name))
@@ -421,6 +429,7 @@ def launch(
             socket_name=terminal.socket_name,
             checkout=checkout,
             capacity=capacity,
+            extra=extra,
         )
         launched.append(runner)
         return runner
@@ -600,6 +609,10 @@ class TestDrain:
         assert {e["reason"] for e in relay.events("dispatch.failed")} <= {"draining"}
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
         assert box.status()["note"] == "stopped" and box.status()["holding"] == {}
+        # Not a terminal: JSON lines, one of them telling the operator what the signal did.
+        lines = box.output().splitlines()
+        messages = [json.loads(line)["message"] for line in lines if line.startswith("{")]
+        assert "draining, 1 held; send again to stop now" in messages
 
     def test_a_second_sigterm_stops_at_once(
         self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
@@ -623,6 +636,34 @@ class TestDrain:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(harness_pid, signal.SIGKILL)
+
+
+class TestTalkingAgent:
+    def test_each_lease_spawn_paste_and_failure_is_one_readable_line(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        relay.seed(
+            1, relay.dispatch(1), relay.dispatch(1, 2, kind="deliver", prompt="and the docs")
+        )
+        fake_harness.mark("headless-fail")
+        relay.seed(2, relay.dispatch(2, runner_kind="process"))
+        box = launch("box", extra=("--log-format", "text"))
+        relay.wait_settled("dp-1-1", "dp-1-2", "dp-2-1")
+        box.signal(signal.SIGTERM)
+        assert box.wait() == 0, box.output()
+
+        lines = box.output().splitlines()
+        session = relay.stored("dp-1-1").session_name
+
+        def line(pattern: str) -> None:
+            assert any(re.search(pattern, text) for text in lines), f"{pattern!r} in\n{lines}"
+
+        line(r"^\d\d:\d\d:\d\d INFO +leased spawn for github:octo/repo#1 \(dp-1-1\)")
+        line(rf"INFO +spawned session {session}\S* for github:octo/repo#1; attach: tmux -L \S+")
+        line(rf"INFO +pasted the event into session {session}\S* for github:octo/repo#1")
+        line(r"WARNING +spawn for github:octo/repo#2 failed: harness-failed \(.+\)")
+        line(r"INFO +draining, 0 held; send again to stop now")
+        assert not any(text.startswith("{") for text in lines)
 
 
 class TestRevokedRunner:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import select
+import signal
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -59,9 +61,14 @@ class TestDispatches:
         _failed_turn(tmp_path)
         listed = CliRunner().invoke(cli, ["dispatches", "--data", str(tmp_path), "--all"])
         assert listed.exit_code == 0, listed.output
-        [line] = listed.output.splitlines()
-        assert line.endswith(
-            f"failed  r1  -  {T0.isoformat()}  harness-failed  {MESSAGE}; stderr: line one line two"
+        header, line = listed.output.splitlines()
+        assert header.split()[:4] == ["DISPATCH", "ID", "WORK", "ITEM"]
+        # Aligned under the headers; the time relative, an empty value a dash.
+        assert line.index("failed") == header.index("STATUS")
+        assert re.search(
+            rf"failed +r1 +- +\d+d ago +harness-failed +{re.escape(MESSAGE)}; "
+            "stderr: line one line two$",
+            line,
         )
 
     def test_open_dispatches_are_listed_without_a_result(self, tmp_path: Path) -> None:
@@ -92,7 +99,9 @@ class TestEvents:
         assert len(names) == 1_000 and names[0] == "e200" and names[-1] == "e1199"
 
         few = CliRunner().invoke(cli, ["events", "--data", str(tmp_path), "--limit", "2"])
-        assert [line.split()[1] for line in few.output.splitlines()] == ["e1198", "e1199"]
+        header, *rows = few.output.splitlines()
+        assert header.split() == ["AT", "NAME", "DELIVERY", "ID", "WORK", "ITEM", "DATA"]
+        assert [row.split("ago")[1].split()[0] for row in rows] == ["e1198", "e1199"]
 
     def test_follow_starts_now_and_prints_every_event_of_a_burst_at_one_instant(
         self, tmp_path: Path
@@ -119,6 +128,8 @@ class TestEvents:
             lines: list[str] = []
             while sum(name.startswith("burst-") for name in lines) < len(burst):
                 lines.append(json.loads(follower.stdout.readline())["name"])
+            follower.send_signal(signal.SIGINT)  # Ctrl-C is how one stops following
+            assert follower.wait(30) == 0
         finally:
             follower.kill()
             follower.wait()

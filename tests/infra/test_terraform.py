@@ -555,7 +555,8 @@ def test_firestore_ttl_policies_cover_every_expiring_collection() -> None:
             assert body.get("index_config") == [{}], f"{address}: exempt the TTL field"
     assert {f"{prefix}{name}": "expires_at" for name in TTL_COLLECTIONS}.items() <= ttl.items()
     adapters = "".join(
-        p.read_text() for p in (ROOT / "shared" / "looprelay" / "adapters" / "firestore").glob("*.py")
+        p.read_text()
+        for p in (ROOT / "shared" / "looprelay" / "adapters" / "firestore").glob("*.py")
     )
     for name in TTL_COLLECTIONS:
         assert f'{{collection_prefix}}{name}"' in adapters, f"no adapter writes {name} any more"

@@ -28,6 +28,14 @@ from looprelay.wire.runner_api import MAX_AGENT_EVENTS, Dispatch
 
 log = logging.getLogger("looprelay.agent")
 
+_DONE_VERBS = {
+    "spawn": "spawned",
+    "deliver": "pasted the event into",
+    "terminate": "stopped",
+    "cleanup": "cleaned up",
+}
+"""How the agent's log names what each dispatch kind did."""
+
 MAX_BACKOFF_SECONDS = 30.0
 BACKOFF_JITTER = (0.5, 1.5)
 """Each backoff wait is its nominal value times a factor drawn from this range."""
@@ -103,6 +111,8 @@ class Agent:
         # Draining: polls in flight are abandoned (a dispatch they still get is handed back);
         # what is being applied is finished and reported, unless a second signal stops us.
         self.state.update(note="draining")
+        if not self.stop.is_set():
+            log.info("draining, %d held; send again to stop now", len(self.state.holding))
         while self.state.holding and not self.stop.is_set():
             self.stop.wait(0.2)
         self.stop.set()
@@ -131,6 +141,8 @@ class Agent:
         while not (self.drain.is_set() or self.stop.is_set()):
             try:
                 dispatch = self.client.poll(self.poll_wait_seconds)
+                if backoff > 1.0:
+                    log.info("reconnected to the server; polling again")
                 backoff = 1.0
             except Transient as exc:
                 # Server down: wait with jitter so many agents do not return in step.
@@ -147,6 +159,13 @@ class Agent:
                 self._handle(dispatch)
 
     def _handle(self, dispatch: Dispatch) -> None:
+        log.info(
+            "leased %s for %s (%s)",
+            dispatch.kind,
+            dispatch.endpoint,
+            dispatch.dispatch_id,
+            extra={"work_item": dispatch.work_item},
+        )
         self.state.update(hold=dispatch, count="leased", note="applying")
         done = threading.Event()
         renewer = threading.Thread(target=self._renew_loop, args=(dispatch, done), daemon=True)
@@ -155,8 +174,30 @@ class Agent:
             result = self.applier.apply(dispatch)
         finally:
             done.set()
+        self._log_result(dispatch, result)
         self._report(dispatch, result)
         self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
+
+    def _log_result(self, dispatch: Dispatch, result: ApplyResult) -> None:
+        """One line a person reads: what was done to which session, or why it failed."""
+        extra = {"work_item": dispatch.work_item}
+        if result.status == "failed":
+            detail = " ".join(result.detail.split())[:200]
+            log.warning(
+                "%s for %s failed: %s%s",
+                dispatch.kind,
+                dispatch.endpoint,
+                result.reason or "unknown",
+                f" ({detail})" if detail else "",
+                extra=extra,
+            )
+            return
+        session = result.tmux_target or dispatch.session_name
+        done = _DONE_VERBS.get(dispatch.kind, f"applied {dispatch.kind} to")
+        line = f"{done} session {session} for {dispatch.endpoint}"
+        if result.tmux_target and self.tmux_socket and dispatch.kind == "spawn":
+            line += f"; attach: tmux -L {self.tmux_socket} attach -t {result.tmux_target}"
+        log.info(line, extra=extra)
 
     def _hand_back(self, dispatch: Dispatch) -> None:
         """A dispatch that arrived after the drain began goes back untouched."""

@@ -3,13 +3,16 @@ one loopback port by ``app.server``."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from looprelay.app.compose import WEBHOOK_PATH, LocalApp, build_app, url_host
-from looprelay.app.server import Limits, LocalServer
+from looprelay.app.server import Limits, LocalServer, bind_listener
 from looprelay.config.model import Config
+from looprelay.errors import ConfigError
 
 log = logging.getLogger("looprelay.up")
 
@@ -30,14 +33,24 @@ class LocalStack:
         keeps to ``limits``.
 
         Raises ``ConfigError`` for a config ``looprelay up`` cannot run (Cloud Tasks queue,
-        unset secret variables, a data directory in use) and ``OSError`` when the port is
-        taken.
+        unset secret variables, a data directory in use, a port taken or not allowed).
         """
         self.config = config
-        self.local: LocalApp = build_app(config, environ, data_dir=data_dir, verify=verify)
+        # The port first: a start refused for a taken port creates no data directory, secret
+        # or database.
+        listener = _listen(config.server.host, config.server.port)
+        try:
+            self.local: LocalApp = build_app(config, environ, data_dir=data_dir, verify=verify)
+        except BaseException:
+            listener.close()
+            raise
         try:
             self._server = LocalServer(
-                self.local.app, host=config.server.host, port=config.server.port, limits=limits
+                self.local.app,
+                host=config.server.host,
+                port=config.server.port,
+                limits=limits,
+                listener=listener,
             )
         except BaseException:
             self.local.close()
@@ -87,3 +100,19 @@ class LocalStack:
         self.local.stop_dispatching()  # its dispatchers' requests still need the server
         self._server.stop()
         self.local.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind ``host:port``; ``ConfigError`` saying what to change when that is not possible."""
+    try:
+        return bind_listener(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{url_host(host)}:{port} is already in use; stop what listens there or pass "
+                "another --port (0: any free port)"
+            ) from exc
+        raise ConfigError(
+            f"cannot listen on {url_host(host)}:{port}: {exc.strerror or exc}; check --host "
+            "and --port"
+        ) from exc

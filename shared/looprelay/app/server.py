@@ -82,12 +82,14 @@ class LocalServer:
         port: int,
         limits: Limits = Limits(),
         watchdog_seconds: float = Watchdog.PERIOD_SECONDS,
+        listener: socket.socket | None = None,
     ) -> None:
-        """Bind ``host:port`` now (port 0: any free one) to serve ``app`` within ``limits``.
+        """Bind ``host:port`` now (port 0: any free one) to serve ``app`` within ``limits``,
+        or serve on ``listener``, a socket :func:`bind_listener` bound before ``app`` existed.
 
         Raises ``OSError`` when the address is taken or not allowed.
         """
-        self._socket = _bind(host, port)
+        self._socket = listener or bind_listener(host, port)
         bound_host, bound_port = self._socket.getsockname()[:2]
         self._address = (str(bound_host), int(bound_port))
         self._app = app
@@ -218,7 +220,8 @@ def _config(app: Callable[..., object], limits: Limits, guard: ConnectionGuard) 
     )
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port``; raises ``OSError`` when the address is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -17,8 +17,15 @@ def config_group() -> None:
 @config_group.command("validate")
 @click.argument("path", type=click.Path(path_type=Path))
 def config_validate(path: Path) -> None:
-    """Check PATH against the config models; name every wrong key."""
-    load(path)
+    """Check PATH as a start does: every wrong key, the authorized users, the keywords and
+    the prompt templates (read and compiled); warnings go to stderr."""
+    import sys
+
+    from looprelay.config.routing import check_routing
+    from looprelay.logs import configure_logging
+
+    configure_logging("warning", stream=sys.stderr, log_format="text")
+    check_routing(load(path).routing)
     click.echo(f"{path}: valid")
 
 

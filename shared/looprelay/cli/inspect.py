@@ -11,9 +11,22 @@ from pathlib import Path
 
 import click
 
-from looprelay.cli.common import data_path, emit, load, state_options
+from looprelay.cli.common import data_path, emit, load, state_options, table
 
 FOLLOW_POLL_SECONDS = 1.0
+_EVENT_COLUMNS = ("at", "name", "delivery_id", "work_item", "data")
+_DISPATCH_COLUMNS = (
+    "dispatch_id",
+    "work_item",
+    "seq",
+    "kind",
+    "status",
+    "runner",
+    "waiting",
+    "created_at",
+    "result",
+    "detail",
+)
 DETAIL_SHOWN_CHARS = 200
 """How much of a dispatch's detail one line of `looprelay dispatches` shows (--json: all)."""
 
@@ -161,22 +174,27 @@ def events(
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
     start = since.replace(tzinfo=UTC) if since is not None else None
+    printed = False
     if follow and start is None:
         newest = listing(newest=True, limit=1)
         cursor = newest[-1].cursor if newest else None  # none yet: all to come is new
     else:
         batch = listing(since=start, newest=start is None, limit=limit)
-        emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
-        cursor = batch[-1].cursor if batch else None
+        emit(batch, as_json, _EVENT_COLUMNS)
+        cursor, printed = (batch[-1].cursor if batch else None), bool(batch)
         if not follow:
             return
-    while True:
-        batch = listing(after=cursor, since=start, limit=limit)
-        emit(batch, as_json, ("at", "name", "delivery_id", "work_item", "data"))
-        if batch:
-            cursor = batch[-1].cursor
-        else:
-            time.sleep(FOLLOW_POLL_SECONDS)
+    try:
+        while True:
+            batch = listing(after=cursor, since=start, limit=limit)
+            emit(batch, as_json, _EVENT_COLUMNS, headers=not printed)
+            printed = printed or bool(batch)
+            if batch:
+                cursor = batch[-1].cursor
+            else:
+                time.sleep(FOLLOW_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how one stops following: not an error
 
 
 @click.group("queue")
@@ -195,15 +213,20 @@ def queue_list(
     from looprelay.app.adapters import open_local_queue
 
     queue = open_local_queue(load(config_path), data_dir=data_path(data_dir))
-    for task in queue.list_tasks(state):
-        row = {
+    rows = [
+        {
             "name": task.name,
             "state": task.state,
             "attempts": task.attempts,
             "last_status": task.last_status,
             "last_error": task.last_error,
         }
-        click.echo(json.dumps(row) if as_json else "  ".join(str(v) for v in row.values()))
+        for task in queue.list_tasks(state)
+    ]
+    if not as_json:
+        table(rows, ("name", "state", "attempts", "last_status", "last_error"))
+    for row in rows if as_json else ():
+        click.echo(json.dumps(row))
 
 
 @queue_group.command("retry")
@@ -253,6 +276,7 @@ def dispatches(
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
     open_rows = [d for d in rows if d.status in DISPATCH_OPEN]
     waiting = explain_waits(open_rows, leasable_heads(items, now=now), runners, live=live)
+    shown = []
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
         row = {
@@ -272,7 +296,9 @@ def dispatches(
         else:
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
-            click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+            shown.append(row)
+    if not as_json:
+        table(shown, tuple(_DISPATCH_COLUMNS))
 
 
 @dispatches.command("retry")

@@ -11,7 +11,9 @@ from types import FrameType
 
 import click
 
-from looprelay.cli.common import data_path, load, state_options
+from looprelay.cli.common import data_path, load, log_options, state_options, table
+from looprelay.core.model import RunnerRecord
+from looprelay.logs import LogFormat
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -29,7 +31,9 @@ def _duration_seconds(text: str) -> int:
 
 @click.group("runners")
 def runners_group() -> None:
-    """Operator view of runner agents: tokens, list, revoke, rotate."""
+    """Operator view of runner agents: tokens, list, revoke, rotate.
+
+    On the machine that runs sessions, see `looprelay runner -h` (register, run, status)."""
 
 
 @runners_group.command("token")
@@ -71,18 +75,35 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     config = load(config_path)
     registry = open_runner_registry(config, data_dir=data_path(data_dir))
     now, lost_after = datetime.now(UTC), timedelta(seconds=config.runners.lost_after_seconds)
+    rows = []
     for runner in registry.list_runners():
         data = runner.model_dump(mode="json", exclude={"secret_hash"})
         live = is_live(runner, now=now, lost_after=lost_after)
-        data["status"] = "revoked" if runner.revoked else "live" if live else "lost"
+        data["status"] = runner_status_word(runner, live=live)
         if as_json:
             click.echo(json.dumps(data))
-        else:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(runner.labels.items())) or "-"
-            click.echo(
-                f"{runner.runner_id}  {runner.name}  {data['status']}  {labels}  "
-                f"last seen {data['last_seen_at'] or '-'}"
-            )
+        rows.append(
+            {
+                **data,
+                "labels": ",".join(f"{k}={v}" for k, v in sorted(runner.labels.items())),
+            }
+        )
+    if not as_json:
+        table(
+            rows,
+            ("runner_id", "name", "status", "capacity", "version", "labels", "last_seen_at"),
+            now=now,
+        )
+
+
+def runner_status_word(runner: RunnerRecord, *, live: bool) -> str:
+    """``revoked``, ``not-started`` (registered, its agent never heard from), ``live`` or
+    ``lost``."""
+    if runner.revoked:
+        return "revoked"
+    if runner.last_seen_at is None:
+        return "not-started"
+    return "live" if live else "lost"
 
 
 @runners_group.command("revoke")
@@ -118,7 +139,31 @@ def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: s
 
 @click.group("runner")
 def runner_group() -> None:
-    """This machine as a runner agent."""
+    """This machine as a runner agent: register, run, status.
+
+    The operator's view of every runner (tokens, list, revoke, rotate) is
+    `looprelay runners -h`."""
+
+
+def _warn_if_plain_http(server: str) -> None:
+    """A runner's secret and every prompt travel in the clear over http to another machine:
+    say so (loopback, the `up` default, is fine)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parsed = urlsplit(server)
+    if parsed.scheme != "http" or not parsed.hostname:
+        return
+    try:
+        loopback = ipaddress.ip_address(parsed.hostname).is_loopback
+    except ValueError:
+        loopback = parsed.hostname == "localhost"
+    if not loopback:
+        click.echo(
+            f"warning: {server} is plain http to another machine: the runner's secret and "
+            "every prompt cross the network unencrypted; use https (a tunnel or a proxy)",
+            err=True,
+        )
 
 
 def _labels(values: tuple[str, ...]) -> dict[str, str]:
@@ -150,6 +195,12 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="Where to write the credentials [default: ~/.config/looprelay/runner.json].",
 )
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Overwrite existing credentials (the runner they name stays registered until "
+    "`looprelay runners revoke`).",
+)
 def runner_register(
     server: str,
     token: str,
@@ -157,6 +208,7 @@ def runner_register(
     labels: tuple[str, ...],
     capacity: int,
     credentials_path: Path | None,
+    replace: bool,
 ) -> None:
     """Register this machine with a registration token; writes its credentials (0600)."""
     from importlib.metadata import version
@@ -164,6 +216,14 @@ def runner_register(
     from looprelay.agent.credentials import default_credentials_path, write_credentials
     from looprelay.agent.register import register
 
+    path = credentials_path or default_credentials_path()
+    if path.exists() and not replace:
+        # Checked before the token is spent: it is single use.
+        raise click.ClickException(
+            f"{path} already holds a runner's credentials; pass --replace to overwrite them, "
+            "or --credentials to write another file"
+        )
+    _warn_if_plain_http(server)
     credentials = register(
         server=server,
         token=token,
@@ -172,7 +232,6 @@ def runner_register(
         version=version("looprelay"),
         capacity=capacity,
     )
-    path = credentials_path or default_credentials_path()
     write_credentials(path, credentials)
     click.echo(f"registered {credentials.name} as {credentials.runner_id}; credentials in {path}")
 
@@ -264,7 +323,7 @@ def runner_register(
     show_default=True,
     help="After `stop`, keep the tmux session (the pane shows how the harness ended) or kill it.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_options
 def runner_run(
     credentials_path: Path | None,
     checkouts: tuple[str, ...],
@@ -281,14 +340,15 @@ def runner_run(
     poll_wait: float,
     keep_session_on_terminate: bool,
     log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Run the agent in the foreground; first SIGTERM drains, a second stops at once."""
-    from looprelay.agent.credentials import default_credentials_path
+    from looprelay.agent.credentials import default_credentials_path, read_credentials
     from looprelay.agent.harness_options import parse_harness_args
     from looprelay.agent.start import RunnerOptions, build_agent
     from looprelay.logs import configure_logging
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format=log_format)
     agent = build_agent(
         RunnerOptions(
             credentials_path=credentials_path or default_credentials_path(),
@@ -307,6 +367,8 @@ def runner_run(
             harness_args=parse_harness_args(harness_args),
         )
     )
+
+    _warn_if_plain_http(read_credentials(credentials_path or default_credentials_path()).server)
 
     def _signal(signum: int, frame: FrameType | None) -> None:
         # First signal drains (finish and report what is in hand), the second stops now.

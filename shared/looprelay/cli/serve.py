@@ -10,21 +10,27 @@ from typing import Any
 
 import click
 
-from looprelay.cli.common import data_path, load, state_options
+from looprelay.cli.common import data_path, load, log_options, state_options
 from looprelay.config.model import Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
+from looprelay.logs import LogFormat
 
 
 @click.command()
 @state_options
 @click.option("--host", default=None, help="Address to bind [default: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="Port to bind [default: 8484].")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port to bind, 0 for any free one [default: 8484].",
+)
 @click.option(
     "--insecure-no-verify",
     is_flag=True,
     help="Accept unsigned deliveries (local experiments only; warns on every request).",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_options
 def up(
     config_path: Path | None,
     data_dir: Path | None,
@@ -32,6 +38,7 @@ def up(
     port: int | None,
     insecure_no_verify: bool,
     log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Run webhook, worker and runner API on one machine, with the embedded store and queue.
 
@@ -41,7 +48,7 @@ def up(
     from looprelay.app.local import LocalStack
     from looprelay.logs import configure_logging
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format=log_format)
     config = load(config_path)
     server = config.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
@@ -56,7 +63,23 @@ def up(
     sys.exit(code)
 
 
+def shell_command() -> str:
+    """How the user's shell runs this looprelay: ``looprelay`` when that name on PATH is this
+    program, else its full path (``./dev up`` runs it from a venv that is not on PATH)."""
+    import shlex
+    import shutil
+
+    program = Path(sys.argv[0])
+    on_path = shutil.which("looprelay")
+    if program.name == "looprelay":
+        if on_path and Path(on_path).resolve() == program.resolve():
+            return "looprelay"
+        return shlex.quote(str(program.resolve()))
+    return f"{shlex.quote(sys.executable)} -m looprelay.cli"
+
+
 def _banner(stack: Any, insecure: bool) -> str:
+    command = shell_command()
     source = stack.secret_source
     lines = [
         "",
@@ -71,20 +94,32 @@ def _banner(stack: Any, insecure: bool) -> str:
     lines += [
         "",
         "Next:",
-        f"  try it:   looprelay send tests/fixtures/github/issue_comment.created.json "
-        f"--event issue_comment --url {stack.webhook_url}"
+        f'  try it:   {command} send --comment "hello" --issue 1 --url {stack.webhook_url}'
         + (f" --data {stack.data_dir}" if source.path else ""),
         "  GitHub:   point your App's webhook (through a tunnel) at the webhook URL and paste "
         "the secret" + (f": cat {source.path}" if source.path else ""),
-        f"  inspect:  looprelay deliveries --data {stack.data_dir}",
+        f"  inspect:  {command} deliveries --data {stack.data_dir}",
         "",
     ]
     return "\n".join(lines)
 
 
 @click.command()
-@click.argument("payload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--event", required=True, help="X-GitHub-Event, e.g. issue_comment.")
+@click.argument(
+    "payload", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False
+)
+@click.option("--event", default=None, help="X-GitHub-Event, e.g. issue_comment.")
+@click.option(
+    "--comment",
+    default=None,
+    help="Instead of PAYLOAD: send an issue_comment with this body (with --issue, --repo, "
+    "--user, --label).",
+)
+@click.option("--issue", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--repo", default="octo/widgets", show_default=True, help="owner/name.")
+@click.option("--user", default="octocat", show_default=True, help="Login of the commenter.")
+@click.option("--user-id", type=click.IntRange(min=1), default=None, help="Their user id.")
+@click.option("--label", "labels", multiple=True, help="A label on the issue; repeat.")
 @click.option("--url", default=None, help="Webhook URL [default: from --config, /webhook].")
 @click.option(
     "--secret-env",
@@ -95,8 +130,14 @@ def _banner(stack: Any, insecure: bool) -> str:
 @click.option("--form", is_flag=True, help="Send as application/x-www-form-urlencoded.")
 @state_options
 def send(
-    payload: Path,
-    event: str,
+    payload: Path | None,
+    event: str | None,
+    comment: str | None,
+    issue: int,
+    repo: str,
+    user: str,
+    user_id: int | None,
+    labels: tuple[str, ...],
     url: str | None,
     secret_env: str | None,
     delivery: str | None,
@@ -104,23 +145,70 @@ def send(
     config_path: Path | None,
     data_dir: Path | None,
 ) -> None:
-    """Sign PAYLOAD like GitHub does and post it to a running webhook."""
+    """Sign a delivery like GitHub does and post it to a running webhook: PAYLOAD (a JSON
+    file, with --event), or a comment built from --comment.
+
+    \b
+    looprelay send --comment "the-loop start" --issue 1 --user octocat \\
+        --label "the-loop: auto-execute"
+    """
+    import requests
+
     from looprelay.cli.sender import post_delivery
 
+    body = _payload_bytes(payload, event, comment, issue, repo, user, user_id, labels)
     config = load(config_path)
     target = url or f"http://{config.server.host}:{config.server.port}/webhook"
     secret = _sending_secret(config, secret_env, data_path(data_dir))
-    status, body = post_delivery(
-        url=target,
-        event=event,
-        body=payload.read_bytes(),
-        secret=secret,
-        delivery_id=delivery or str(uuid.uuid4()),
-        form=form,
-    )
-    click.echo(f"{status} {body}")
+    try:
+        status, answer = post_delivery(
+            url=target,
+            event=event or "issue_comment",
+            body=body,
+            secret=secret,
+            delivery_id=delivery or str(uuid.uuid4()),
+            form=form,
+        )
+    except requests.ConnectionError as exc:
+        raise click.ClickException(
+            f"nothing answers at {target}; start `looprelay up` or pass the --url it printed"
+        ) from exc
+    except requests.RequestException as exc:
+        raise click.ClickException(f"sending to {target} failed: {exc}") from exc
+    click.echo(f"{status} {answer}")
     if not 200 <= status < 300:
         sys.exit(1)
+
+
+def _payload_bytes(
+    payload: Path | None,
+    event: str | None,
+    comment: str | None,
+    issue: int,
+    repo: str,
+    user: str,
+    user_id: int | None,
+    labels: tuple[str, ...],
+) -> bytes:
+    """PAYLOAD's bytes as they are, or the comment payload the options describe."""
+    import json
+
+    from looprelay.cli.sender import comment_payload
+
+    if payload is not None and comment is not None:
+        raise click.UsageError("give PAYLOAD or --comment, not both")
+    if payload is not None:
+        if event is None:
+            raise click.UsageError("PAYLOAD needs --event (e.g. --event issue_comment)")
+        return payload.read_bytes()
+    if comment is None:
+        raise click.UsageError('give PAYLOAD --event EVENT, or --comment "TEXT"')
+    if event not in (None, "issue_comment"):
+        raise click.UsageError("--comment sends an issue_comment; drop --event")
+    built = comment_payload(
+        repository=repo, issue=issue, body=comment, login=user, user_id=user_id, labels=labels
+    )
+    return json.dumps(built).encode()
 
 
 def _sending_secret(config: Config, secret_env: str | None, data_dir: Path) -> bytes:

@@ -96,7 +96,7 @@ def _sections(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, lis
         leaves.append(
             (
                 key,
-                _type_text(field.annotation),
+                _declared_enum(field) or _type_text(field.annotation),
                 _default_text(field),
                 "",
                 (field.description or "").replace("|", "\\|"),
@@ -106,6 +106,13 @@ def _sections(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, lis
         yield prefix.rstrip("."), leaves
     for key, section in nested:
         yield from _sections(section, prefix=key + ".")
+
+
+def _declared_enum(field: Any) -> str:
+    """The values a field's schema declares, for a key resolved leniently at run time."""
+    extra = field.json_schema_extra
+    values = extra.get("enum") if isinstance(extra, dict) else None
+    return " \\| ".join(f"`{value}`" for value in values) if isinstance(values, list) else ""
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from looprelay.core.interaction import MODES
 from looprelay.errors import ConfigError
 
 ENV_OVERRIDE_PREFIX = "LOOPRELAY__"
@@ -284,10 +285,11 @@ class InteractionConfig(_Section):
     """Where sessions take their answers from (seeds 000-002)."""
 
     mode: Any = Field(
-        default=None,
+        default="work-item",
+        json_schema_extra={"enum": list(MODES)},
         description="`work-item` (default: questions go to GitHub comments) or `cli` (a human "
-        "is attached). Trimmed and lower-cased; any other value means `work-item` and logs a "
-        "warning naming it.",
+        "is attached). Trimmed and lower-cased; the schema declares only these two, while at "
+        "run time any other value means `work-item` and logs a warning naming it.",
     )
 
 
@@ -381,6 +383,12 @@ class RoutingConfig(_Section):
         + ".",
     )
 
+    @field_validator("interaction", mode="before")
+    @classmethod
+    def _interaction_block(cls, block: Any) -> Any:
+        # `interaction:` left empty (null) or not a mapping declares nothing: the default.
+        return block if isinstance(block, Mapping) else {}
+
     @field_validator("authorized_users", mode="before")
     @classmethod
     def _pinned_users(cls, entries: Any) -> Any:
@@ -456,11 +464,11 @@ def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = 
     data: dict[str, Any] = {}
     if path:
         data = _read_yaml(Path(path))
-    _apply_env_overrides(data, env)
+    overrides = _apply_env_overrides(data, env)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from exc
+        raise ConfigError(_describe(exc, source, overrides)) from exc
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -479,28 +487,82 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> None:
-    """``LOOPRELAY__store__backend=firestore`` sets ``store.backend``; values are YAML."""
+def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """``LOOPRELAY__store__backend=firestore`` sets ``store.backend``; values are YAML.
+
+    Section and key names match in any case and with or without underscores
+    (``LOOPRELAY__RUNNERS__LOST_AFTER_SECONDS``), as shells spell them. Returns which variable
+    set each dotted key, so an error names the variable. Raises ``ConfigError`` for a value that
+    is not YAML or a key below one that is not a section.
+    """
+    overrides: dict[str, str] = {}
     for name, raw in sorted(env.items()):
         if not name.startswith(ENV_OVERRIDE_PREFIX):
             continue
-        keys = [key for key in name[len(ENV_OVERRIDE_PREFIX) :].split("__") if key]
+        keys = _model_keys([key for key in name[len(ENV_OVERRIDE_PREFIX) :].split("__") if key])
+        if not keys:
+            continue
         node = data
         for key in keys[:-1]:
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
                 raise ConfigError(f"environment {name}: {key} is not a section")
             node = child
-        if keys:
+        try:
             node[keys[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise ConfigError(
+                f"environment {name}: the value is not valid YAML ({problem}); quote it"
+            ) from exc
+        overrides[".".join(keys)] = name
+    return overrides
 
 
-def _describe(exc: ValidationError, source: str) -> str:
+def _model_keys(keys: list[str]) -> list[str]:
+    """Spell each key the way the config models do (their camelCase alias), as far down as
+    the models go; a key no field matches is kept, to be reported as unknown."""
+    model: type[BaseModel] | None = Config
+    spelled = []
+    for key in keys:
+        if model is None:
+            spelled.append(key)
+            continue
+        wanted = key.replace("_", "").lower()
+        match = next(
+            (
+                (field.alias or field_name, field.annotation)
+                for field_name, field in model.model_fields.items()
+                if field_name.replace("_", "").lower() == wanted
+            ),
+            None,
+        )
+        if match is None:
+            spelled.append(key)
+            model = None
+            continue
+        spelled.append(match[0])
+        annotation = match[1]
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    return spelled
+
+
+def _describe(exc: ValidationError, source: str, overrides: Mapping[str, str]) -> str:
     lines = [f"{source}: the configuration is not valid:"]
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
+        origin = next(
+            (f" (set by {name})" for dotted, name in overrides.items() if key.startswith(dotted)),
+            "",
+        )
         if error["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key (see docs/config.md for the keys there are)")
+            lines.append(
+                f"  {key}: unknown key{origin} (see docs/config.md for the keys there are)"
+            )
         else:
-            lines.append(f"  {key}: {error['msg']}")
+            lines.append(f"  {key}: {error['msg']}{origin}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from looprelay.core.interaction import resolve_mode
 from looprelay.core.plan import RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
 from looprelay.core.prsessions import resolve_session_per_pr
+from looprelay.core.render import TemplateError, check_prompt_template
 from looprelay.errors import ConfigError
 
 log = logging.getLogger("looprelay.routing")
@@ -41,6 +42,11 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
         users = AuthorizedUsers.from_config(
             [_core_entry(entry) for entry in config.authorized_users]
         )
+        if not config.authorized_users:
+            log.warning(
+                "routing.authorizedUsers is empty: every event and command from a person is "
+                "refused (fail closed); list who may drive sessions as `{login: LOGIN, id: ID}`"
+            )
         if users.logins:
             log.warning(_unpinned_warning(users.logins))
         return RoutingPolicy(
@@ -79,17 +85,11 @@ class TemplateSource:
     """The prompt and comment templates, read once; each decision gets a fresh boundary."""
 
     def __init__(self, config: RoutingConfig) -> None:
-        """Read the operator's templates now. Raises ``ConfigError`` when one is unreadable."""
-        self._event = (
-            operator_template(config.prompt_template)
-            if config.prompt_template
-            else bundled_template(EVENT_PROMPT)
-        )
-        self._spawn = (
-            operator_template(config.spawn_prompt_template)
-            if config.spawn_prompt_template
-            else bundled_template(SPAWN_PROMPT)
-        )
+        """Read and compile the operator's templates now, so a start (and `config validate`)
+        refuses what would fail every delivery. Raises ``ConfigError`` naming the file when
+        one is missing, unreadable, does not compile or reads an unknown variable."""
+        self._event = _prompt_template(config.prompt_template, EVENT_PROMPT)
+        self._spawn = _prompt_template(config.spawn_prompt_template, SPAWN_PROMPT)
         self._sandboxed_event = config.prompt_template is not None
         self._sandboxed_spawn = config.spawn_prompt_template is not None
 
@@ -104,3 +104,21 @@ class TemplateSource:
             sandboxed_event=self._sandboxed_event,
             sandboxed_spawn=self._sandboxed_spawn,
         )
+
+
+def _prompt_template(path: str | None, bundled: str) -> str:
+    if not path:
+        return bundled_template(bundled)
+    source = operator_template(path)
+    try:
+        check_prompt_template(source, sandboxed=True)
+    except TemplateError as exc:
+        raise ConfigError(f"the prompt template {path}: {exc}") from exc
+    return source
+
+
+def check_routing(config: RoutingConfig) -> None:
+    """Refuse what a start refuses in the routing section, with the same warnings: the one
+    check ``config validate`` and the services share."""
+    routing_policy(config)
+    TemplateSource(config)

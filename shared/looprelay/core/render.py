@@ -92,17 +92,24 @@ def template_variables(source: str, *, sandboxed: bool = True) -> frozenset[str]
         raise TemplateError(f"template syntax error on line {exc.lineno}: {exc.message}") from exc
 
 
+def check_prompt_template(source: str, *, sandboxed: bool) -> frozenset[str]:
+    """Return the variables a prompt template reads; ``TemplateError`` when it does not parse
+    or reads one that does not exist (checked at start, and again on each render)."""
+    used = template_variables(source, sandboxed=sandboxed)
+    unknown = sorted(used - PROMPT_VARIABLES)
+    if unknown:
+        known = ", ".join(sorted(PROMPT_VARIABLES))
+        raise TemplateError(f"template uses unknown variables {unknown}; known: {known}")
+    return used
+
+
 def render_prompt(source: str, context: PromptContext, *, sandboxed: bool) -> str:
     """Render a prompt template, appending the directive when the template leaves it out.
 
     Expects template text and a checked context. Raises ``TemplateError`` when the template
     does not parse, reads a variable that does not exist, or breaks out of the sandbox.
     """
-    used = template_variables(source, sandboxed=sandboxed)
-    unknown = sorted(used - PROMPT_VARIABLES)
-    if unknown:
-        known = ", ".join(sorted(PROMPT_VARIABLES))
-        raise TemplateError(f"template uses unknown variables {unknown}; known: {known}")
+    used = check_prompt_template(source, sandboxed=sandboxed)
     text = _render(source, asdict(context), sandboxed=sandboxed)
     if needs_directive_appended(used):
         text = append_directive(text, context.interaction_directive)

@@ -146,7 +146,7 @@ class RunnerApi:
             labels=body.labels,
             secret_hash=hash_credential(secret),
             registered_at=now,
-            last_seen_at=now,
+            last_seen_at=None,  # heard from once its agent runs: until then it is not live
             version=body.version,
             capacity=body.capacity,
         )
