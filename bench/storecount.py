@@ -149,8 +149,14 @@ class _CountingFirestoreApi:
 
 def _count_firestore(adapter: Any, counts: OpCounts) -> None:
     client = getattr(adapter, "_client", None)
-    if client is None or not hasattr(client, "_firestore_api_internal"):
-        return
+    if client is not None and hasattr(client, "_firestore_api_internal"):
+        count_client(client, counts)
+
+
+def count_client(client: Any, counts: OpCounts) -> None:
+    """Count the documents ``client`` (a ``firestore.Client``) reads and writes from now on,
+    in ``counts`` (``doc.reads``, ``doc.writes``, ``doc.queries``, ``doc.commits``). Reads
+    of real-time listeners are not RPCs of this layer: ``FirestoreDispatchFeed.reads``."""
     client._firestore_api_internal = _CountingFirestoreApi(client._firestore_api, counts)
 
 

@@ -41,6 +41,7 @@ from storecount import OpCounts, install  # noqa: E402
 from looprelay.app.adapters import open_runner_registry  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
+from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.core.tasknames import delivery_task_name  # noqa: E402
 from looprelay.datadir import WEBHOOK_SECRET_FILE, WORKER_TOKEN_FILE, read_secret  # noqa: E402
@@ -214,6 +215,157 @@ def _mean(samples: list[dict[str, int]]) -> dict[str, float]:
     return {key: sum(s.get(key, 0) for s in samples) / len(samples) for key in sorted(keys)}
 
 
+# -- idle runners: reads per waiting runner-second -------------------------------------------
+
+IDLE_RUNNERS = (1, 50, 200)
+IDLE_WINDOW_SECONDS = 30.0
+"""Longer than a poll's wait (25 s), so each runner's next poll is counted too."""
+IDLE_REPOSITORY = "octo/idle"
+
+
+def _idle_config(prefix: str) -> Config:
+    firestore = {"project": "demo-looprelay", "collectionPrefix": prefix}
+    return Config.model_validate({"store": {"backend": "firestore", "firestore": firestore}})
+
+
+def _idle_runners(config: Config, count: int) -> list[str]:
+    """Register ``count`` runners serving ``IDLE_REPOSITORY``; their bearer credentials."""
+    from looprelay.ports import RunnerStatus
+    from looprelay.service.runner_secrets import hash_credential, new_runner_id, new_runner_secret
+
+    registry = open_runner_registry(config, data_dir=None)
+    now = datetime.now(UTC)
+    bearers = []
+    for n in range(count):
+        runner_id, secret = new_runner_id(), new_runner_secret()
+        record = RunnerRecord(
+            runner_id=runner_id,
+            name=f"idle-{n}",
+            secret_hash=hash_credential(secret),
+            registered_at=now,
+            last_seen_at=now,
+        )
+        registry.add_runner(record)
+        status = RunnerStatus(capacity=1, repositories=(IDLE_REPOSITORY,))
+        registry.record_heartbeat(runner_id, at=now, status=status)
+        bearers.append(runner_bearer(runner_id, secret))
+    return bearers
+
+
+def idle_reads(count: int, window: float) -> dict[str, float]:
+    """Reads per idle runner-second of the cloud runner API (``app.cloud.build_runner_api``,
+    whatever this tree's is) with ``count`` runners long-polling as agents do, for
+    ``window`` seconds, nothing to lease. Needs ``FIRESTORE_EMULATOR_HOST``."""
+    import asyncio
+
+    from looprelay.app import adapters
+    from looprelay.app.asgi import Blocking
+    from looprelay.app.cloud import build_runner_api
+    from looprelay.app.longpoll import runner_api_handler
+
+    config = _idle_config(f"idle{uuid.uuid4().hex[:8]}_")
+    bearers = _idle_runners(config, count)
+    counts = OpCounts()
+    feeds: list[Any] = []
+    opener = getattr(adapters, "open_dispatch_feed", None)  # absent from trees before it
+    if opener is not None:
+
+        def kept(*args: Any, **kwargs: Any) -> Any:
+            feeds.append(opener(*args, **kwargs))
+            return feeds[-1]
+
+        adapters.open_dispatch_feed = kept
+    uninstall = install(counts)
+    try:
+        api = build_runner_api(config, os.environ)
+    finally:
+        uninstall()
+        if opener is not None:
+            adapters.open_dispatch_feed = opener
+    handle = runner_api_handler(api, Blocking())
+
+    def listened() -> int:
+        return sum(getattr(feed, "reads", 0) for feed in feeds)
+
+    async def agent(bearer: str, until: float) -> None:
+        headers = {"authorization": bearer, "content-type": "application/json"}
+        body = json.dumps({"wait_seconds": 25}).encode()
+        while time.monotonic() < until:
+            answer = await handle(Request("POST", "/runner/v1/poll", headers, body))
+            if answer.status != 204:
+                raise RuntimeError(f"an idle poll got {answer.status}: {answer.body!r}")
+
+    async def run() -> dict[str, float]:
+        warm = time.monotonic() + 3.0  # every runner's first poll is in, first look done
+        end = warm + window + 1.0
+        tasks = [asyncio.ensure_future(agent(b, end)) for b in bearers]
+        await asyncio.sleep(warm - time.monotonic())
+        before, heard = counts.snapshot(), listened()
+        await asyncio.sleep(window)
+        spent = OpCounts.minus(counts.snapshot(), before)
+        listener = listened() - heard
+        for task in tasks:
+            task.cancel()
+        for failed in await asyncio.gather(*tasks, return_exceptions=True):
+            if not isinstance(failed, asyncio.CancelledError | type(None)):
+                raise failed
+        reads = spent.get("doc.reads", 0) + listener
+        return {
+            "runners": count,
+            "seconds": window,
+            "reads": reads,
+            "listener reads": listener,
+            "reads per runner-second": reads / (count * window),
+            "polls": spent.get("call.RunnerRegistry.get_runner", 0),
+        }
+
+    try:
+        return asyncio.run(run())
+    finally:
+        for feed in feeds:
+            feed.close()
+
+
+def _base_tree(commit: str, into: Path) -> Path:
+    """``shared/`` of ``commit`` (the code before the change) extracted into ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(BENCH.parent), "archive", commit, "shared"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "shared"
+
+
+def idle_table(before: str | None, window: float) -> list[dict[str, Any]]:
+    """Measure each of ``IDLE_RUNNERS`` with this tree and, if given, with commit ``before``
+    (run in a child process with that tree's ``shared/`` first on the path)."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="looprelay-idle-") as tmp:
+        base = _base_tree(before, Path(tmp)) if before else None
+        for count in IDLE_RUNNERS:
+            if base is not None:
+                env = dict(os.environ, PYTHONPATH=str(base))
+                child = [sys.executable, __file__, "--idle-one", str(count)]
+                child += ["--window", str(window)]
+                out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
+                rows.append({"code": before, **json.loads(out.stdout)})
+            rows.append({"code": "this tree", **idle_reads(count, window)})
+    return rows
+
+
+def _print_idle(rows: list[dict[str, Any]]) -> None:
+    head = f"{'code':<12} {'runners':>7} {'reads':>8} {'listener':>8} {'polls':>6}"
+    print(f"{head} {'reads/runner-s':>15}")
+    for row in rows:
+        print(
+            f"{str(row['code'])[:12]:<12} {row['runners']:>7} {row['reads']:>8}"
+            f" {row['listener reads']:>8} {row['polls']:>6}"
+            f" {row['reads per runner-second']:>15.4f}"
+        )
+    print(f"over {rows[0]['seconds']:g} s of idle long polls (25 s each, as agents ask)")
+
+
 # -- the Firestore emulator -------------------------------------------------------------------
 
 
@@ -290,7 +442,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument("--no-firestore", action="store_true", help="SQLite only")
+    parser.add_argument(
+        "--idle",
+        action="store_true",
+        help="reads per idle runner-second at 1, 50 and 200 runners instead (Firestore)",
+    )
+    parser.add_argument("--before", help="with --idle: also measure this commit, same run")
+    parser.add_argument("--window", type=float, default=IDLE_WINDOW_SECONDS)
+    parser.add_argument("--idle-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.idle_one:  # the child of --before: one measurement, as JSON
+        print(json.dumps(idle_reads(args.idle_one, args.window)))
+        return 0
+    if args.idle:
+        with _emulator() as host:
+            if host is None:
+                print("the Firestore emulator is needed for --idle", file=sys.stderr)
+                return 1
+            rows = idle_table(args.before, args.window)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_idle(rows)
+        return 0
     results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="looprelay-storeops-") as tmp:
         results["sqlite"] = run_backend(Path(tmp) / "sqlite", _config(None))

@@ -27,6 +27,7 @@ from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
+from looprelay.ports import DispatchFeed
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
@@ -193,6 +194,8 @@ def _lease_desk(
     github: FakeGitHub,
     monotonic: Callable[[], float] = time.monotonic,
     headless_replies: bool = True,
+    feed: DispatchFeed | None = None,
+    config: RunnersConfig = CONFIG,
 ) -> LeaseDesk:
     """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``."""
     github.tokens[GITHUB_TOKEN] = APP_LOGIN
@@ -210,24 +213,38 @@ def _lease_desk(
         work_items=stores.work_items,
         store=stores.events,
         clock=clock,
-        config=CONFIG,
+        config=config,
         progress=progress,
         waker=waker,
+        feed=feed,
         monotonic=monotonic,
     )
 
 
 def serve_desk(
-    stores: Stores, github: FakeGitHub, *, headless_replies: bool = True
+    stores: Stores,
+    github: FakeGitHub,
+    *,
+    headless_replies: bool = True,
+    waker: DispatchWaker | None = None,
+    feed: DispatchFeed | None = None,
+    config: RunnersConfig = CONFIG,
 ) -> Iterator[Desk]:
-    """Serve the runner API over real HTTP on ``stores``, progress going to ``github``."""
+    """Serve the runner API over real HTTP on ``stores``, progress going to ``github``;
+    ``feed`` (ringing ``waker``) as the cloud wires it."""
     clock = SteppingClock()
-    waker = DispatchWaker()
+    waker = waker or DispatchWaker()
     lease_desk = _lease_desk(
-        stores, clock=clock, waker=waker, github=github, headless_replies=headless_replies
+        stores,
+        clock=clock,
+        waker=waker,
+        github=github,
+        headless_replies=headless_replies,
+        feed=feed,
+        config=config,
     )
     runner_api = RunnerApi(
-        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=lease_desk
+        registry=stores.registry, store=stores.events, clock=clock, config=config, desk=lease_desk
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()

@@ -214,6 +214,20 @@ class WorkItemStore(Protocol):
         ...
 
 
+class DispatchFeed(Protocol):
+    """The open dispatches as the store last pushed them: one listener per process, so a
+    waiting poll learns of new work without reading the store."""
+
+    def open_dispatches(self) -> Sequence[DispatchRecord] | None:
+        """Return every open dispatch as of the last change pushed (prompts left out), or
+        None while the feed is not live: the caller must then look at the store itself."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening; :meth:`open_dispatches` answers None from then on."""
+        ...
+
+
 @dataclass(frozen=True)
 class RunnerStatus:
     """What a runner reports about itself on a heartbeat."""
@@ -244,8 +258,9 @@ class RunnerRegistry(Protocol):
         """Return the runner, or None."""
         ...
 
-    def list_runners(self) -> list[RunnerRecord]:
-        """Return every runner, oldest registration first."""
+    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
+        """Return every runner (without the revoked ones if ``include_revoked`` is False),
+        oldest registration first."""
         ...
 
     def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:

@@ -82,6 +82,16 @@ class TestRunners:
             "r-0000000000000002",
         ]
 
+    def test_the_list_can_leave_revoked_runners_out(self, runner_registry: RunnerRegistry) -> None:
+        """The lease desk's cached list never reads revoked runners; operators see them all."""
+        runner_registry.add_runner(_runner("r-0000000000000001"))
+        runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
+        runner_registry.add_runner(_runner("r-0000000000000003", at=T0 + timedelta(seconds=9)))
+        assert runner_registry.revoke_runner("r-0000000000000002", at=T0)
+        unrevoked = runner_registry.list_runners(include_revoked=False)
+        assert [r.runner_id for r in unrevoked] == ["r-0000000000000001", "r-0000000000000003"]
+        assert len(runner_registry.list_runners()) == 3
+
     def test_heartbeat_updates_liveness_version_and_capacity(
         self, runner_registry: RunnerRegistry
     ) -> None:

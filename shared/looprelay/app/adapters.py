@@ -8,7 +8,7 @@ Function's cold start loads only the ones its configuration picks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +18,7 @@ from looprelay.datadir import QUEUE_FILE, STORE_FILE
 from looprelay.errors import ConfigError
 from looprelay.ports import (
     Clock,
+    DispatchFeed,
     GitHub,
     Queue,
     RunnerRegistry,
@@ -83,6 +84,17 @@ def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemSt
     from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 
     return SqliteWorkItemStore(_sqlite_path(config, data_dir))
+
+
+def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> DispatchFeed | None:
+    """Return the store's change feed of open dispatches, listening already and calling
+    ``on_change`` after each change; None when the store pushes none (SQLite: ``looprelay
+    up``'s router rings its polls itself). Raises ``ConfigError`` without credentials."""
+    if config.store.backend != "firestore":
+        return None
+    from looprelay.adapters.firestore.dispatch_feed import FirestoreDispatchFeed
+
+    return FirestoreDispatchFeed.from_config(config.store.firestore, on_change=on_change)
 
 
 @dataclass(frozen=True)

@@ -86,18 +86,28 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
 
 
 def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
-    """The runner API's handler, on the configured store; long polls look again every
-    second, as no in-process signal reaches them from the worker function."""
-    from looprelay.app.adapters import github_client, open_store, system_clock
+    """The runner API's handler, on the configured store. No signal crosses from the worker
+    function, so one change feed per instance (a Firestore listener) wakes the waiting polls
+    when open dispatches change; without one, polls look again every second."""
+    from looprelay.app.adapters import (
+        github_client,
+        open_dispatch_feed,
+        open_store,
+        system_clock,
+    )
     from looprelay.app.services import build_runner_api as wire
+    from looprelay.service.lease_desk import DispatchWaker
 
+    waker = DispatchWaker()
+    feed = open_dispatch_feed(config, on_change=waker.notify)
     return wire(
         config,
         store=open_store(config, data_dir=None),
         clock=system_clock(),
         data_dir=None,
         github=github_client(config, environ),
-        waker=None,
+        waker=waker if feed is not None else None,
+        feed=feed,
     )
 
 

@@ -2,9 +2,9 @@
 
 Scenario: a runner polls; its credentials and body are checked on a pool thread, then the
 poll looks for a dispatch (a pool thread again: the store blocks). Finding none, it waits on
-the loop until the ``DispatchWaker`` rings (a dispatch was saved or a result came back) or,
-in the cloud where no signal crosses functions, until the next look a second later; then it
-looks again, until its wait is over (204). A thousand waiting polls are a thousand small
+the loop until the ``DispatchWaker`` rings (a dispatch was saved or a result came back; in
+the cloud, the dispatch feed pushed a change) or a lease lapses; then it looks again, until
+its wait is over (204). A thousand waiting polls are a thousand small
 coroutines, not a thousand threads.
 """
 
@@ -17,7 +17,7 @@ from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.model import RunnerRecord
 from looprelay.errors import Transient
-from looprelay.service.lease_desk import CLOUD_POLL_INTERVAL_SECONDS, NOTHING_TO_LEASE, LeaseDesk
+from looprelay.service.lease_desk import NOTHING_TO_LEASE, LeaseDesk
 from looprelay.service.runners import RunnerApi
 from looprelay.wire.runner_api import API_PREFIX, PollBody
 
@@ -64,6 +64,6 @@ async def long_poll(
         if remaining <= 0:
             return NOTHING_TO_LEASE
         if waker is not None:
-            await waker.wait_async(remaining, since=seen)
+            await waker.wait_async(desk.pause_seconds(remaining), since=seen)
         else:
-            await asyncio.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))
+            await asyncio.sleep(desk.pause_seconds(remaining))

@@ -9,7 +9,7 @@ from pathlib import Path
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
 from looprelay.config.routing import TemplateSource, routing_policy
-from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, DispatchFeed, GitHub, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
@@ -53,8 +53,10 @@ def build_runner_api(
     waker: DispatchWaker | None,
     work_items: WorkItemStore | None = None,
     runners: RunnerRegistry | None = None,
+    feed: DispatchFeed | None = None,
 ) -> RunnerApi:
-    """The runner API with its lease desk; stores are opened unless given."""
+    """The runner API with its lease desk; stores are opened unless given. ``feed`` (which
+    rings ``waker``) lets waiting polls learn of new work without reading the store."""
     registry = runners or open_runner_registry(config, data_dir=data_dir)
     work_items = work_items or open_work_item_store(config, data_dir=data_dir)
     progress = Progress(
@@ -73,5 +75,6 @@ def build_runner_api(
         config=config.runners,
         progress=progress,
         waker=waker,
+        feed=feed,
     )
     return RunnerApi(registry=registry, store=store, clock=clock, config=config.runners, desk=desk)

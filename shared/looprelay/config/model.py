@@ -420,6 +420,13 @@ class RunnersConfig(_Section):
     lease_seconds: int = Field(
         default=60, ge=10, description="How long a leased dispatch stays with its runner."
     )
+    runner_list_max_age_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=60,
+        description="How stale the runner API's cached list of runners may be when it chooses "
+        "a dispatch (a silent runner is noticed that much later; 0 reads it on every choice).",
+    )
 
 
 class ServerConfig(_Section):

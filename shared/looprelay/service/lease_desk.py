@@ -20,16 +20,17 @@ from datetime import datetime, timedelta
 
 from looprelay.app.messages import Response, json_response
 from looprelay.config.model import RunnersConfig
+from looprelay.core.feed import next_lapse, worth_a_look
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.core.scheduling import (
     choose_dispatch,
     heads_of_line,
-    is_live,
     needs_session_pin,
     pin_to_sessions,
 )
-from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
+from looprelay.service.runner_cache import RunnerCache
 from looprelay.wire.runner_api import (
     Dispatch,
     Leased,
@@ -45,7 +46,12 @@ log = logging.getLogger("looprelay.service.lease_desk")
 MAX_DISPATCH_ATTEMPTS = 5
 """Leases of one dispatch before a retryable failure becomes final."""
 CLOUD_POLL_INTERVAL_SECONDS = 1.0
-"""Without an in-process signal (separate functions), a long poll looks again this often."""
+"""Without any signal (no waker, no feed), a long poll looks again this often."""
+FEED_DOWN_LOOK_SECONDS = 5.0
+"""While the dispatch feed is not live, a waiting poll looks at the store this often."""
+LAPSE_MARGIN_SECONDS = 0.05
+"""A poll waiting for a lease to lapse wakes this long after it did (lapsed means earlier
+than now)."""
 NOTHING_TO_LEASE = Response(status=204, body=b"")
 """A poll's answer when nothing came within its wait."""
 
@@ -115,6 +121,10 @@ def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
 def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
     """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
     heads = heads_of_line(items.list_dispatch_heads(statuses=DISPATCH_OPEN), now=now)
+    return _pinned(items, heads)
+
+
+def _pinned(items: WorkItemStore, heads: list[DispatchRecord]) -> list[DispatchRecord]:
     refs = {d.work_item for d in heads if needs_session_pin(d)}
     return pin_to_sessions(heads, items.get_work_items(refs) if refs else {})
 
@@ -132,8 +142,12 @@ class LeaseDesk:
         config: RunnersConfig,
         progress: Progress,
         waker: DispatchWaker | None = None,
+        feed: DispatchFeed | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
+        cloud ``feed`` rings it); with ``feed`` a look checks the open dispatches it pushed
+        and reads the store only for one this runner may take."""
         self._registry = registry
         self._items = work_items
         self._store = store
@@ -141,7 +155,11 @@ class LeaseDesk:
         self._config = config
         self._progress = progress
         self._waker = waker
+        self._feed = feed
         self._monotonic = monotonic
+        self._runners = RunnerCache(
+            registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
+        )
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
         """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
@@ -161,15 +179,36 @@ class LeaseDesk:
             if remaining <= 0:
                 return NOTHING_TO_LEASE
             if self._waker is not None:
-                self._waker.wait(remaining, since=seen)
+                self._waker.wait(self.pause_seconds(remaining), since=seen)
             else:
-                time.sleep(min(remaining, CLOUD_POLL_INTERVAL_SECONDS))
+                time.sleep(self.pause_seconds(remaining))
 
     @property
     def waker(self) -> DispatchWaker | None:
         """The in-process signal a poll waits on, or None (look every
         ``CLOUD_POLL_INTERVAL_SECONDS``)."""
         return self._waker
+
+    def pause_seconds(self, remaining: float) -> float:
+        """How long a poll that found nothing, with ``remaining`` seconds left, waits before
+        it looks again (on the waker, which may cut it short).
+
+        With a live feed: until a change is pushed, or the earliest lease lapses (nothing
+        is pushed then). With the feed down: ``FEED_DOWN_LOOK_SECONDS`` at most, so work is
+        still found. Without any signal: ``CLOUD_POLL_INTERVAL_SECONDS``.
+        """
+        if self._waker is None:
+            return min(remaining, CLOUD_POLL_INTERVAL_SECONDS)
+        if self._feed is None:
+            return remaining
+        open_now = self._feed.open_dispatches()
+        if open_now is None:
+            return min(remaining, FEED_DOWN_LOOK_SECONDS)
+        now = self._clock.now()
+        lapse = next_lapse(open_now, now=now)
+        if lapse is None:
+            return remaining
+        return min(remaining, (lapse - now).total_seconds() + LAPSE_MARGIN_SECONDS)
 
     def monotonic(self) -> float:
         """The desk's monotonic clock, which poll deadlines are measured on (tests move it)."""
@@ -190,15 +229,23 @@ class LeaseDesk:
             200, Leased(dispatch=Dispatch.from_record(leased)).model_dump(mode="json")
         )
 
+    def _candidates(self, runner: RunnerRecord, now: datetime) -> list[DispatchRecord]:
+        # With a live feed, the open dispatches it pushed say in memory which heads this
+        # runner may take (repositories, labels, capacity): no read unless there is one.
+        # Filtering here rather than by a repository query keeps head-of-line exact, as one
+        # work item's dispatches may name different repositories (a fork's pull request).
+        open_now = self._feed.open_dispatches() if self._feed is not None else None
+        if open_now is None:
+            return leasable_heads(self._items, now=now)
+        return _pinned(self._items, worth_a_look(open_now, runner, now=now))
+
     def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
         now = self._clock.now()
+        candidates = self._candidates(runner, now)
+        if not candidates:
+            return None
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
-        live = [
-            r.runner_id
-            for r in self._registry.list_runners()
-            if is_live(r, now=now, lost_after=lost_after)
-        ]
-        candidates = leasable_heads(self._items, now=now)
+        live = self._runners.live_ids(now=now, lost_after=lost_after)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live)
             if pick is None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import (
     conditional_update,
@@ -70,10 +71,15 @@ class FirestoreRunnerRegistry:
             snapshot = self._runners.document(runner_id).get()
         return _runner(snapshot.to_dict()) if snapshot.exists else None
 
-    def list_runners(self) -> list[RunnerRecord]:
-        """See ``RunnerRegistry.list_runners``."""
+    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
+        """See ``RunnerRegistry.list_runners``: without the revoked ones, only runners whose
+        ``revoked_at`` is null are read (a single-field index; sorted here, not by the
+        query, so no composite index is needed)."""
+        query: firestore.Query | firestore.CollectionReference = self._runners
+        if not include_revoked:
+            query = self._runners.where(filter=FieldFilter("revoked_at", "==", None))
         with translated("list runners"):
-            docs = self._runners.order_by("registered_at").stream()
+            docs = query.stream()
             runners = [_runner(doc.to_dict()) for doc in docs]
         return sorted(runners, key=lambda r: (r.registered_at, r.runner_id))
 

@@ -286,6 +286,12 @@ class FirestoreWorkItemStore:
         return self._transition(dispatch_id, finish, action="finish a dispatch") is not None
 
 
+def dispatch_from_document(data: dict[str, Any]) -> DispatchRecord:
+    """Return the dispatch a ``dispatches`` document holds; ``ValidationError`` if it holds
+    none."""
+    return DispatchRecord.model_validate(_plain(data))
+
+
 def _held_by(dispatch: DispatchRecord, runner_id: str) -> bool:
     return dispatch.status == "leased" and dispatch.lease_holder == runner_id
 

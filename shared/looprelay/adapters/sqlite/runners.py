@@ -69,9 +69,12 @@ class SqliteRunnerRegistry:
         rows = self._db.rows("SELECT doc FROM runners WHERE runner_id = ?", (runner_id,))
         return RunnerRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
-    def list_runners(self) -> list[RunnerRecord]:
+    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``."""
-        rows = self._db.rows("SELECT doc FROM runners ORDER BY registered_at, runner_id")
+        where = "" if include_revoked else "WHERE json_extract(doc, '$.revoked_at') IS NULL "
+        rows = self._db.rows(
+            f"SELECT doc FROM runners {where}ORDER BY registered_at, runner_id"  # noqa: S608
+        )
         return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
 
     def _change(self, runner_id: str, **fields: Any) -> bool:

@@ -1,0 +1,62 @@
+"""What a waiting poll decides from the pushed open dispatches, without reading the store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from looprelay.core.feed import next_lapse, worth_a_look
+from looprelay.core.model import DispatchRecord, RunnerRecord
+from tests.dispatches import make_dispatch
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+RUNNER = RunnerRecord(
+    runner_id="r-1",
+    name="a",
+    secret_hash="0" * 64,
+    registered_at=T0,
+    labels={"os": "linux"},
+    repositories=["Octo/App"],
+    capacity=2,
+)
+
+
+def test_only_heads_this_runner_may_take_are_worth_a_look() -> None:
+    mine = make_dispatch(repository="octo/app", number=1, created_at=T0)
+    behind_mine = make_dispatch(repository="octo/app", number=1, seq=2, created_at=T0)
+    other_repository = make_dispatch(repository="octo/other", number=2, created_at=T0)
+    other_labels = make_dispatch(
+        repository="octo/app", number=3, created_at=T0, labels={"os": "macos"}
+    )
+    held = make_dispatch(
+        repository="octo/app",
+        number=4,
+        created_at=T0,
+        status="leased",
+        lease_expires_at=T0 + timedelta(seconds=30),
+    )
+    lapsed = held.model_copy(
+        update={"work_item": "github:octo/app#5", "lease_expires_at": T0 - timedelta(seconds=1)}
+    )
+    pushed = [behind_mine, mine, other_repository, other_labels, held, lapsed]
+    assert [d.dispatch_id for d in worth_a_look(pushed, RUNNER, now=T0)] == [
+        mine.dispatch_id,
+        lapsed.dispatch_id,
+    ]
+    full = RUNNER.model_copy(update={"sessions": 2})
+    assert worth_a_look([mine], full, now=T0) == []
+
+
+def test_a_poll_wakes_when_the_earliest_running_lease_lapses() -> None:
+    def leased(number: int, seconds: int) -> DispatchRecord:
+        return make_dispatch(
+            repository="octo/app",
+            number=number,
+            created_at=T0,
+            status="leased",
+            lease_expires_at=T0 + timedelta(seconds=seconds),
+        )
+
+    pushed = [leased(1, 40), leased(2, 10), leased(3, -5)]
+    pushed.append(make_dispatch(repository="octo/app", number=4, created_at=T0))
+    assert next_lapse(pushed, now=T0) == T0 + timedelta(seconds=10)
+    assert next_lapse([], now=T0) is None
