@@ -64,8 +64,12 @@ def _free_port() -> int:
         return port
 
 
-def _request(host: str, method: str, path: str) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection(host, timeout=5)
+WIPE_DEADLINE_SECONDS = 60.0
+"""A wipe waits for the emulator's JVM, which a loaded 2-core machine can stall for seconds."""
+
+
+def _request(host: str, method: str, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(host, timeout=timeout)
     try:
         connection.request(method, path)
         response = connection.getresponse()
@@ -141,6 +145,7 @@ def firestore_client(firestore_emulator: str) -> Iterator[firestore.Client]:
         firestore_emulator,
         "DELETE",
         f"/emulator/v1/projects/{PROJECT}/databases/(default)/documents",
+        timeout=WIPE_DEADLINE_SECONDS,
     )
     assert status == 200, f"wiping the Firestore emulator failed: {status} {body!r}"
     client = firestore.Client(project=PROJECT)
