@@ -26,18 +26,11 @@ from looprelay.core.scheduling import (
     needs_session_pin,
     pin_to_sessions,
 )
-from looprelay.httpmsg import Response, json_response
+from looprelay.errors import Conflict, NotFound
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.records import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
-from looprelay.runnerapi_models import (
-    Leased,
-    PollBody,
-    RenewBody,
-    Renewed,
-    Reported,
-    ResultBody,
-)
+from looprelay.runnerapi_models import PollBody, RenewBody, ResultBody
 
 log = logging.getLogger("looprelay.leases")
 
@@ -45,8 +38,7 @@ MAX_DISPATCH_ATTEMPTS = 5
 """Leases of one dispatch before a retryable failure becomes final."""
 CLOUD_POLL_INTERVAL_SECONDS = 1.0
 """Without an in-process signal (separate functions), a long poll looks again this often."""
-NOTHING_TO_LEASE = Response(status=204, body=b"")
-"""A poll's answer when nothing came within its wait."""
+LEASE_PASSED_ON = "this runner no longer holds that lease"
 
 
 class DispatchWaker:
@@ -142,9 +134,10 @@ class LeaseDesk:
         self._waker = waker
         self._monotonic = monotonic
 
-    def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
+    def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
         """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
-        (capped by ``runners.pollWaitSeconds``) on this thread; 204 when nothing came.
+        (capped by ``runners.pollWaitSeconds``) on this thread; None when nothing came.
+        Raises ``Transient`` when the store fails.
 
         The ASGI application waits without a thread instead (``app.longpoll``), between
         :meth:`try_lease` calls.
@@ -158,7 +151,7 @@ class LeaseDesk:
                 return leased
             remaining = deadline - self._monotonic()
             if remaining <= 0:
-                return NOTHING_TO_LEASE
+                return None
             if self._waker is not None:
                 self._waker.wait(remaining, since=seen)
             else:
@@ -179,15 +172,9 @@ class LeaseDesk:
         ``runners.pollWaitSeconds``."""
         return min(body.wait_seconds, float(self._config.poll_wait_seconds))
 
-    def try_lease(self, runner: RunnerRecord) -> Response | None:
-        """One look: the 200 answer leasing the next dispatch ``runner`` may take, or None
-        when there is none now. Raises ``Transient`` when the store fails."""
-        leased = self._lease_next(runner)
-        if leased is None:
-            return None
-        return json_response(200, Leased(dispatch=leased).model_dump(mode="json"))
-
-    def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
+    def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
+        """One look: lease the next dispatch ``runner`` may take and return it as leased, or
+        None when there is none now. Raises ``Transient`` when the store fails."""
         now = self._clock.now()
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
         live = [
@@ -225,22 +212,26 @@ class LeaseDesk:
                 {"runner_id": before.runner_id, "taken_by": runner.runner_id},
             )
 
-    def renew(self, runner: RunnerRecord, body: RenewBody) -> Response:
-        """Extend a lease the runner still holds; 409 when it passed to another."""
+    def renew(self, runner: RunnerRecord, body: RenewBody) -> datetime:
+        """Extend a lease the runner still holds; return its new expiry. Raises ``Conflict``
+        when the lease passed to another runner, ``Transient`` when the store fails."""
         now = self._clock.now()
         until = now + timedelta(seconds=self._config.lease_seconds)
         if not self._items.renew_lease(
             body.dispatch_id, runner_id=runner.runner_id, now=now, until=until
         ):
-            return json_response(409, {"error": "this runner no longer holds that lease"})
-        return json_response(200, Renewed(lease_expires_at=until.isoformat()).model_dump())
+            raise Conflict(LEASE_PASSED_ON)
+        return until
 
-    def report(self, runner: RunnerRecord, body: ResultBody) -> Response:
-        """Record the lease holder's result; 409 when the lease passed to another runner."""
+    def report(self, runner: RunnerRecord, body: ResultBody) -> str:
+        """Record the lease holder's result; return the dispatch's status after it
+        (``succeeded``, ``failed``, or ``pending`` to be tried again). Raises ``NotFound``
+        for an unknown dispatch, ``Conflict`` when the lease passed to another runner,
+        ``Transient`` when the store fails."""
         now = self._clock.now()
         dispatch = self._items.get_dispatch(body.dispatch_id)
         if dispatch is None:
-            return json_response(404, {"error": "no such dispatch"})
+            raise NotFound("no such dispatch")
         status = self._final_status(dispatch, body)
         if not self._items.finish_dispatch(
             body.dispatch_id,
@@ -250,11 +241,11 @@ class LeaseDesk:
             now=now,
             detail=body.detail[:MAX_KEPT_DETAIL_CHARS],
         ):
-            return json_response(409, {"error": "this runner no longer holds that lease"})
+            raise Conflict(LEASE_PASSED_ON)
         self._progress.record(dispatch, runner, body, final_status=status)
         if self._waker is not None:
             self._waker.notify()
-        return json_response(200, Reported(status=status).model_dump())
+        return status
 
     @staticmethod
     def _final_status(dispatch: DispatchRecord, body: ResultBody) -> str:

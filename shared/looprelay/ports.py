@@ -22,10 +22,16 @@ MAX_TASK_BYTES = 1_000_000
 
 @dataclass(frozen=True)
 class Task:
-    """A unit of work for the worker: a deterministic name and the bytes to POST."""
+    """A unit of work for the worker: a deterministic name and the bytes to POST.
+
+    ``group`` and ``order_key`` (``core.order``) let a queue that can keep order run one task
+    of a group at a time, smallest key first; a queue that cannot ignores them.
+    """
 
     name: str
     body: bytes
+    group: str = ""
+    order_key: str = ""
 
 
 class Clock(Protocol):
@@ -87,6 +93,14 @@ class Store(Protocol):
 
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
         """Return the ledger record of ``delivery_id``, or None."""
+        ...
+
+    def list_unsettled_before(
+        self, *, group: str, order_key: str, since: datetime, limit: int = 10
+    ) -> list[DeliveryRecord]:
+        """Return up to ``limit`` deliveries of order ``group`` that are not settled, were
+        received at or after ``since`` and have an ``order_key`` below the given one: what a
+        delivery of that group may have to wait for. Raises ``Transient``."""
         ...
 
     def list_deliveries(

@@ -44,6 +44,10 @@ class DeliveryRecord(BaseModel):
     settled_at: datetime | None = None
     envelope: str = ""
     """The slim envelope as JSON, kept so a dead letter can be replayed."""
+    order_group: str = ""
+    """The issue or pull request it is ordered within (``core.order``); empty: none."""
+    order_key: str = ""
+    """Its place in that group's order (``Envelope.order_key``)."""
 
     @property
     def settled(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 from looprelay.config import Config
@@ -53,6 +54,7 @@ def build_router(
         templates=TemplateSource(config.routing),
         clock=clock,
         on_dispatch=waker.notify if waker else lambda: None,
+        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
     )
 
 

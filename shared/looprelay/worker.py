@@ -18,6 +18,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from looprelay.core.envelope import Envelope
+from looprelay.core.order import order_group
 from looprelay.errors import Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.logsampling import LogSampler
@@ -114,6 +115,8 @@ class Worker:
                 action=envelope.action,
                 received_at=now,
                 envelope=request.body.decode(),
+                order_group=order_group(envelope),
+                order_key=envelope.order_key,
             ),
             event=received,
         )

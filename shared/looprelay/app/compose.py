@@ -219,10 +219,15 @@ def _open_local(
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
     queue = EmbeddedQueue(
-        data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+        data_dir / QUEUE_FILE,
+        retry=config.queue.retry,
+        settings=config.queue.embedded,
+        order_wait_seconds=config.routing.order_wait_seconds,
     )
-    ingress = Ingress(secrets=secrets, queue=queue, config=config.webhook, verify=verify)
     clock, waker = SystemClock(), DispatchWaker()
+    ingress = Ingress(
+        secrets=secrets, queue=queue, config=config.webhook, verify=verify, clock=clock
+    )
     github = github_client(config, environ)
     runner_api = build_runner_api(
         config,

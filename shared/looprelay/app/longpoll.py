@@ -16,9 +16,9 @@ import logging
 from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.errors import Transient
 from looprelay.httpmsg import Request, Response, json_response
-from looprelay.leases import CLOUD_POLL_INTERVAL_SECONDS, NOTHING_TO_LEASE, LeaseDesk
+from looprelay.leases import CLOUD_POLL_INTERVAL_SECONDS, LeaseDesk
 from looprelay.records import RunnerRecord
-from looprelay.runnerapi import RunnerApi
+from looprelay.runnerapi import NOTHING_TO_LEASE, RunnerApi, lease_answer
 from looprelay.runnerapi_models import API_PREFIX, PollBody
 
 log = logging.getLogger("looprelay.runnerapi")
@@ -59,7 +59,7 @@ async def long_poll(
             log.error("runner API store failure: %s", exc)
             return json_response(503, {"error": "temporarily unavailable; retry"})
         if leased is not None:
-            return leased
+            return lease_answer(leased)
         remaining = deadline - desk.monotonic()
         if remaining <= 0:
             return NOTHING_TO_LEASE
