@@ -27,7 +27,7 @@ from looprelay.core.scheduling import (
     pin_to_sessions,
 )
 from looprelay.errors import Conflict, NotFound
-from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, RunnerRegistry, SessionSlot, Store, WorkItemStore
 from looprelay.progress import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.records import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.runnerapi_models import PollBody, RenewBody, ResultBody
@@ -101,6 +101,18 @@ def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
     for woken in waiters:
         if not woken.done():
             woken.set_result(None)
+
+
+SESSION_ENDING_KINDS = frozenset({"terminate", "cleanup"})
+"""Dispatches whose success ends a session on its runner, freeing its slot."""
+
+
+def _ends_session(dispatch: DispatchRecord, status: str) -> bool:
+    """Whether ``dispatch`` settling as ``status`` leaves its session without a harness on
+    the runner: stopped or cleaned up, or a spawn that failed for good."""
+    if dispatch.kind in SESSION_ENDING_KINDS:
+        return status == "succeeded"
+    return dispatch.kind == "spawn" and status == "failed"
 
 
 def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
@@ -183,13 +195,21 @@ class LeaseDesk:
             if is_live(r, now=now, lost_after=lost_after)
         ]
         candidates = leasable_heads(self._items, now=now)
+        holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):
-            pick = choose_dispatch(candidates, runner, live=live)
+            pick = choose_dispatch(candidates, runner, live=live, holding=holding)
             if pick is None:
                 return None
             until = now + timedelta(seconds=self._config.lease_seconds)
+            # A spawn takes a session slot in the lease's own write: racing polls never give
+            # a runner more sessions than its capacity.
+            slot = (
+                SessionSlot(pick.endpoint, pick.work_item, runner.capacity)
+                if pick.kind == "spawn"
+                else None
+            )
             leased = self._items.lease_dispatch(
-                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until
+                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until, slot=slot
             )
             if leased is not None:
                 self._note_lease(pick, leased, runner, now)
@@ -197,9 +217,20 @@ class LeaseDesk:
             candidates = [d for d in candidates if d.dispatch_id != pick.dispatch_id]
         return None
 
+    def _free_moved_slots(self, spawn: DispatchRecord, runner: RunnerRecord) -> None:
+        """A session spawned on ``runner`` no longer occupies a slot on the runner it lived
+        on before (lost) or on a runner whose lease of this spawn lapsed."""
+        item = self._items.get_work_item(spawn.work_item)
+        session = item.sessions.get(spawn.endpoint) if item else None
+        for before in {spawn.lease_holder, session.runner_id if session else None}:
+            if before not in (None, runner.runner_id):
+                self._items.release_session(before, endpoint=spawn.endpoint)
+
     def _note_lease(
         self, before: DispatchRecord, leased: DispatchRecord, runner: RunnerRecord, now: datetime
     ) -> None:
+        if before.kind == "spawn":
+            self._free_moved_slots(before, runner)
         if before.status == "leased":
             self._event(
                 "lease.expired", leased, now, {"from": before.lease_holder, "to": runner.runner_id}
@@ -243,6 +274,8 @@ class LeaseDesk:
         ):
             raise Conflict(LEASE_PASSED_ON)
         self._progress.record(dispatch, runner, body, final_status=status)
+        if _ends_session(dispatch, status):
+            self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)
         if self._waker is not None:
             self._waker.notify()
         return status

@@ -145,6 +145,16 @@ class Store(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SessionSlot:
+    """The session slot a spawn takes on the runner it is leased to: one per endpoint, at
+    most ``capacity`` per runner."""
+
+    endpoint: str
+    work_item: str
+    capacity: int
+
+
 class WorkItemStore(Protocol):
     """Work items and their dispatches, written together so order and state never drift."""
 
@@ -189,16 +199,38 @@ class WorkItemStore(Protocol):
     def list_dispatch_heads(
         self, *, statuses: Sequence[str], limit: int = 500
     ) -> list[DispatchRecord]:
-        """Return, per work item, its lowest-``seq`` dispatch among those in ``statuses``,
-        oldest first: what may go next, without reading the queue behind each head."""
+        """Return, per work item and session endpoint, its lowest-``seq`` dispatch among those
+        in ``statuses``, oldest first: what may go next, without reading the line behind each
+        head."""
         ...
 
     def lease_dispatch(
-        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        now: datetime,
+        until: datetime,
+        slot: SessionSlot | None = None,
     ) -> DispatchRecord | None:
         """Lease the dispatch to ``runner_id`` if it is pending or its lease lapsed before
         ``now``; return the leased record, or None when another runner holds it.
-        Exactly one of several racing runners wins."""
+        Exactly one of several racing runners wins.
+
+        With ``slot``, the same atomic write gives ``runner_id`` the session slot of
+        ``slot.endpoint`` (kept, re-dated, if it holds it already), and the lease is refused
+        (None) when the runner holds ``slot.capacity`` slots of other endpoints: racing
+        spawns never put more sessions on a runner than its capacity.
+        """
+        ...
+
+    def held_sessions(self, runner_id: str) -> dict[str, str]:
+        """Return the session slots ``runner_id`` holds: endpoint -> work item ref."""
+        ...
+
+    def release_session(self, runner_id: str, *, endpoint: str) -> bool:
+        """Free the slot of ``endpoint`` on ``runner_id`` (its session ended or moved);
+        False when it held none."""
         ...
 
     def renew_lease(
