@@ -337,6 +337,13 @@ class RoutingConfig(_Section):
     auto_execute_label: str = Field(
         default="the-loop: auto-execute", description="The label that arms a work item."
     )
+    pr_session_wait_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a pull request's own session may wait for a runner to start it; "
+        "past it, the pull request's events go to the work item's session instead, and "
+        "`session.pr_session_declined` says so (reason `pr-session-not-taken`).",
+    )
     order_wait_seconds: float = Field(
         default=5.0,
         ge=0,

@@ -138,6 +138,8 @@ class SessionRecord(BaseModel):
     """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
     runner_id: str | None = None
     spawned_at: datetime | None = None
+    queued_at: datetime | None = None
+    """When its (re)spawn was queued; how long a ``pending`` session has waited for a runner."""
     announced: bool = False
 
 
