@@ -239,12 +239,15 @@ def dispatches(
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
     heads = leasable_heads(items, now=now)
-    waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
+    holding = {runner_id: items.held_sessions(runner_id) for runner_id in live}
+    waiting = {
+        w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live, holding=holding)
+    }
     head_ids = {d.dispatch_id for d in heads}
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
         if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
-            why = "after-earlier-dispatch-of-its-work-item"
+            why = "after-earlier-dispatch-of-its-session"
         row = {
             "dispatch_id": dispatch.dispatch_id,
             "work_item": dispatch.work_item,

@@ -131,14 +131,27 @@ def choose_dispatch(
 
 
 def waiting_reasons(
-    candidates: Sequence[DispatchRecord], runners: Sequence[RunnerRecord], *, live: Sequence[str]
+    candidates: Sequence[DispatchRecord],
+    runners: Sequence[RunnerRecord],
+    *,
+    live: Sequence[str],
+    holding: Mapping[str, Collection[str]] | None = None,
 ) -> list[Waiting]:
     """Say, for each candidate no live runner may take, why the first live runner refused it
-    (or that no runner is live), so an operator sees what waits and why."""
+    (or that no runner is live), so an operator sees what waits and why. ``holding`` maps a
+    runner id to the session endpoints the server gave it (see :func:`why_not`)."""
     live_runners = [r for r in runners if r.runner_id in live]
     waits = []
     for dispatch in candidates:
-        reasons = [why_not(dispatch, runner, live=live) for runner in live_runners]
+        reasons = [
+            why_not(
+                dispatch,
+                runner,
+                live=live,
+                holding=None if holding is None else holding.get(runner.runner_id, ()),
+            )
+            for runner in live_runners
+        ]
         if not live_runners:
             waits.append(Waiting(dispatch.dispatch_id, "no-live-runner"))
         elif all(reasons):
