@@ -99,8 +99,8 @@ class Store(Protocol):
         self, *, group: str, order_key: str, since: datetime, limit: int = 10
     ) -> list[DeliveryRecord]:
         """Return up to ``limit`` deliveries of order ``group`` that are not settled, were
-        received at or after ``since`` and have an ``order_key`` below the given one: what a
-        delivery of that group may have to wait for. Raises ``Transient``."""
+        received at or after ``since`` and have an ``order_key`` below the given one, nearest
+        key first: what a delivery of that group may have to wait for. Raises ``Transient``."""
         ...
 
     def list_deliveries(

@@ -62,7 +62,7 @@ INDEXES = (
     ("deliveries", (("outcome_kind", "ASCENDING"), ("received_at", "DESCENDING"))),
     (
         "deliveries",
-        (("order_group", "ASCENDING"), ("outcome", "ASCENDING"), ("order_key", "ASCENDING")),
+        (("order_group", "ASCENDING"), ("outcome", "ASCENDING"), ("order_key", "DESCENDING")),
     ),
     ("events", (("delivery_id", "ASCENDING"), ("sort_key", "ASCENDING"))),
     ("events", (("work_item", "ASCENDING"), ("sort_key", "ASCENDING"))),

@@ -211,13 +211,14 @@ class FirestoreStore:
         self, *, group: str, order_key: str, since: datetime, limit: int = 10
     ) -> list[DeliveryRecord]:
         """See ``Store.list_unsettled_before``: one query on the index ``order_group``,
-        ``outcome``, ``order_key``; the time bound is applied to what it returns (one range
-        per query). Raises ``Transient`` when Firestore is unavailable."""
+        ``outcome``, ``order_key`` descending, the nearest earlier keys first (an old stuck
+        record never hides a recent one); the time bound is applied to what it returns (one
+        range per query). Raises ``Transient`` when Firestore is unavailable."""
         query = (
             self._deliveries.where(filter=FieldFilter("order_group", "==", group))
             .where(filter=FieldFilter("outcome", "==", records.RECEIVED))
             .where(filter=FieldFilter("order_key", "<", order_key))
-            .order_by("order_key")
+            .order_by("order_key", direction=firestore.Query.DESCENDING)
         )
         with _translated("list unsettled deliveries"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))

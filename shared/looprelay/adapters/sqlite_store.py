@@ -157,7 +157,7 @@ class SqliteStore:
         """See ``Store.list_unsettled_before``."""
         rows = self._db.rows(
             "SELECT * FROM deliveries WHERE order_group = ? AND outcome = ? AND order_key < ?"
-            " AND received_at >= ? ORDER BY order_key LIMIT ?",
+            " AND received_at >= ? ORDER BY order_key DESC LIMIT ?",
             (group, RECEIVED, order_key, utc_text(since), limit),
         )
         return [_delivery(row) for row in rows]
