@@ -5,7 +5,12 @@ by compare-and-set, so of two racing runners exactly one gets it. While it appli
 it renews the lease; when it reports, only the lease holder's result counts, the session is
 recorded on the work item, and the next dispatch of that work item becomes offerable. A lease
 that lapses (a runner killed mid-apply) makes the dispatch offerable again; the agent's local
-ledger keeps a paste from happening twice on the runner that died and comes back.
+ledger keeps a paste from happening twice on the runner that died and comes back. A spawn
+also takes one of the runner's session slots in the lease's own write (its capacity, counted
+from what the server assigned); a stop, a cleanup or a failed spawn gives the slot back.
+
+The desk returns values and raises the project's errors (``NotFound``, ``Conflict``,
+``Transient``); the runner API turns them into HTTP answers.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ MAX_DISPATCH_ATTEMPTS = 5
 CLOUD_POLL_INTERVAL_SECONDS = 1.0
 """Without an in-process signal (separate functions), a long poll looks again this often."""
 LEASE_PASSED_ON = "this runner no longer holds that lease"
+"""Why a renew or a result is refused (``Conflict``, 409) after the lease moved on."""
 
 
 class DispatchWaker:
