@@ -394,7 +394,7 @@ def _check_harness(
     report: LoadReport,
 ) -> None:
     """Each spawn once per work item, each comment pasted once, into its own work item's
-    session, in ``seq`` order."""
+    session, in ``seq`` order and in the order the comments were created."""
     calls = harness.calls()
     starts = [c for c in calls if c["event"] == "start"]
     pasted: dict[int, list[str]] = defaultdict(list)
@@ -428,6 +428,14 @@ def _check_harness(
         for a, b in itertools.pairwise(dict.fromkeys(tokens))
         if a in seq and b in seq and seq[a] > seq[b]
     )
+    # Creation order: each comment's id grows with its token's index (build_deliveries), and
+    # all share one created_at second, so GitHub's order is the index order.
+    out_of_creation_order = sum(
+        1
+        for tokens in order.values()
+        for a, b in itertools.pairwise(dict.fromkeys(tokens))
+        if _created_index(a) > _created_index(b)
+    )
     spawns = Counter(seen.get(i.token, [None])[0] for i in acked if i.kind == "start")
     report.checks |= {
         "harness_spawns": len(starts),
@@ -436,6 +444,7 @@ def _check_harness(
         "tokens_doubled": len(doubled),
         "pasted_elsewhere": len(elsewhere),
         "pasted_out_of_order": out_of_order,
+        "pasted_out_of_creation_order": out_of_creation_order,
     }
     work_items = len({i.number for i in acked})
     for what, found in (
@@ -449,6 +458,13 @@ def _check_harness(
         report.failures.append(f"{len(starts)} harness spawns for {work_items} work items")
     if out_of_order:
         report.failures.append(f"{out_of_order} pastes out of seq order")
+    if out_of_creation_order:
+        report.failures.append(f"{out_of_creation_order} pastes out of the comments' order")
+
+
+def _created_index(token: str) -> int:
+    """The index ``build_deliveries`` gave the comment carrying ``token``: its creation order."""
+    return int(token[token.rindex("n") + 1 : -1])
 
 
 def _multiplicity(item: Delivery, by_delivery: dict[str, list[DispatchRecord]]) -> int:

@@ -30,6 +30,11 @@ locals {
       collection = "deliveries"
       fields     = [["outcome_kind", "ASCENDING"], ["received_at", "DESCENDING"]]
     }
+    # FirestoreStore.list_unsettled_before: one issue's unsettled deliveries, earlier keys.
+    deliveries_by_order = {
+      collection = "deliveries"
+      fields     = [["order_group", "ASCENDING"], ["outcome", "ASCENDING"], ["order_key", "DESCENDING"]]
+    }
     # FirestoreStore.list_events: one equality filter, then sort_key (and sort_key > after).
     events_by_delivery = {
       collection = "events"

@@ -84,6 +84,7 @@ class Desk:
         repositories: tuple[str, ...] = (REPOSITORY,),
         workspace: bool = False,
         labels: dict[str, str] | None = None,
+        capacity: int = 1,
     ) -> Runner:
         """Register a runner with a minted token and send its first heartbeat."""
         token = mint_registration_token(
@@ -96,7 +97,7 @@ class Desk:
         )
         assert answer.status_code == 201, answer.text
         runner = Runner(answer.json()["runner_id"], answer.json()["secret"], name)
-        self.heartbeat(runner, repositories=repositories, workspace=workspace)
+        self.heartbeat(runner, repositories=repositories, workspace=workspace, capacity=capacity)
         return runner
 
     def heartbeat(
@@ -105,8 +106,15 @@ class Desk:
         *,
         repositories: tuple[str, ...] = (REPOSITORY,),
         workspace: bool = False,
+        capacity: int = 1,
+        sessions: int = 0,
     ) -> None:
-        body = {"capacity": 1, "repositories": list(repositories), "workspace": workspace}
+        body = {
+            "capacity": capacity,
+            "repositories": list(repositories),
+            "workspace": workspace,
+            "sessions": sessions,
+        }
         assert self.post("heartbeat", body, auth=runner.auth).status_code == 200
 
     def poll(self, runner: Runner, wait: float = SHORT_WAIT) -> requests.Response:
@@ -339,9 +347,9 @@ class TestPoll:
         assert runner is not None
         wait = 6.0
         started = time.monotonic()
-        response = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
         elapsed = time.monotonic() - started
-        assert response.status == 200 and reads >= 2
+        assert leased is not None and reads >= 2
         assert elapsed < wait / 2, f"the poll slept {elapsed:.1f} s through the ring"
 
     def test_without_a_waker_the_poll_looks_again_each_interval(self, desk: Desk) -> None:
@@ -363,13 +371,13 @@ class TestPoll:
         assert runner is not None
         wait = 3 * CLOUD_POLL_INTERVAL_SECONDS + 3
         started = time.monotonic()
-        response = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
         elapsed = time.monotonic() - started
-        assert response.status == 200
+        assert leased is not None and leased.dispatch_id == "dp-1-1"
         assert CLOUD_POLL_INTERVAL_SECONDS <= elapsed < wait - 1.5
 
     def test_of_two_runners_racing_for_one_dispatch_exactly_one_gets_it(self, desk: Desk) -> None:
-        runners = [desk.runner("left"), desk.runner("right")]
+        runners = [desk.runner("left", capacity=3), desk.runner("right", capacity=3)]
         for number in (1, 2, 3):
             desk.seed(number, desk.dispatch(number))
             answers = _poll_together(desk, runners)
@@ -588,8 +596,9 @@ class TestHeadlessReplies:
     """Issue 12 item 6: what a headless turn says reaches the work item (or its PR) once."""
 
     def _turn(self, desk: Desk, number: int = 1, **changes: Any) -> tuple[Runner, DispatchRecord]:
-        """A runner that leased a headless (``process``) spawn of work item ``number``."""
-        runner = desk.runner("laptop", workspace=True)
+        """A runner (room for two sessions) that leased a headless (``process``) spawn of work
+        item ``number``."""
+        runner = desk.runner("laptop", workspace=True, capacity=2)
         dispatch = desk.dispatch(number, **{"runner_kind": "process", **changes})
         desk.seed(number, dispatch)
         assert desk.polled_id(runner) == dispatch.dispatch_id
@@ -760,3 +769,69 @@ class TestOrderAndAffinity:
         assert desk.session(1).runner_id == spawner.runner_id
         assert desk.polled_id(other) is None
         assert desk.polled_id(spawner) == "dp-1-2"
+
+
+class TestCapacity:
+    """A runner's capacity is counted from the sessions the server gave it, at lease time."""
+
+    def test_ten_items_started_together_on_a_runner_of_capacity_two_give_it_two_sessions(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("laptop", capacity=2)
+        for number in range(1, 11):
+            desk.seed(number, desk.dispatch(number))
+        start = threading.Barrier(10)
+
+        def poll(_: int) -> int:
+            start.wait(HTTP_TIMEOUT)
+            return desk.poll(runner).status_code
+
+        with ThreadPoolExecutor(10) as pool:
+            statuses = sorted(pool.map(poll, range(10)))
+        assert statuses == [200] * 2 + [204] * 8
+        leased = desk.stores.work_items.list_dispatches(statuses=("leased",))
+        assert len(leased) == 2
+        for dispatch in leased:  # spawned, both stay, and still nothing more fits
+            assert desk.report(runner, dispatch.dispatch_id, status="spawned").status_code == 200
+        assert desk.polled_id(runner) is None
+
+    def test_a_stopped_session_frees_its_slot_for_the_next_item(self, desk: Desk) -> None:
+        runner = desk.runner("laptop", capacity=1)
+        desk.seed(21, desk.dispatch(21))
+        assert desk.polled_id(runner) == "dp-21-1"
+        assert desk.report(runner, "dp-21-1", status="spawned").status_code == 200
+        desk.heartbeat(runner, sessions=1)
+        desk.seed(22, desk.dispatch(22))
+        assert desk.polled_id(runner) is None  # #22 waits: #21 holds the only slot
+        stop = desk.dispatch(21, 2, kind="terminate", runner_id=runner.runner_id)
+        desk.seed(21, stop, session_status="terminated", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-21-2"
+        assert desk.report(runner, "dp-21-2", status="done").status_code == 200
+        # Its last heartbeat still counts #21; the server knows better, without a cleanup.
+        assert desk.polled_id(runner) == "dp-22-1"
+
+
+class TestPerEndpointLines:
+    def test_a_pull_request_session_nobody_can_take_does_not_hold_up_the_work_items_own(
+        self, desk: Desk
+    ) -> None:
+        holder = desk.runner("holder", capacity=1)
+        pr = "github:octo/repo#2"
+        desk.seed(
+            1,
+            desk.dispatch(
+                1,
+                1,
+                endpoint=pr,
+                session_name="loop-pr-2",
+                dispatch_id="dp-pr",
+                labels={"gpu": "yes"},  # no runner has one
+            ),
+            desk.dispatch(1, 2, kind="deliver", runner_id=holder.runner_id),
+            session_status="live",
+            session_runner=holder.runner_id,
+        )
+        # The spawn of the PR's session (seq 1) fits on no runner; the delivery into the work
+        # item's own live session (seq 2) goes ahead of it.
+        assert desk.polled_id(holder) == "dp-1-2"
+        assert desk.stored("dp-pr").status == "pending"

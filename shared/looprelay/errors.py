@@ -31,6 +31,15 @@ class Unauthorized(LoopRelayError):
         self.status = status
 
 
+class NotFound(LoopRelayError):
+    """The thing a request names does not exist (404): an unknown dispatch id."""
+
+
+class Conflict(LoopRelayError):
+    """The request came too late: the state it acts on has moved on (409), e.g. a lease
+    that passed to another runner."""
+
+
 class Transient(LoopRelayError):
     """Try again later: a store, queue or GitHub hiccup (429/5xx, network, contention)."""
 

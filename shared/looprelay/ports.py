@@ -22,10 +22,16 @@ MAX_TASK_BYTES = 1_000_000
 
 @dataclass(frozen=True)
 class Task:
-    """A unit of work for the worker: a deterministic name and the bytes to POST."""
+    """A unit of work for the worker: a deterministic name and the bytes to POST.
+
+    ``group`` and ``order_key`` (``core.order``) let a queue that can keep order run one task
+    of a group at a time, smallest key first; a queue that cannot ignores them.
+    """
 
     name: str
     body: bytes
+    group: str = ""
+    order_key: str = ""
 
 
 class Clock(Protocol):
@@ -89,6 +95,14 @@ class Store(Protocol):
         """Return the ledger record of ``delivery_id``, or None."""
         ...
 
+    def list_unsettled_before(
+        self, *, group: str, order_key: str, since: datetime, limit: int = 10
+    ) -> list[DeliveryRecord]:
+        """Return up to ``limit`` deliveries of order ``group`` that are not settled, were
+        received at or after ``since`` and have an ``order_key`` below the given one, nearest
+        key first: what a delivery of that group may have to wait for. Raises ``Transient``."""
+        ...
+
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:
@@ -130,6 +144,16 @@ class Store(Protocol):
         unavailable.
         """
         ...
+
+
+@dataclass(frozen=True)
+class SessionSlot:
+    """The session slot a spawn takes on the runner it is leased to: one per endpoint, at
+    most ``capacity`` per runner."""
+
+    endpoint: str
+    work_item: str
+    capacity: int
 
 
 class WorkItemStore(Protocol):
@@ -181,16 +205,38 @@ class WorkItemStore(Protocol):
     def list_dispatch_heads(
         self, *, statuses: Sequence[str], limit: int = 500
     ) -> list[DispatchRecord]:
-        """Return, per work item, its lowest-``seq`` dispatch among those in ``statuses``,
-        oldest first: what may go next, without reading the queue behind each head."""
+        """Return, per work item and session endpoint, its lowest-``seq`` dispatch among those
+        in ``statuses``, oldest first: what may go next, without reading the line behind each
+        head."""
         ...
 
     def lease_dispatch(
-        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        now: datetime,
+        until: datetime,
+        slot: SessionSlot | None = None,
     ) -> DispatchRecord | None:
         """Lease the dispatch to ``runner_id`` if it is pending or its lease lapsed before
         ``now``; return the leased record, or None when another runner holds it.
-        Exactly one of several racing runners wins."""
+        Exactly one of several racing runners wins.
+
+        With ``slot``, the same atomic write gives ``runner_id`` the session slot of
+        ``slot.endpoint`` (kept, re-dated, if it holds it already), and the lease is refused
+        (None) when the runner holds ``slot.capacity`` slots of other endpoints: racing
+        spawns never put more sessions on a runner than its capacity.
+        """
+        ...
+
+    def held_sessions(self, runner_id: str) -> dict[str, str]:
+        """Return the session slots ``runner_id`` holds: endpoint -> work item ref."""
+        ...
+
+    def release_session(self, runner_id: str, *, endpoint: str) -> bool:
+        """Free the slot of ``endpoint`` on ``runner_id`` (its session ended or moved);
+        False when it held none."""
         ...
 
     def renew_lease(

@@ -616,3 +616,56 @@ class TestYield:
         queue.enqueue(Task(name="gh-starved", body=BODY))
         [request] = worker.wait_for("gh-starved", 1)
         assert request.body == BODY
+
+
+class TestGroupOrder:
+    def test_a_group_runs_one_task_at_a_time_smallest_key_first_others_go_on(
+        self, running: SqliteQueue, worker: RecordingWorker
+    ) -> None:
+        worker.script("first", Answer(hang=True))
+        running.enqueue(Task(name="first", body=b"1", group="o/r#1", order_key="k1"))
+        worker.wait_for("first", 1)
+        running.enqueue(Task(name="second", body=b"2", group="o/r#1", order_key="k2"))
+        running.enqueue(Task(name="elsewhere", body=b"3", group="o/r#2", order_key="k9"))
+        worker.wait_for("elsewhere", 1)  # another group is not held up
+        assert worker.requests_for("second") == []
+        worker.release()  # the first attempt fails; its retry comes before the second task
+        [*_, done] = worker.wait_for("first", 2)
+        [second] = worker.wait_for("second", 1)
+        assert done.status == 200 and second.at >= done.at
+
+    def test_a_task_failing_past_the_order_wait_no_longer_holds_its_group(
+        self, db_path: Path, worker: RecordingWorker
+    ) -> None:
+        retry = FAST_RETRY.model_copy(update={"max_attempts": 1000})  # never a dead letter
+        queue = SqliteQueue(db_path, retry=retry, settings=SETTINGS, order_wait_seconds=0.3)
+        try:
+            worker.script("poison", *([503] * 1000))
+            queue.start(worker_url=worker.url, auth_token=TOKEN)
+            queued_at = time.monotonic()  # its first try, which the wait counts from, is later
+            queue.enqueue(Task(name="poison", body=b"1", group="o/r#1", order_key="k1"))
+            worker.wait_for("poison", 1)
+            queue.enqueue(Task(name="later", body=b"2", group="o/r#1", order_key="k2"))
+            [later] = worker.wait_for("later", 1)
+            assert later.at - queued_at >= 0.3
+            assert len(worker.requests_for("poison")) > 1, "it was retried meanwhile"
+        finally:
+            worker.release()
+            queue.close()
+
+    def test_a_queue_file_of_an_older_version_opens_and_keeps_its_tasks(
+        self, db_path: Path, open_queue: QueueFactory
+    ) -> None:
+        with sqlite3.connect(db_path) as db:
+            db.executescript(
+                "CREATE TABLE tasks (name TEXT PRIMARY KEY, body BLOB NOT NULL, state TEXT NOT"
+                " NULL, attempts INTEGER NOT NULL DEFAULT 0, executions INTEGER NOT NULL"
+                " DEFAULT 0, eta REAL NOT NULL, created_at REAL NOT NULL, finished_at REAL,"
+                " last_status INTEGER, last_error TEXT);"
+                "INSERT INTO tasks (name, body, state, eta, created_at)"
+                " VALUES ('old', x'7b7d', 'pending', 0, 0);"
+            )
+        db.close()
+        queue = open_queue()
+        assert [(t.name, t.state) for t in queue.list_tasks()] == [("old", "pending")]
+        assert queue.enqueue(Task(name="new", body=b"{}", group="o/r#1", order_key="k"))

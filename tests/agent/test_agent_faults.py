@@ -175,13 +175,14 @@ class Relay:
             stall.hold()
         return response
 
-    def register(self, name: str) -> Credentials:
-        """Register a runner over HTTP with a freshly minted token, as `runner register` does."""
+    def register(self, name: str, *, capacity: int = 1) -> Credentials:
+        """Register a runner over HTTP with a freshly minted token, as `runner register` does;
+        ``capacity`` is the sessions it may hold."""
         token = mint_registration_token(
             self.stores.registry, now=self.clock.now(), ttl=timedelta(hours=1)
         )
         return register(
-            server=self.url, token=token, name=name, labels={}, version="test", capacity=1
+            server=self.url, token=token, name=name, labels={}, version="test", capacity=capacity
         )
 
     def runner(self, runner_id: str) -> RunnerRecord:
@@ -422,7 +423,7 @@ def launch(
     def start(name: str, *, capacity: int = 1, extra: tuple[str, ...] = ()) -> RunnerProcess:
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
-            write_credentials(credentials, relay.register(name))
+            write_credentials(credentials, relay.register(name, capacity=capacity))
         runner = RunnerProcess(
             credentials=credentials,
             state=tmp_path / f"runner-{name}",
@@ -647,7 +648,7 @@ class TestTalkingAgent:
         )
         fake_harness.mark("headless-fail")
         relay.seed(2, relay.dispatch(2, runner_kind="process"))
-        box = launch("box", extra=("--log-format", "text"))
+        box = launch("box", capacity=2, extra=("--log-format", "text"))
         relay.wait_settled("dp-1-1", "dp-1-2", "dp-2-1")
         box.signal(signal.SIGTERM)
         assert box.wait() == 0, box.output()

@@ -162,6 +162,34 @@ class TestDeliveryLedger:
         assert len(store.list_deliveries(limit=2)) == 2
 
 
+class TestOrderedDeliveries:
+    GROUP = "octo/repo#7"
+
+    def _begin(self, store: Store, delivery_id: str, key: str, *, at: datetime = T0) -> None:
+        record = _record(delivery_id, at=at).model_copy(
+            update={"order_group": self.GROUP, "order_key": key}
+        )
+        store.begin_delivery(record)
+
+    def test_only_earlier_keyed_unsettled_recent_ones_of_the_group_are_listed(
+        self, store: Store
+    ) -> None:
+        self._begin(store, "d-1", "k1")
+        self._begin(store, "d-2", "k2")
+        self._begin(store, "d-3", "k3")
+        self._begin(store, "d-old", "k0", at=T0 - timedelta(hours=2))
+        store.begin_delivery(
+            _record("d-other").model_copy(update={"order_group": "octo/repo#8", "order_key": "k1"})
+        )
+        store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)
+        listed = store.list_unsettled_before(
+            group=self.GROUP, order_key="k3", since=T0 - timedelta(hours=1)
+        )
+        assert [(r.delivery_id, r.order_key) for r in listed] == [("d-2", "k2")]
+        assert listed[0].order_group == self.GROUP
+        assert store.list_unsettled_before(group=self.GROUP, order_key="k2", since=T0) == []
+
+
 class TestEventLog:
     def test_events_come_back_in_the_order_written_with_their_data(self, store: Store) -> None:
         store.append_event(EventRecord(name="b", at=T0 + timedelta(seconds=1), delivery_id="d1"))

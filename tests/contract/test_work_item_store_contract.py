@@ -12,7 +12,7 @@ from looprelay.core.model import (
     SessionRecord,
     WorkItemRecord,
 )
-from looprelay.ports import WorkItemStore
+from looprelay.ports import SessionSlot, WorkItemStore
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 500000, tzinfo=UTC)
 REF = "github:octo/demo#7"
@@ -253,6 +253,23 @@ class TestDispatches:
         ] == ["c1"]
         assert work_item_store.list_dispatch_heads(statuses=["failed"]) == []
 
+    def test_each_session_endpoint_of_a_work_item_has_a_head_of_its_own(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        pr = "github:octo/demo#9"
+        work_item_store.save_work_item(
+            _item(),
+            expected_version=0,
+            dispatches=[
+                _dispatch("own1", 1),
+                _dispatch("pr2", 2, endpoint=pr),
+                _dispatch("own3", 3),
+                _dispatch("pr4", 4, endpoint=pr),
+            ],
+        )
+        heads = work_item_store.list_dispatch_heads(statuses=["pending"])
+        assert [d.dispatch_id for d in heads] == ["own1", "pr2"]
+
 
 class TestLeases:
     def _seed(self, store: WorkItemStore) -> None:
@@ -357,3 +374,61 @@ class TestLeases:
         assert not work_item_store.finish_dispatch(
             "nope", runner_id="r1", status="failed", result="", now=T0
         )
+
+
+class TestSessionSlots:
+    """A spawn's lease takes a slot of its runner in the same write, within its capacity."""
+
+    def _seed_spawns(self, store: WorkItemStore, count: int) -> list[str]:
+        refs = [f"github:octo/demo#{n}" for n in range(1, count + 1)]
+        for n, ref in enumerate(refs, start=1):
+            item = _item(ref=ref, number=n)
+            store.save_work_item(
+                item, expected_version=0, dispatches=[_dispatch(f"s{n}", 1, work_item=ref)]
+            )
+        return refs
+
+    def _lease(
+        self, store: WorkItemStore, n: int, ref: str, *, runner: str = "r1", capacity: int = 2
+    ) -> bool:
+        slot = SessionSlot(endpoint=ref, work_item=ref, capacity=capacity)
+        until = T0 + timedelta(seconds=60)
+        return (
+            store.lease_dispatch(f"s{n}", runner_id=runner, now=T0, until=until, slot=slot)
+            is not None
+        )
+
+    def test_spawns_past_the_capacity_are_refused_until_a_slot_is_freed(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        refs = self._seed_spawns(work_item_store, 3)
+        assert self._lease(work_item_store, 1, refs[0])
+        assert self._lease(work_item_store, 2, refs[1])
+        assert not self._lease(work_item_store, 3, refs[2])
+        assert work_item_store.get_dispatch("s3").status == "pending"  # type: ignore[union-attr]
+        assert work_item_store.held_sessions("r1") == {refs[0]: refs[0], refs[1]: refs[1]}
+        assert work_item_store.release_session("r1", endpoint=refs[0])
+        assert not work_item_store.release_session("r1", endpoint=refs[0])
+        assert self._lease(work_item_store, 3, refs[2])
+        assert set(work_item_store.held_sessions("r1")) == {refs[1], refs[2]}
+        assert work_item_store.held_sessions("r2") == {}
+
+    def test_racing_spawns_never_fill_a_runner_past_its_capacity(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        refs = self._seed_spawns(work_item_store, 6)
+        barrier = threading.Barrier(len(refs))
+        won: list[int] = []
+
+        def race(n: int) -> None:
+            barrier.wait()
+            if self._lease(work_item_store, n, refs[n - 1]):
+                won.append(n)
+
+        threads = [threading.Thread(target=race, args=(n,)) for n in range(1, len(refs) + 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 2
+        assert len(work_item_store.held_sessions("r1")) == 2

@@ -331,3 +331,40 @@ class TestWaitingReasons:
         assert waiting_reasons([_dispatch("a")], runners, live=["r-b"]) == [
             Waiting("a", "runner-at-capacity")
         ]
+
+
+class TestSessionLines:
+    PR = "github:octo/widgets#9"
+
+    def test_each_endpoint_of_a_work_item_has_its_own_head(self) -> None:
+        own1 = _dispatch("own1", seq=1)
+        pr2 = _dispatch("pr2", seq=2, endpoint=self.PR)
+        own3 = _dispatch("own3", seq=3, kind="deliver")
+        pr4 = _dispatch("pr4", seq=4, endpoint=self.PR, kind="deliver")
+        heads = heads_of_line([pr4, own3, pr2, own1], now=T0)
+        assert [d.dispatch_id for d in heads] == ["own1", "pr2"]
+        later = heads_of_line([pr2, own3, pr4], now=T0)
+        assert {d.dispatch_id for d in later} == {"pr2", "own3"}
+
+
+class TestSessionSlots:
+    def test_a_spawn_needs_a_slot_unless_its_endpoint_holds_one(self) -> None:
+        runner = _runner(capacity=2, sessions=0)  # its heartbeat's count is not used
+        spawn = _dispatch("s", work_item=ITEM_B, endpoint=ITEM_B)
+        assert why_not(spawn, runner, live=["r-a"], holding=[ITEM_A]) is None
+        assert why_not(spawn, runner, live=["r-a"], holding=[ITEM_A, "x"]) == "runner-at-capacity"
+        held = _dispatch("s", work_item=ITEM_A, endpoint=ITEM_A, runner_id="r-a")
+        assert why_not(held, runner, live=["r-a"], holding=[ITEM_A, "x"]) is None
+
+    def test_a_respawn_pinned_to_the_runner_needs_a_slot_too(self) -> None:
+        runner = _runner(capacity=1)
+        respawn = _dispatch("s", runner_id="r-a", resume=True)
+        assert why_not(respawn, runner, live=["r-a"], holding=["other"]) == "runner-at-capacity"
+        deliver = _dispatch("d", runner_id="r-a", kind="deliver")
+        assert why_not(deliver, runner, live=["r-a"], holding=["other"]) is None
+
+    def test_the_operators_view_counts_the_same_slots(self) -> None:
+        runner = _runner(capacity=1)
+        spawn = _dispatch("s")
+        waits = waiting_reasons([spawn], [runner], live=["r-a"], holding={"r-a": ["other"]})
+        assert waits == [Waiting("s", "runner-at-capacity")]

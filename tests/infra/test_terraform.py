@@ -60,6 +60,10 @@ TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
 INDEXES = (
     ("deliveries", (("outcome", "ASCENDING"), ("received_at", "DESCENDING"))),
     ("deliveries", (("outcome_kind", "ASCENDING"), ("received_at", "DESCENDING"))),
+    (
+        "deliveries",
+        (("order_group", "ASCENDING"), ("outcome", "ASCENDING"), ("order_key", "DESCENDING")),
+    ),
     ("events", (("delivery_id", "ASCENDING"), ("sort_key", "ASCENDING"))),
     ("events", (("work_item", "ASCENDING"), ("sort_key", "ASCENDING"))),
     ("events", (("name", "ASCENDING"), ("sort_key", "ASCENDING"))),

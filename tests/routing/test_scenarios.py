@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -246,7 +247,8 @@ class TestOrdering:
     ) -> None:
         """Scenario 5 under contention: eight comments race through the worker at once; the
         compare-and-set save gives each one dispatch and a seq of its own. A 503 (contention
-        outlasting the save rounds) is retried, as the queue would."""
+        outlasting the save rounds, or a later comment waiting for an earlier one to settle) is
+        retried after a short backoff, as the queue would."""
         deployment = relay()
         deployment.start()
         payloads = [
@@ -259,12 +261,14 @@ class TestOrdering:
         answers: list[tuple[int, dict[str, Any]]] = []
 
         def deliver(n: int) -> None:
-            for _ in range(10):
+            deadline = time.monotonic() + 30
+            while True:
                 status, answer = deployment.deliver(
                     "issue_comment", payloads[n], delivery_id=f"d-burst-{n}"
                 )
-                if status != 503:
+                if status != 503 or time.monotonic() > deadline:
                     break
+                time.sleep(0.02)  # the queue's backoff before its retry
             answers.append((status, answer))
 
         threads = [threading.Thread(target=deliver, args=(n,)) for n in range(8)]
@@ -1017,6 +1021,27 @@ class TestSessionPerPr:
         assert _kinds(deployment, sent.delivery_id) == [("deliver", ISSUE)]
         [declined] = deployment.events("session.pr_session_declined", delivery_id=sent.delivery_id)
         assert declined.data["reason"] == "no-separate-checkout"
+
+    @pytest.mark.parametrize(("wait", "endpoint"), [(0, ISSUE), (300, PR)])
+    def test_a_pr_session_no_runner_took_in_time_passes_its_events_to_the_work_items_session(
+        self, relay: MakeRelay, wait: float, endpoint: str
+    ) -> None:
+        """The PR's own session was queued and no runner started it within
+        ``routing.prSessionWaitSeconds``: its next event goes to #1's session (as a declined PR
+        session's would) and the reason is logged; within the wait it queues behind the
+        spawn."""
+        deployment = relay(session_per_pr="always", pr_session_wait_seconds=wait)
+        deployment.start()
+        deployment.runner_holds(workspace=True)
+        first = deployment.send("pull_request", _same_repo_pr())
+        assert _kinds(deployment, first.delivery_id) == [("spawn", PR)]
+        later = deployment.send("pull_request", _same_repo_pr())
+
+        kind = "deliver"
+        assert _kinds(deployment, later.delivery_id) == [(kind, endpoint)]
+        declined = deployment.events("session.pr_session_declined", delivery_id=later.delivery_id)
+        reasons = [event.data["reason"] for event in declined]
+        assert reasons == (["pr-session-not-taken"] if endpoint == ISSUE else [])
 
     def test_a_runner_labelled_workspace_true_can_host_pr_sessions(self, relay: MakeRelay) -> None:
         """The operator's runner label ``workspace=true`` also says it can check out PRs."""

@@ -158,7 +158,10 @@ def open_local_queue(config: Config, *, data_dir: Path) -> SqliteQueue:
     from looprelay.adapters.sqlite.queue import SqliteQueue
 
     return SqliteQueue(
-        data_dir / QUEUE_FILE, retry=config.queue.retry, settings=config.queue.embedded
+        data_dir / QUEUE_FILE,
+        retry=config.queue.retry,
+        settings=config.queue.embedded,
+        order_wait_seconds=config.routing.order_wait_seconds,
     )
 
 

@@ -235,8 +235,10 @@ def _open_local(
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
     stores = open_stores(config, data_dir=data_dir)
     queue = open_local_queue(config, data_dir=data_dir)
-    ingress = Ingress(secrets=secrets, queue=queue, config=config.webhook, verify=verify)
     clock, waker = system_clock(), DispatchWaker()
+    ingress = Ingress(
+        secrets=secrets, queue=queue, config=config.webhook, verify=verify, clock=clock
+    )
     github = github_client(config, environ)
     runner_api = build_runner_api(
         config,

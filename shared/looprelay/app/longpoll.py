@@ -17,8 +17,8 @@ from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.model import RunnerRecord
 from looprelay.errors import Transient
-from looprelay.service.lease_desk import NOTHING_TO_LEASE, LeaseDesk
-from looprelay.service.runners import RunnerApi
+from looprelay.service.lease_desk import LeaseDesk
+from looprelay.service.runners import NOTHING_TO_LEASE, RunnerApi, lease_answer
 from looprelay.wire.runner_api import API_PREFIX, PollBody
 
 log = logging.getLogger("looprelay.service.runners")
@@ -59,7 +59,7 @@ async def long_poll(
             log.error("runner API store failure: %s", exc)
             return json_response(503, {"error": "temporarily unavailable; retry"})
         if leased is not None:
-            return leased
+            return lease_answer(leased)
         remaining = deadline - desk.monotonic()
         if remaining <= 0:
             return NOTHING_TO_LEASE

@@ -275,7 +275,9 @@ def dispatches(
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
     rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
     open_rows = [d for d in rows if d.status in DISPATCH_OPEN]
-    waiting = explain_waits(open_rows, leasable_heads(items, now=now), runners, live=live)
+    holding = {runner_id: items.held_sessions(runner_id) for runner_id in live}
+    heads = leasable_heads(items, now=now)
+    waiting = explain_waits(open_rows, heads, runners, live=live, holding=holding)
     shown = []
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)

@@ -339,6 +339,21 @@ class RoutingConfig(_Section):
     auto_execute_label: str = Field(
         default="the-loop: auto-execute", description="The label that arms a work item."
     )
+    pr_session_wait_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a pull request's own session may wait for a runner to start it; "
+        "past it, the pull request's events go to the work item's session instead, and "
+        "`session.pr_session_declined` says so (reason `pr-session-not-taken`).",
+    )
+    order_wait_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="How long a delivery that keeps failing holds back the later ones of its "
+        "issue or pull request (they are handled in the order GitHub created the comments); "
+        "after it they go ahead and the event `delivery.went_ahead` says so.",
+    )
     control: ControlConfig = Field(default_factory=ControlConfig, description="Commands.")
     interaction: InteractionConfig = Field(
         default_factory=InteractionConfig, description="Interaction mode."

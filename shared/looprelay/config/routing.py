@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from datetime import timedelta
 
 from looprelay.config.model import AuthorizedUser, RoutingConfig
 from looprelay.config.templates import (
@@ -61,6 +62,7 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
             runner_kind=config.runner_kind,
             phases=tuple(Phase(p.token, p.label, p.opt_in) for p in config.phases),
             close_ends_session=CloseEndsSession(config.close_ends_session),
+            pr_session_wait=timedelta(seconds=config.pr_session_wait_seconds),
         )
     except ValueError as exc:
         raise ConfigError(f"routing: {exc}") from exc

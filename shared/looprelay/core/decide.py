@@ -294,6 +294,7 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
         pr_base_repository=pr.base_repo if pr else None,
         pr_is_work_item=pr_ref is None and situation.names.own != (),
         pr_checkout_available=situation.pr_checkout_available,
+        pr_session_stuck=_stuck(plan, pr_ref, situation),
     )
     if choice.declined:
         notes.append(
@@ -302,6 +303,15 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
     # A pull request's own session works in the repository the pull request lives in.
     pr_repository = (pr.base_repo or "") if pr and choice.ref != plan.item.ref else ""
     plan.send(endpoint=choice.ref, repository=pr_repository.lower())
+
+
+def _stuck(plan: Plan, pr_ref: str | None, situation: Situation) -> bool:
+    """Whether the PR's own session was queued and has waited past the bound for a runner:
+    its events go to the work item's session meanwhile rather than pile up behind it."""
+    session = plan.item.sessions.get(pr_ref) if pr_ref else None
+    if session is None or session.status != "pending" or session.queued_at is None:
+        return False
+    return situation.now - session.queued_at >= plan.policy.pr_session_wait
 
 
 def _finish(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,15 +114,36 @@ class Envelope(_Value):
     repositories_added: list[str] = Field(default_factory=list)
     repositories_removed: list[str] = Field(default_factory=list)
     truncated: list[str] = Field(default_factory=list)
+    order_key: str = ""
+    """Where this delivery stands in its issue's or pull request's order (``core.order``):
+    a new comment's ``created_at`` and id, else the moment the webhook received it. Empty in
+    a task queued before keys existed: such a delivery waits for nothing."""
+
+
+CREATING_ACTIONS = frozenset({"created", "submitted"})
+"""Actions that make a comment or review: its own ``created_at`` orders it."""
+
+
+def order_key(at: datetime, tiebreak: int = 0) -> str:
+    """Return the sortable text key of something that happened ``at`` (aware), ``tiebreak``
+    (a comment id: GitHub's ``created_at`` has whole seconds) ordering equal times."""
+    moment = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"{moment}/{max(tiebreak, 0):020d}"
 
 
 def project_envelope(
-    *, event: str, delivery_id: str, payload: Mapping[str, Any], max_text_chars: int
+    *,
+    event: str,
+    delivery_id: str,
+    payload: Mapping[str, Any],
+    max_text_chars: int,
+    received_at: datetime | None = None,
 ) -> Envelope:
     """Project a verified GitHub payload into an :class:`Envelope`.
 
-    Expects the decoded JSON object. Fields of an unexpected type are left out rather than
-    trusted; never raises for payload shape.
+    Expects the decoded JSON object and the aware moment the webhook received it (None: keyed
+    only by a new comment's own time, if any). Fields of an unexpected type are left out
+    rather than trusted; never raises for payload shape.
     """
     cut: list[str] = []
 
@@ -149,7 +171,31 @@ def project_envelope(
         repositories_added=_repo_names(payload.get("repositories_added")),
         repositories_removed=_repo_names(payload.get("repositories_removed")),
         truncated=cut,
+        order_key=_order_key(payload, comment_source, received_at),
     )
+
+
+def _order_key(
+    payload: Mapping[str, Any], comment: Mapping[str, Any], received_at: datetime | None
+) -> str:
+    """A new comment's (or review's) creation time and id; else the moment of receipt."""
+    created = comment.get("created_at") or comment.get("submitted_at")
+    comment_id = _int(comment, "id")
+    if _str(payload, "action") in CREATING_ACTIONS and comment_id is not None:
+        when = _moment(created)
+        if when is not None:
+            return order_key(when, comment_id)
+    return order_key(received_at) if received_at is not None else ""
+
+
+def _moment(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):  # not ISO 8601, or past the calendar's edge in UTC
+        return None
 
 
 def _dict(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:

@@ -51,6 +51,10 @@ class DeliveryRecord(BaseModel):
     settled_at: datetime | None = None
     envelope: str = ""
     """The slim envelope as JSON, kept so a dead letter can be replayed."""
+    order_group: str = ""
+    """The issue or pull request it is ordered within (``core.order``); empty: none."""
+    order_key: str = ""
+    """Its place in that group's order (``Envelope.order_key``)."""
 
     @property
     def settled(self) -> bool:
@@ -143,6 +147,8 @@ class SessionRecord(BaseModel):
     tmux_socket: str | None = None
     """The tmux socket the runner reported at spawn (None: the runner's default one)."""
     spawned_at: datetime | None = None
+    queued_at: datetime | None = None
+    """When its (re)spawn was queued; how long a ``pending`` session has waited for a runner."""
     announced: bool = False
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
@@ -50,6 +50,9 @@ class RoutingPolicy:
     runner_kind: str
     phases: tuple[Phase, ...]
     close_ends_session: CloseEndsSession = CloseEndsSession.AUTHORIZED
+    pr_session_wait: timedelta = timedelta(minutes=5)
+    """How long a pull request's own session may wait for a runner before its events go to
+    the work item's session instead."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class Plan:
             interaction=self.policy.interaction.mode,
             repository=repository or (session.repository if session else ""),
             runner_id=session.runner_id if session and session.status == "terminated" else None,
+            queued_at=self.now,
         )
         self._set_session(fresh)
         return self._add("spawn", fresh, self._prompt(fresh, spawn=True), resume=resume)

@@ -30,6 +30,8 @@ REASON_NEVER: Final = "session-per-pr-never"
 REASON_SAME_REPOSITORY: Final = "same-repository"
 REASON_NO_SEPARATE_CHECKOUT: Final = "no-separate-checkout"
 REASON_OWN_SESSION: Final = "own-session"
+REASON_NOT_TAKEN: Final = "pr-session-not-taken"
+"""The pull request's own session waited past ``routing.prSessionWaitSeconds`` for a runner."""
 
 TMUX_SESSION_PREFIX: Final = "loop-"
 TMUX_NAME_MAX_CHARS: Final = 64
@@ -115,13 +117,15 @@ def choose_endpoint(
     pr_base_repository: str | None = None,
     pr_is_work_item: bool = False,
     pr_checkout_available: bool,
+    pr_session_stuck: bool = False,
 ) -> EndpointChoice:
     """Choose the session one event is delivered to: the work item's or the PR's own.
 
     Expects the effective mode (see :func:`effective_session_per_pr`), the work item's ref and
     repository, and, for a PR event, the PR's ref and repositories. ``pr_checkout_available``
     says whether the runner can give the PR a working tree of its own (a workspace root, not the
-    work item's tree, on the PR's head branch). Never raises.
+    work item's tree, on the PR's head branch; ``pr_session_stuck`` that the PR's own
+    session was queued and no runner took it within the bound. Never raises.
     """
 
     # Scenario: no PR, or the PR is the work item → the work item's session.
@@ -144,8 +148,9 @@ def choose_endpoint(
     )
     if mode == "cross-repository" and not crosses:
         return stay(REASON_SAME_REPOSITORY)
-    if not pr_checkout_available:
-        return stay(REASON_NO_SEPARATE_CHECKOUT, declined=True)
+    if not pr_checkout_available or pr_session_stuck:
+        reason = REASON_NOT_TAKEN if pr_checkout_available else REASON_NO_SEPARATE_CHECKOUT
+        return stay(reason, declined=True)
     return EndpointChoice("pull-request", pr_ref, REASON_OWN_SESSION)
 
 

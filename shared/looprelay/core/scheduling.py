@@ -1,16 +1,18 @@
 """Which dispatch a polling runner gets ("Affinity and targeting").
 
 Scenario: work item #7's session lives on runner A. Its next dispatch (seq 5) waits until seq 4
-is settled, then goes to A alone while A is live; if A falls silent past ``lostAfterSeconds``,
-any eligible runner may take it and respawn the session there. A spawn for a new session goes
-to a live runner that serves the repository (a checkout of it, or a workspace), carries every
-label the dispatch asks for, and has a free session slot. Runners never wait on each other:
-a runner skips what it may not take and gets the oldest thing it may.
+of the same session is settled, then goes to A alone while A is live; if A falls silent past
+``lostAfterSeconds``, any eligible runner may take it and respawn the session there. A spawn
+goes to a live runner that serves the repository (a checkout of it, or a workspace), carries
+every label the dispatch asks for, and has a free session slot (counted from the sessions the
+server assigned it). Runners never wait on each other, and sessions never wait on each other:
+a pull request's session nobody can take holds back only that session's later dispatches, not
+those of the work item's own session.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -34,15 +36,17 @@ def is_live(runner: RunnerRecord, *, now: datetime, lost_after: timedelta) -> bo
 def heads_of_line(
     open_dispatches: Iterable[DispatchRecord], *, now: datetime
 ) -> list[DispatchRecord]:
-    """Return, per work item, its lowest-``seq`` unsettled dispatch if it can be leased now
-    (pending, or its lease lapsed), oldest first. Later ones wait their turn."""
-    first: dict[str, DispatchRecord] = {}
+    """Return, per session endpoint of each work item, its lowest-``seq`` unsettled dispatch
+    if it can be leased now (pending, or its lease lapsed), oldest first. Later ones of the
+    same endpoint wait their turn; other endpoints do not wait for it."""
+    first: dict[tuple[str, str], DispatchRecord] = {}
     for dispatch in open_dispatches:
         if dispatch.status not in DISPATCH_OPEN:
             continue
-        held = first.get(dispatch.work_item)
+        line = (dispatch.work_item, dispatch.endpoint)
+        held = first.get(line)
         if held is None or dispatch.seq < held.seq:
-            first[dispatch.work_item] = dispatch
+            first[line] = dispatch
     ready = [d for d in first.values() if _leasable(d, now)]
     return sorted(ready, key=lambda d: (d.created_at, d.seq, d.dispatch_id))
 
@@ -76,15 +80,22 @@ def _leasable(dispatch: DispatchRecord, now: datetime) -> bool:
     return dispatch.lease_expires_at is not None and dispatch.lease_expires_at < now
 
 
-def why_not(dispatch: DispatchRecord, runner: RunnerRecord, *, live: Sequence[str]) -> str | None:
+def why_not(
+    dispatch: DispatchRecord,
+    runner: RunnerRecord,
+    *,
+    live: Sequence[str],
+    holding: Collection[str] | None = None,
+) -> str | None:
     """Return why ``runner`` may not take ``dispatch`` (None: it may).
 
-    Expects the ids of the live runners. Never raises.
+    Expects the ids of the live runners and the session endpoints the server assigned
+    ``runner`` (``holding``; None: judge by the count its last heartbeat reported). A spawn
+    needs a free slot unless its endpoint already holds one. Never raises.
     """
     if dispatch.runner_id not in (None, runner.runner_id) and dispatch.runner_id in live:
         return "session-on-another-runner"
-    new_session = dispatch.runner_id is None and dispatch.kind == "spawn"
-    if new_session and runner.sessions >= runner.capacity:
+    if _needs_slot(dispatch, runner, holding):
         return "runner-at-capacity"
     if not runner.workspace and dispatch.repository.lower() not in {
         repository.lower() for repository in runner.repositories
@@ -94,22 +105,53 @@ def why_not(dispatch: DispatchRecord, runner: RunnerRecord, *, live: Sequence[st
     return f"labels-missing:{','.join(sorted(missing))}" if missing else None
 
 
+def _needs_slot(
+    dispatch: DispatchRecord, runner: RunnerRecord, holding: Collection[str] | None
+) -> bool:
+    """Whether ``dispatch`` would start a session ``runner`` has no free slot for."""
+    if holding is None:
+        new_session = dispatch.runner_id is None and dispatch.kind == "spawn"
+        return new_session and runner.sessions >= runner.capacity
+    starts = dispatch.kind == "spawn" and dispatch.endpoint not in holding
+    return starts and len(holding) >= runner.capacity
+
+
 def choose_dispatch(
-    candidates: Sequence[DispatchRecord], runner: RunnerRecord, *, live: Sequence[str]
+    candidates: Sequence[DispatchRecord],
+    runner: RunnerRecord,
+    *,
+    live: Sequence[str],
+    holding: Collection[str] | None = None,
 ) -> DispatchRecord | None:
-    """Return the oldest candidate ``runner`` may take, or None."""
-    return next((d for d in candidates if why_not(d, runner, live=live) is None), None)
+    """Return the oldest candidate ``runner`` may take, or None; ``holding`` as in
+    :func:`why_not`."""
+    return next(
+        (d for d in candidates if why_not(d, runner, live=live, holding=holding) is None), None
+    )
 
 
 def waiting_reasons(
-    candidates: Sequence[DispatchRecord], runners: Sequence[RunnerRecord], *, live: Sequence[str]
+    candidates: Sequence[DispatchRecord],
+    runners: Sequence[RunnerRecord],
+    *,
+    live: Sequence[str],
+    holding: Mapping[str, Collection[str]] | None = None,
 ) -> list[Waiting]:
     """Say, for each candidate no live runner may take, why the first live runner refused it
-    (or that no runner is live), so an operator sees what waits and why."""
+    (or that no runner is live), so an operator sees what waits and why. ``holding`` maps a
+    runner id to the session endpoints the server gave it (see :func:`why_not`)."""
     live_runners = [r for r in runners if r.runner_id in live]
     waits = []
     for dispatch in candidates:
-        reasons = [why_not(dispatch, runner, live=live) for runner in live_runners]
+        reasons = [
+            why_not(
+                dispatch,
+                runner,
+                live=live,
+                holding=None if holding is None else holding.get(runner.runner_id, ()),
+            )
+            for runner in live_runners
+        ]
         if not live_runners:
             waits.append(Waiting(dispatch.dispatch_id, "no-live-runner"))
         elif all(reasons):

@@ -8,8 +8,8 @@ No prompt, comment body or secret (hash) is ever copied into it, so no renderer 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
@@ -24,7 +24,7 @@ from looprelay.core.model import (
 )
 from looprelay.core.scheduling import is_live, waiting_reasons
 
-AFTER_EARLIER = "after-earlier-dispatch-of-its-work-item"
+AFTER_EARLIER = "after-earlier-dispatch-of-its-session"
 """Why a pending dispatch that is not its work item's head waits."""
 INTERRUPTED = "interrupted"
 """The result a runner reports for a dispatch it may have half applied (at most once)."""
@@ -153,6 +153,8 @@ class StatusInputs:
     dead_letters: Sequence[DeliveryRecord]
     failed_dispatches: Sequence[DispatchRecord]
     command_args: Sequence[str] = ()
+    holding: Mapping[str, Collection[str]] = field(default_factory=dict)
+    """Runner id -> the session endpoints the server gave it (its used capacity)."""
 
 
 def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) -> StatusView:
@@ -160,7 +162,9 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
     runner_states = {r.runner_id: _runner_state(r, now, lost_after) for r in inputs.runners}
     live = [runner_id for runner_id, state in runner_states.items() if state == "live"]
     names = {r.runner_id: r.name for r in inputs.runners}
-    waits = explain_waits(inputs.open_dispatches, inputs.heads, inputs.runners, live=live)
+    waits = explain_waits(
+        inputs.open_dispatches, inputs.heads, inputs.runners, live=live, holding=inputs.holding
+    )
     sessions = [
         _session_row(item, session, names)
         for item in inputs.work_items
@@ -183,7 +187,10 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
             dead_letters=sum(1 for r in replays if r.kind == "delivery"),
             interrupted=sum(1 for r in replays if r.kind == "dispatch"),
         ),
-        runners=[_runner_row(r, runner_states[r.runner_id]) for r in inputs.runners],
+        runners=[
+            _runner_row(r, runner_states[r.runner_id], inputs.holding.get(r.runner_id))
+            for r in inputs.runners
+        ],
         sessions=sessions,
         dispatches=dispatches,
         deliveries=[_delivery_row(d) for d in inputs.deliveries],
@@ -197,10 +204,13 @@ def explain_waits(
     runners: Sequence[RunnerRecord],
     *,
     live: Sequence[str],
+    holding: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, str]:
     """Say, by dispatch id, why each open dispatch nobody may take now waits: the reason the
-    runners refuse a head of line, or that an earlier dispatch of its work item goes first."""
-    waits = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
+    runners refuse a head of line, or that an earlier dispatch of its session goes first.
+    ``holding`` is as ``core.scheduling.waiting_reasons`` takes it."""
+    reasons = waiting_reasons(heads, runners, live=live, holding=holding)
+    waits = {w.dispatch_id: w.reason for w in reasons}
     head_ids = {d.dispatch_id for d in heads}
     for dispatch in open_dispatches:
         behind = dispatch.status == "pending" and dispatch.dispatch_id not in head_ids
@@ -215,13 +225,14 @@ def _runner_state(runner: RunnerRecord, now: datetime, lost_after: timedelta) ->
     return "live" if is_live(runner, now=now, lost_after=lost_after) else "lost"
 
 
-def _runner_row(runner: RunnerRecord, state: str) -> RunnerRow:
+def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) -> RunnerRow:
     return RunnerRow(
         runner_id=runner.runner_id,
         name=runner.name,
         state=state,
         capacity=runner.capacity,
-        sessions=runner.sessions,
+        # The server's own count when known (capacity is judged by it), else the heartbeat's.
+        sessions=len(held) if held is not None else runner.sessions,
         last_seen_at=runner.last_seen_at,
         version=runner.version,
         repositories=list(runner.repositories),

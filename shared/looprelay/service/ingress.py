@@ -16,14 +16,16 @@ from urllib.parse import parse_qs
 
 from pydantic_core import from_json
 
+from looprelay.adapters.clock import SystemClock
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import WebhookConfig
 from looprelay.core.envelope import Envelope, project_envelope
+from looprelay.core.order import order_group
 from looprelay.core.signature import verify_signature
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
 from looprelay.logsampling import LogSampler
-from looprelay.ports import MAX_TASK_BYTES, Queue, Task
+from looprelay.ports import MAX_TASK_BYTES, Clock, Queue, Task
 
 log = logging.getLogger("looprelay.service.ingress")
 
@@ -60,10 +62,11 @@ class Ingress:
         config: WebhookConfig,
         verify: bool = True,
         rejections: LogSampler | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``rejections`` decides which refusals are logged (default: the first 10 of each
-        status a minute). Raises ``ConfigError`` when verification is on and there is no
-        secret (fail closed)."""
+        status a minute); ``clock`` stamps each delivery's order key. Raises ``ConfigError``
+        when verification is on and there is no secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
                 "no webhook secret: set github.webhookSecrets to the names of environment "
@@ -75,6 +78,7 @@ class Ingress:
         self._allowed = config.allowed_events()
         self._verify = verify
         self._rejections = rejections or LogSampler()
+        self._clock = clock or SystemClock()
 
     def handle(self, request: Request) -> Response:
         """Answer one webhook request, enqueueing it through the queue port; never raises."""
@@ -163,7 +167,12 @@ class Ingress:
                 extra={"delivery_id": delivery_id},
             )
         envelope, body = self._project(event, delivery_id, payload)
-        task = Task(name=delivery_task_name(delivery_id), body=body)
+        task = Task(
+            name=delivery_task_name(delivery_id),
+            body=body,
+            group=order_group(envelope),
+            order_key=envelope.order_key,
+        )
         return Admission(
             task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
         )
@@ -202,9 +211,14 @@ class Ingress:
         # A Cloud Task holds 1 MB; escaping and UTF-8 can inflate text up to six-fold, so
         # shrink the per-field cap until the encoded envelope fits rather than refuse it.
         cap = self._config.max_text_chars
+        received_at = self._clock.now()
         while True:
             envelope = project_envelope(
-                event=event, delivery_id=delivery_id, payload=payload, max_text_chars=cap
+                event=event,
+                delivery_id=delivery_id,
+                payload=payload,
+                max_text_chars=cap,
+                received_at=received_at,
             )
             body = envelope.model_dump_json().encode()
             if len(body) <= MAX_TASK_BYTES or cap <= 1:

@@ -5,7 +5,12 @@ by compare-and-set, so of two racing runners exactly one gets it. While it appli
 it renews the lease; when it reports, only the lease holder's result counts, the session is
 recorded on the work item, and the next dispatch of that work item becomes offerable. A lease
 that lapses (a runner killed mid-apply) makes the dispatch offerable again; the agent's local
-ledger keeps a paste from happening twice on the runner that died and comes back.
+ledger keeps a paste from happening twice on the runner that died and comes back. A spawn
+also takes one of the runner's session slots in the lease's own write (its capacity, counted
+from what the server assigned); a stop, a cleanup or a failed spawn gives the slot back.
+
+The desk returns values and raises the project's errors (``NotFound``, ``Conflict``,
+``Transient``); the runner API turns them into HTTP answers.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from looprelay.app.messages import Response, json_response
 from looprelay.config.model import RunnersConfig
 from looprelay.core.feed import next_lapse, worth_a_look
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
@@ -28,16 +32,13 @@ from looprelay.core.scheduling import (
     needs_session_pin,
     pin_to_sessions,
 )
-from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, Store, WorkItemStore
+from looprelay.errors import Conflict, NotFound
+from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, SessionSlot, Store, WorkItemStore
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.service.runner_cache import RunnerCache
 from looprelay.wire.runner_api import (
-    Dispatch,
-    Leased,
     PollBody,
     RenewBody,
-    Renewed,
-    Reported,
     ResultBody,
 )
 
@@ -52,8 +53,8 @@ FEED_DOWN_LOOK_SECONDS = 5.0
 LAPSE_MARGIN_SECONDS = 0.05
 """A poll waiting for a lease to lapse wakes this long after it did (lapsed means earlier
 than now)."""
-NOTHING_TO_LEASE = Response(status=204, body=b"")
-"""A poll's answer when nothing came within its wait."""
+LEASE_PASSED_ON = "this runner no longer holds that lease"
+"""Why a renew or a result is refused (``Conflict``, 409) after the lease moved on."""
 
 
 class DispatchWaker:
@@ -118,6 +119,18 @@ def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
             woken.set_result(None)
 
 
+SESSION_ENDING_KINDS = frozenset({"terminate", "cleanup"})
+"""Dispatches whose success ends a session on its runner, freeing its slot."""
+
+
+def _ends_session(dispatch: DispatchRecord, status: str) -> bool:
+    """Whether ``dispatch`` settling as ``status`` leaves its session without a harness on
+    the runner: stopped or cleaned up, or a spawn that failed for good."""
+    if dispatch.kind in SESSION_ENDING_KINDS:
+        return status == "succeeded"
+    return dispatch.kind == "spawn" and status == "failed"
+
+
 def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
     """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
     heads = heads_of_line(items.list_dispatch_heads(statuses=DISPATCH_OPEN), now=now)
@@ -161,9 +174,10 @@ class LeaseDesk:
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
         )
 
-    def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
+    def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
         """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
-        (capped by ``runners.pollWaitSeconds``) on this thread; 204 when nothing came.
+        (capped by ``runners.pollWaitSeconds``) on this thread; None when nothing came.
+        Raises ``Transient`` when the store fails.
 
         The ASGI application waits without a thread instead (``app.longpoll``), between
         :meth:`try_lease` calls.
@@ -177,7 +191,7 @@ class LeaseDesk:
                 return leased
             remaining = deadline - self._monotonic()
             if remaining <= 0:
-                return NOTHING_TO_LEASE
+                return None
             if self._waker is not None:
                 self._waker.wait(self.pause_seconds(remaining), since=seen)
             else:
@@ -219,15 +233,10 @@ class LeaseDesk:
         ``runners.pollWaitSeconds``."""
         return min(body.wait_seconds, float(self._config.poll_wait_seconds))
 
-    def try_lease(self, runner: RunnerRecord) -> Response | None:
-        """One look: the 200 answer leasing the next dispatch ``runner`` may take, or None
-        when there is none now. Raises ``Transient`` when the store fails."""
-        leased = self._lease_next(runner)
-        if leased is None:
-            return None
-        return json_response(
-            200, Leased(dispatch=Dispatch.from_record(leased)).model_dump(mode="json")
-        )
+    def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
+        """One look: lease the next dispatch ``runner`` may take and return it as leased, or
+        None when there is none now. Raises ``Transient`` when the store fails."""
+        return self._lease_next(runner)
 
     def _candidates(self, runner: RunnerRecord, now: datetime) -> list[DispatchRecord]:
         # With a live feed, the open dispatches it pushed say in memory which heads this
@@ -246,13 +255,21 @@ class LeaseDesk:
             return None
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
         live = self._runners.live_ids(now=now, lost_after=lost_after)
+        holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):
-            pick = choose_dispatch(candidates, runner, live=live)
+            pick = choose_dispatch(candidates, runner, live=live, holding=holding)
             if pick is None:
                 return None
             until = now + timedelta(seconds=self._config.lease_seconds)
+            # A spawn takes a session slot in the lease's own write: racing polls never give
+            # a runner more sessions than its capacity.
+            slot = (
+                SessionSlot(pick.endpoint, pick.work_item, runner.capacity)
+                if pick.kind == "spawn"
+                else None
+            )
             leased = self._items.lease_dispatch(
-                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until
+                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until, slot=slot
             )
             if leased is not None:
                 self._note_lease(pick, leased, runner, now)
@@ -260,9 +277,20 @@ class LeaseDesk:
             candidates = [d for d in candidates if d.dispatch_id != pick.dispatch_id]
         return None
 
+    def _free_moved_slots(self, spawn: DispatchRecord, runner: RunnerRecord) -> None:
+        """A session spawned on ``runner`` no longer occupies a slot on the runner it lived
+        on before (lost) or on a runner whose lease of this spawn lapsed."""
+        item = self._items.get_work_item(spawn.work_item)
+        session = item.sessions.get(spawn.endpoint) if item else None
+        for before in {spawn.lease_holder, session.runner_id if session else None}:
+            if before not in (None, runner.runner_id):
+                self._items.release_session(before, endpoint=spawn.endpoint)
+
     def _note_lease(
         self, before: DispatchRecord, leased: DispatchRecord, runner: RunnerRecord, now: datetime
     ) -> None:
+        if before.kind == "spawn":
+            self._free_moved_slots(before, runner)
         if before.status == "leased":
             self._event(
                 "lease.expired", leased, now, {"from": before.lease_holder, "to": runner.runner_id}
@@ -275,22 +303,26 @@ class LeaseDesk:
                 {"runner_id": before.runner_id, "taken_by": runner.runner_id},
             )
 
-    def renew(self, runner: RunnerRecord, body: RenewBody) -> Response:
-        """Extend a lease the runner still holds; 409 when it passed to another."""
+    def renew(self, runner: RunnerRecord, body: RenewBody) -> datetime:
+        """Extend a lease the runner still holds; return its new expiry. Raises ``Conflict``
+        when the lease passed to another runner, ``Transient`` when the store fails."""
         now = self._clock.now()
         until = now + timedelta(seconds=self._config.lease_seconds)
         if not self._items.renew_lease(
             body.dispatch_id, runner_id=runner.runner_id, now=now, until=until
         ):
-            return json_response(409, {"error": "this runner no longer holds that lease"})
-        return json_response(200, Renewed(lease_expires_at=until.isoformat()).model_dump())
+            raise Conflict(LEASE_PASSED_ON)
+        return until
 
-    def report(self, runner: RunnerRecord, body: ResultBody) -> Response:
-        """Record the lease holder's result; 409 when the lease passed to another runner."""
+    def report(self, runner: RunnerRecord, body: ResultBody) -> str:
+        """Record the lease holder's result; return the dispatch's status after it
+        (``succeeded``, ``failed``, or ``pending`` to be tried again). Raises ``NotFound``
+        for an unknown dispatch, ``Conflict`` when the lease passed to another runner,
+        ``Transient`` when the store fails."""
         now = self._clock.now()
         dispatch = self._items.get_dispatch(body.dispatch_id)
         if dispatch is None:
-            return json_response(404, {"error": "no such dispatch"})
+            raise NotFound("no such dispatch")
         status = self._final_status(dispatch, body)
         if not self._items.finish_dispatch(
             body.dispatch_id,
@@ -300,11 +332,13 @@ class LeaseDesk:
             now=now,
             detail=body.detail[:MAX_KEPT_DETAIL_CHARS],
         ):
-            return json_response(409, {"error": "this runner no longer holds that lease"})
+            raise Conflict(LEASE_PASSED_ON)
         self._progress.record(dispatch, runner, body, final_status=status)
+        if _ends_session(dispatch, status):
+            self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)
         if self._waker is not None:
             self._waker.notify()
-        return json_response(200, Reported(status=status).model_dump())
+        return status
 
     @staticmethod
     def _final_status(dispatch: DispatchRecord, body: ResultBody) -> str:

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import RunnersConfig
-from looprelay.core.model import EventRecord, RegistrationToken, RunnerRecord
-from looprelay.errors import BadDelivery, Transient, Unauthorized
+from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
+from looprelay.errors import BadDelivery, Conflict, NotFound, Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
-from looprelay.service.lease_desk import NOTHING_TO_LEASE, LeaseDesk
+from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runner_secrets import (
     credential_matches,
     hash_credential,
@@ -33,13 +33,17 @@ from looprelay.wire.runner_api import (
     API_PREFIX,
     ENDPOINTS,
     MAX_BODY_BYTES,
+    Dispatch,
     EmptyBody,
     HeartbeatBody,
     HeartbeatHints,
+    Leased,
     PollBody,
     RegisterBody,
     Registered,
     RenewBody,
+    Renewed,
+    Reported,
     ResultBody,
     Rotated,
 )
@@ -47,6 +51,16 @@ from looprelay.wire.runner_api import (
 log = logging.getLogger("looprelay.service.runners")
 
 _REGISTER_AGAIN = "register it again with `looprelay runner register`"
+NOTHING_TO_LEASE = Response(status=204, body=b"")
+"""A poll's answer when nothing came within its wait."""
+
+
+def lease_answer(leased: DispatchRecord | None) -> Response:
+    """A poll's answer: 200 with the dispatch ``leased`` to the runner, 204 without one."""
+    if leased is None:
+        return NOTHING_TO_LEASE
+    answer = Leased(dispatch=Dispatch.from_record(leased))
+    return json_response(200, answer.model_dump(mode="json"))
 
 
 class RunnerApi:
@@ -118,6 +132,10 @@ class RunnerApi:
             return route()
         except BadDelivery as exc:
             return json_response(exc.status, {"error": str(exc)})
+        except NotFound as exc:
+            return json_response(404, {"error": str(exc)})
+        except Conflict as exc:
+            return json_response(409, {"error": str(exc)})
         except Unauthorized as exc:
             self._refusals.warning(
                 log,
@@ -196,15 +214,17 @@ class RunnerApi:
 
     def _poll(self, request: Request) -> Response:
         runner = self._authenticate(request)
-        return self._work_desk().poll(runner, _parse(request, PollBody))
+        return lease_answer(self._work_desk().poll(runner, _parse(request, PollBody)))
 
     def _renew(self, request: Request) -> Response:
         runner = self._authenticate(request)
-        return self._work_desk().renew(runner, _parse(request, RenewBody))
+        until = self._work_desk().renew(runner, _parse(request, RenewBody))
+        return json_response(200, Renewed(lease_expires_at=until.isoformat()).model_dump())
 
     def _results(self, request: Request) -> Response:
         runner = self._authenticate(request)
-        return self._work_desk().report(runner, _parse(request, ResultBody))
+        status = self._work_desk().report(runner, _parse(request, ResultBody))
+        return json_response(200, Reported(status=status).model_dump())
 
     def _authenticate(self, request: Request) -> RunnerRecord:
         parsed = parse_runner_bearer(request.headers.get("authorization", ""))

@@ -56,8 +56,9 @@ class StatusReader:
         now = self._clock.now()
         failed = self._items.list_dispatches(statuses=("failed",), limit=FAILED_DISPATCHES_READ)
         interrupted = [d for d in failed if d.result == "interrupted"][-INTERRUPTED_SHOWN:]
+        runners = self._runners.list_runners()
         inputs = StatusInputs(
-            runners=self._runners.list_runners(),
+            runners=runners,
             work_items=self._items.list_work_items(limit=WORK_ITEMS),
             open_dispatches=self._items.list_dispatches(
                 statuses=DISPATCH_OPEN, limit=OPEN_DISPATCHES
@@ -67,6 +68,7 @@ class StatusReader:
             dead_letters=self._store.list_deliveries(outcome="failed", limit=DEAD_LETTERS),
             failed_dispatches=list(reversed(interrupted)),
             command_args=self._command_args,
+            holding={r.runner_id: self._items.held_sessions(r.runner_id) for r in runners},
         )
         return build_status(inputs, now=now, lost_after=self._lost_after)
 

@@ -28,6 +28,7 @@ from looprelay.core.model import (
     EventRecord,
     is_valid_outcome,
 )
+from looprelay.core.order import order_group
 from looprelay.errors import Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
@@ -126,6 +127,8 @@ class Worker:
                 action=envelope.action,
                 received_at=now,
                 envelope=request.body.decode(),
+                order_group=order_group(envelope),
+                order_key=envelope.order_key,
             ),
             event=received,
         )

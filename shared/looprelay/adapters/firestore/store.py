@@ -207,6 +207,24 @@ class FirestoreStore:
             data = self._deliveries.document(delivery_id).get(retry=_RETRY).to_dict()
         return None if data is None else _delivery(data)
 
+    def list_unsettled_before(
+        self, *, group: str, order_key: str, since: datetime, limit: int = 10
+    ) -> list[DeliveryRecord]:
+        """See ``Store.list_unsettled_before``: one query on the index ``order_group``,
+        ``outcome``, ``order_key`` descending, the nearest earlier keys first (an old stuck
+        record never hides a recent one); the time bound is applied to what it returns (one
+        range per query). Raises ``Transient`` when Firestore is unavailable."""
+        query = (
+            self._deliveries.where(filter=FieldFilter("order_group", "==", group))
+            .where(filter=FieldFilter("outcome", "==", model.RECEIVED))
+            .where(filter=FieldFilter("order_key", "<", order_key))
+            .order_by("order_key", direction=firestore.Query.DESCENDING)
+        )
+        with _translated("list unsettled deliveries"):
+            snapshots = list(query.limit(limit).stream(retry=_RETRY))
+        found = [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
+        return [record for record in found if record.received_at >= since]
+
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:

@@ -1,8 +1,9 @@
 """Work items and their dispatches in Firestore, behind ``WorkItemStore``.
 
 Layout: ``{prefix}work_items/{work_item_document_id(ref)}`` (refs hold ``/``, which a document
-id cannot; the ref stays a field) and ``{prefix}dispatches/{dispatch_id}``. No TTL field: a
-work item outlives any retention window, and a dispatch is needed until it is settled.
+id cannot; the ref stays a field), ``{prefix}dispatches/{dispatch_id}`` and
+``{prefix}runner_sessions/{runner_id}`` (the session slots the server gave a runner). No TTL
+field: a work item outlives any retention window, and a dispatch is needed until it is settled.
 ``list_dispatches`` needs composite indexes on ``dispatches``: ``status`` / ``work_item`` /
 both, then ``created_at`` and ``seq`` ascending.
 """
@@ -28,6 +29,7 @@ from looprelay.adapters.firestore.common import (
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import DispatchRecord, WorkItemRecord
 from looprelay.errors import Transient
+from looprelay.ports import SessionSlot
 
 FINISHED_STATUSES = ("succeeded", "failed", "pending")
 """What a lease holder may report; ``pending`` offers the dispatch to the next runner."""
@@ -60,6 +62,7 @@ class FirestoreWorkItemStore:
         self._client = client
         self._items = client.collection(f"{collection_prefix}work_items")
         self._dispatches = client.collection(f"{collection_prefix}dispatches")
+        self._slots = client.collection(f"{collection_prefix}runner_sessions")
 
     @classmethod
     def from_config(cls, cfg: FirestoreConfig) -> FirestoreWorkItemStore:
@@ -188,11 +191,12 @@ class FirestoreWorkItemStore:
         """See ``WorkItemStore.list_dispatch_heads``: Firestore has no GROUP BY, so the heads
         are picked from the open dispatches, which stay few in the cloud (each function polls
         the store, nothing holds thousands of them back)."""
-        heads: dict[str, DispatchRecord] = {}
+        heads: dict[tuple[str, str], DispatchRecord] = {}
         for dispatch in self.list_dispatches(statuses=statuses, limit=_HEADS_SCAN_LIMIT):
-            held = heads.get(dispatch.work_item)
+            line = (dispatch.work_item, dispatch.endpoint)
+            held = heads.get(line)
             if held is None or dispatch.seq < held.seq:
-                heads[dispatch.work_item] = dispatch
+                heads[line] = dispatch
         ordered = sorted(heads.values(), key=lambda d: (d.created_at, d.seq, d.dispatch_id))
         return ordered[:limit]
 
@@ -216,9 +220,17 @@ class FirestoreWorkItemStore:
         return written[-1] if done else None
 
     def lease_dispatch(
-        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        now: datetime,
+        until: datetime,
+        slot: SessionSlot | None = None,
     ) -> DispatchRecord | None:
-        """See ``WorkItemStore.lease_dispatch``; each lease counts one more ``attempts``.
+        """See ``WorkItemStore.lease_dispatch``; each lease counts one more ``attempts``. With
+        ``slot``, the lease and the runner's slots document are written in one batch, each
+        under a last-update-time precondition.
 
         Raises ``Transient`` after ``MAX_CAS_ROUNDS`` conflicting rounds or when unavailable.
         """
@@ -236,7 +248,76 @@ class FirestoreWorkItemStore:
                 "updated_at": now,
             }
 
-        return self._transition(dispatch_id, lease, action="lease a dispatch")
+        if slot is None:
+            return self._transition(dispatch_id, lease, action="lease a dispatch")
+        with translated("lease a dispatch"):
+            for _ in range(MAX_CAS_ROUNDS):
+                decided, leased = self._lease_with_slot(dispatch_id, lease, runner_id, slot, now)
+                if decided:
+                    return leased
+        raise Transient(f"dispatch {dispatch_id} contended {MAX_CAS_ROUNDS} times; retry later")
+
+    # Scenario: two spawns race for the last slot of runner R. Each reads its dispatch and R's
+    # slots document, then commits one batch: the lease, and the slots with its endpoint
+    # added, both under "last updated when I read it". The first commits; the second fails
+    # whole (FailedPrecondition, or AlreadyExists for a first slot), reads again, sees R full
+    # and declines. Nothing is locked.
+    def _lease_with_slot(
+        self,
+        dispatch_id: str,
+        lease: _Decide,
+        runner_id: str,
+        slot: SessionSlot,
+        now: datetime,
+    ) -> tuple[bool, DispatchRecord | None]:
+        """One round: (True, the leased record or None when it is taken or the runner is
+        full), or (False, None) when someone wrote meanwhile (read again)."""
+        dispatch_ref, slots_ref = self._dispatch_ref(dispatch_id), self._slots.document(runner_id)
+        snapshot = dispatch_ref.get()
+        if not snapshot.exists:
+            return True, None
+        current = DispatchRecord.model_validate(_plain(snapshot.to_dict()))
+        fields = lease(current)
+        held = slots_ref.get()
+        entries = [
+            entry
+            for entry in (held.to_dict() or {}).get("sessions", [])
+            if entry["endpoint"] != slot.endpoint
+        ]
+        if fields is None or len(entries) >= slot.capacity:
+            return True, None
+        entries.append({"endpoint": slot.endpoint, "work_item": slot.work_item, "since": now})
+        batch = self._client.batch()
+        option = self._client.write_option(last_update_time=snapshot.update_time)
+        batch.update(dispatch_ref, fields, option=option)
+        if held.exists:
+            option = self._client.write_option(last_update_time=held.update_time)
+            batch.update(slots_ref, {"sessions": entries}, option=option)
+        else:
+            batch.create(slots_ref, {"runner_id": runner_id, "sessions": entries})
+        try:
+            batch.commit()
+        except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound):
+            return False, None
+        return True, current.model_copy(update=fields)
+
+    def held_sessions(self, runner_id: str) -> dict[str, str]:
+        """See ``WorkItemStore.held_sessions``; ``Transient`` when unavailable."""
+        with translated("read a runner's sessions"):
+            data = self._slots.document(runner_id).get().to_dict() or {}
+        return {entry["endpoint"]: entry["work_item"] for entry in data.get("sessions", [])}
+
+    def release_session(self, runner_id: str, *, endpoint: str) -> bool:
+        """See ``WorkItemStore.release_session``; ``Transient`` as ``lease_dispatch``."""
+
+        def release(data: dict[str, Any]) -> dict[str, Any] | None:
+            entries = data.get("sessions", [])
+            kept = [entry for entry in entries if entry["endpoint"] != endpoint]
+            return None if len(kept) == len(entries) else {"sessions": kept}
+
+        return conditional_update(
+            self._client, self._slots.document(runner_id), release, action="free a session slot"
+        )
 
     def renew_lease(
         self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime

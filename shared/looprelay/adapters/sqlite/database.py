@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +83,19 @@ class SqliteDatabase:
             except sqlite3.Error as exc:
                 raise Transient(f"cannot create tables in the {self._what}: {exc}") from exc
 
+    def add_columns(self, table: str, columns: Mapping[str, str]) -> None:
+        """Add the ``columns`` (name -> SQL type and default) that ``table`` lacks: a file made
+        by an older version gets them, with their defaults, when it is opened. Raises
+        ``Transient`` when the table cannot be altered."""
+        with self._lock:
+            try:
+                have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                for name, declaration in columns.items():
+                    if name not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+            except sqlite3.Error as exc:
+                raise Transient(f"cannot add columns to the {self._what}: {exc}") from exc
+
     def close(self) -> None:
         """Close the connection (again is harmless: adapters sharing it each close it)."""
         with self._lock, self._read_lock:
@@ -125,7 +138,7 @@ class SqliteDatabase:
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
-    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    def rows(self, sql: str, params: tuple[Any, ...] | Mapping[str, Any] = ()) -> list[sqlite3.Row]:
         """Run a read-only query and return its rows, addressable by column name."""
         with self._read_lock:
             try:

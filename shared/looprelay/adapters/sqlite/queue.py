@@ -4,6 +4,12 @@ It behaves like Cloud Tasks towards the worker: a POST per task with the ``X-Clo
 headers, retries with the same backoff curve, dedup by task name, and a dead letter after the
 last attempt. A task leased when the process died is dispatched again on restart; the worker's
 delivery ledger turns that second delivery into a no-op.
+
+Unlike Cloud Tasks it keeps order within a group (an issue or pull request, ``core.order``),
+as an SQS FIFO queue does within a message group: a task is not started while another task of
+its group is in flight, nor while an earlier-keyed one of its group waits to be tried (again).
+A task that keeps failing holds its group back only for ``order_wait_seconds`` after its first
+try; then the later ones go ahead (the worker records that it skipped it).
 """
 
 from __future__ import annotations
@@ -45,6 +51,27 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
 """
+_ORDER_COLUMNS = {
+    "grp": "TEXT NOT NULL DEFAULT ''",
+    "order_key": "TEXT NOT NULL DEFAULT ''",
+    "first_tried_at": "REAL",
+}
+"""Columns a file made before order was kept lacks; its tasks get group '' (no order)."""
+_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS tasks_by_group ON tasks (grp, state, order_key, name);"
+_CLAIM = """
+UPDATE tasks SET state = 'leased', first_tried_at = COALESCE(first_tried_at, :now)
+WHERE name = (
+    SELECT t.name FROM tasks t WHERE t.state = 'pending' AND t.eta <= :now
+    AND (t.grp = '' OR NOT EXISTS (
+        SELECT 1 FROM tasks o WHERE o.grp = t.grp AND o.name != t.name AND (
+            o.state = 'leased'
+            OR (o.state = 'pending' AND (o.order_key, o.name) < (t.order_key, t.name)
+                AND (o.first_tried_at IS NULL OR o.first_tried_at > :now - :wait)))))
+    ORDER BY t.eta LIMIT 1)
+RETURNING name, body, attempts, executions, eta
+"""
+"""Take the most overdue task whose group lets it start: none of the group in flight, and no
+earlier-keyed one waiting, unless that one has failed for longer than the wait (poison)."""
 # Queues a new name, or takes an old one back only once its task is done and its dedup
 # window over; a row count of 0 means the name is taken.
 _IDLE_WAIT_SECONDS = 1.0
@@ -78,13 +105,17 @@ class SqliteQueue:
         settings: EmbeddedQueueConfig,
         queue_name: str = "looprelay",
         now: Callable[[], float] = time.time,
+        order_wait_seconds: float = 5.0,
     ) -> None:
         """Open the queue at ``path`` for enqueueing and listing; :meth:`start` dispatches.
 
         Opening changes no task, so the CLI may open the file while ``looprelay up`` runs.
         Enqueues are committed by a thread of the queue (``enqueue_committer``) started with
-        the first one. Raises ``Transient`` when the file cannot be opened.
+        the first one. ``order_wait_seconds`` is how long a failing task holds back the later
+        ones of its group (``routing.orderWaitSeconds``). Raises ``Transient`` when the file
+        cannot be opened.
         """
+        self._order_wait = order_wait_seconds
         self._worker_url = ""
         self._auth_token = ""
         self._retry = retry
@@ -101,6 +132,8 @@ class SqliteQueue:
         # which the worker's ledger turns into a no-op, and it is written after the worker's
         # own synced commit. Both share one connection, so they wait on one lock.
         self._books = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
+        self._books.add_columns("tasks", _ORDER_COLUMNS)
+        self._books.ensure_schema(_ORDER_INDEX)
         self._committer = EnqueueCommitter(self._books)
 
     # -- the Queue port -------------------------------------------------------------------
@@ -126,7 +159,8 @@ class SqliteQueue:
             refused.set_exception(exc)
             return refused
         now = self._now()
-        item = Enqueue(now, now - self._settings.dedup_window_seconds, task.name, task.body)
+        window_start = now - self._settings.dedup_window_seconds
+        item = Enqueue(now, window_start, task.name, task.body, task.group, task.order_key)
         landed = self._committer.submit(item)
         landed.add_done_callback(self._landed)  # first, so dispatchers hear before callers
         return landed
@@ -200,8 +234,8 @@ class SqliteQueue:
     def retry_dead(self, name: str) -> bool:
         """Put a dead task back in line for another full set of attempts."""
         changed = self._write(
-            "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
-            " WHERE name = ? AND state = 'dead'",
+            "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?,"
+            " first_tried_at = NULL WHERE name = ? AND state = 'dead'",
             (self._now(), name),
         )
         self._arrived()
@@ -252,20 +286,24 @@ class SqliteQueue:
 
     def _claim(self) -> tuple[str, bytes, int, int, float] | None:
         with self._books.transaction(synced=False) as db:
-            rows = db.execute(
-                "UPDATE tasks SET state = 'leased' WHERE name = (SELECT name FROM tasks"
-                " WHERE state = 'pending' AND eta <= ? ORDER BY eta LIMIT 1)"
-                " RETURNING name, body, attempts, executions, eta",
-                (self._now(),),
-            ).fetchall()
+            rows = db.execute(_CLAIM, {"now": self._now(), "wait": self._order_wait}).fetchall()
         return (rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
 
     def _seconds_until_due(self) -> float:
-        [row] = self._books.rows("SELECT MIN(eta) FROM tasks WHERE state = 'pending'")
+        """How long until a task may become claimable without an arrival or a finish (each
+        of which wakes a dispatcher): the next retry falling due, or the next failing task
+        whose hold on its group runs out."""
+        now = self._now()
+        [row] = self._books.rows(
+            "SELECT MIN(at) FROM (SELECT eta AS at FROM tasks WHERE state = 'pending'"
+            " AND eta > :now UNION ALL SELECT first_tried_at + :wait FROM tasks"
+            " WHERE state = 'pending' AND first_tried_at + :wait > :now)",
+            {"now": now, "wait": self._order_wait},
+        )
         due: float | None = row[0]
         if due is None:
             return _IDLE_WAIT_SECONDS
-        return max(0.0, min(_IDLE_WAIT_SECONDS, due - self._now()))
+        return max(0.0, min(_IDLE_WAIT_SECONDS, due - now))
 
     def _deliver(
         self, worker: WorkerConnection, claimed: tuple[str, bytes, int, int, float]
@@ -307,6 +345,7 @@ class SqliteQueue:
             " attempts = attempts + 1 WHERE name = ?",
             (self._now(), status, name),
         )
+        self._arrived()  # the next task of its group may start now
 
     def _fail(
         self,
@@ -342,6 +381,7 @@ class SqliteQueue:
                 name,
             ),
         )
+        self._arrived()  # the next task of its group may start if this one stopped holding it
         level = logging.ERROR if dead else logging.WARNING
         log.log(
             level,

@@ -57,6 +57,17 @@ CREATE TABLE IF NOT EXISTS user_pins (
 """
 
 
+_ORDER_COLUMNS = {
+    "order_group": "TEXT NOT NULL DEFAULT ''",
+    "order_key": "TEXT NOT NULL DEFAULT ''",
+}
+"""Ledger columns a file made before order was kept lacks (its records order nothing)."""
+_ORDER_INDEX = (
+    "CREATE INDEX IF NOT EXISTS deliveries_by_order"
+    " ON deliveries (order_group, outcome, order_key);"
+)
+
+
 class SqliteStore:
     """Ledger and event log in one SQLite database; safe across threads and processes."""
 
@@ -66,6 +77,8 @@ class SqliteStore:
         Raises ``Transient`` when the file cannot be opened.
         """
         self._db = open_database(path, schema=_SCHEMA, what="SQLite store")
+        self._db.add_columns("deliveries", _ORDER_COLUMNS)
+        self._db.ensure_schema(_ORDER_INDEX)
 
     def close(self) -> None:
         """Close the database connection."""
@@ -79,7 +92,8 @@ class SqliteStore:
         with self._db.transaction(synced=False) as db:
             inserted = db.execute(
                 "INSERT OR IGNORE INTO deliveries (delivery_id, event, action, outcome, detail,"
-                " attempts, received_at, settled_at, envelope) VALUES (?,?,?,?,?,?,?,?,?)",
+                " attempts, received_at, settled_at, envelope, order_group, order_key)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     record.delivery_id,
                     record.event,
@@ -90,6 +104,8 @@ class SqliteStore:
                     utc_text(record.received_at),
                     utc_text(record.settled_at) if record.settled_at else None,
                     record.envelope,
+                    record.order_group,
+                    record.order_key,
                 ),
             ).rowcount
             if not inserted:
@@ -140,6 +156,17 @@ class SqliteStore:
         """See ``Store.get_delivery``."""
         rows = self._db.rows("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,))
         return _delivery(rows[0]) if rows else None
+
+    def list_unsettled_before(
+        self, *, group: str, order_key: str, since: datetime, limit: int = 10
+    ) -> list[DeliveryRecord]:
+        """See ``Store.list_unsettled_before``."""
+        rows = self._db.rows(
+            "SELECT * FROM deliveries WHERE order_group = ? AND outcome = ? AND order_key < ?"
+            " AND received_at >= ? ORDER BY order_key DESC LIMIT ?",
+            (group, RECEIVED, order_key, utc_text(since), limit),
+        )
+        return [_delivery(row) for row in rows]
 
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
@@ -242,6 +269,8 @@ def _delivery(row: sqlite3.Row) -> DeliveryRecord:
         received_at=parse_utc_text(row["received_at"]),
         settled_at=None if row["settled_at"] is None else parse_utc_text(row["settled_at"]),
         envelope=row["envelope"],
+        order_group=row["order_group"],
+        order_key=row["order_key"],
     )
 
 

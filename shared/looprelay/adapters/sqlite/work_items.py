@@ -6,13 +6,15 @@ the fields the queries filter and order on, written in the same statement so the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import sqlite3
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from looprelay.adapters.sqlite.database import SqliteDatabase, open_database, utc_text
 from looprelay.core.model import DispatchRecord, WorkItemRecord
+from looprelay.ports import SessionSlot
 
 _REFS_PER_QUERY = 500
 """Well under SQLite's limit on a statement's parameters."""
@@ -38,7 +40,19 @@ CREATE TABLE IF NOT EXISTS dispatches (
 );
 CREATE INDEX IF NOT EXISTS dispatches_by_status ON dispatches (status, created_at, seq);
 CREATE INDEX IF NOT EXISTS dispatches_by_work_item ON dispatches (work_item, created_at, seq);
+CREATE TABLE IF NOT EXISTS runner_sessions (
+    runner_id TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    work_item TEXT NOT NULL,
+    since TEXT NOT NULL,
+    PRIMARY KEY (runner_id, endpoint)
+);
 """
+_ENDPOINT_COLUMN = {"endpoint": "TEXT NOT NULL DEFAULT ''"}
+"""A file made before each endpoint had its own line lacks it; opening fills it from the doc."""
+_ENDPOINT_FILL = (
+    "UPDATE dispatches SET endpoint = json_extract(doc, '$.endpoint') WHERE endpoint = ''"
+)
 
 _FINISHED_STATUSES = ("pending", "succeeded", "failed")
 """What a lease holder may leave a dispatch as; ``pending`` offers it to the next runner."""
@@ -60,6 +74,8 @@ class SqliteWorkItemStore:
         Raises ``Transient`` when the file cannot be opened.
         """
         self._db = open_database(path, schema=_SCHEMA, what="SQLite work-item store")
+        self._db.add_columns("dispatches", _ENDPOINT_COLUMN)
+        self._db.execute(_ENDPOINT_FILL)
 
     def close(self) -> None:
         """Close the database connection."""
@@ -129,7 +145,7 @@ class SqliteWorkItemStore:
             )
             db.executemany(
                 "INSERT OR IGNORE INTO dispatches (dispatch_id, work_item, seq, status, created_at,"
-                " lease_holder, lease_expires_at, doc) VALUES (?,?,?,?,?,?,?,?)",
+                " lease_holder, lease_expires_at, doc, endpoint) VALUES (?,?,?,?,?,?,?,?,?)",
                 [_dispatch_row(dispatch) for dispatch in dispatches],
             )
         return True
@@ -168,23 +184,66 @@ class SqliteWorkItemStore:
         rows = self._db.rows(
             "SELECT doc, created_at, seq, dispatch_id FROM (SELECT doc, created_at,"  # noqa: S608
             f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks})"
-            " GROUP BY work_item) ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            " GROUP BY work_item, endpoint) ORDER BY created_at, seq, dispatch_id LIMIT ?",
             (*statuses, limit),
         )
         return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
 
     def lease_dispatch(
-        self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
+        self,
+        dispatch_id: str,
+        *,
+        runner_id: str,
+        now: datetime,
+        until: datetime,
+        slot: SessionSlot | None = None,
     ) -> DispatchRecord | None:
-        """See ``WorkItemStore.lease_dispatch``."""
+        """See ``WorkItemStore.lease_dispatch``: the slot is checked and taken inside the
+        lease's own write transaction, which serialises every lease."""
         changes = {"status": "leased", "lease_holder": runner_id, "lease_expires_at": until}
+
+        def take_slot(db: sqlite3.Connection) -> bool:
+            if slot is None:
+                return True
+            others = db.execute(
+                "SELECT COUNT(*) FROM runner_sessions WHERE runner_id = ? AND endpoint != ?",
+                (runner_id, slot.endpoint),
+            ).fetchone()[0]
+            if others >= slot.capacity:
+                return False
+            db.execute(
+                "INSERT INTO runner_sessions (runner_id, endpoint, work_item, since)"
+                " VALUES (?,?,?,?) ON CONFLICT (runner_id, endpoint) DO UPDATE"
+                " SET work_item = excluded.work_item, since = excluded.since",
+                (runner_id, slot.endpoint, slot.work_item, utc_text(now)),
+            )
+            return True
+
         return self._transition(
             dispatch_id,
             "status = 'pending' OR (status = 'leased' AND lease_expires_at < ?)",
             (utc_text(now),),
             {**changes, "updated_at": now},
             attempt=True,
+            guard=take_slot,
         )
+
+    def held_sessions(self, runner_id: str) -> dict[str, str]:
+        """See ``WorkItemStore.held_sessions``."""
+        rows = self._db.rows(
+            "SELECT endpoint, work_item FROM runner_sessions WHERE runner_id = ?", (runner_id,)
+        )
+        return {row["endpoint"]: row["work_item"] for row in rows}
+
+    def release_session(self, runner_id: str, *, endpoint: str) -> bool:
+        """See ``WorkItemStore.release_session``."""
+        with self._db.transaction() as db:
+            return bool(
+                db.execute(
+                    "DELETE FROM runner_sessions WHERE runner_id = ? AND endpoint = ?",
+                    (runner_id, endpoint),
+                ).rowcount
+            )
 
     def renew_lease(
         self, dispatch_id: str, *, runner_id: str, now: datetime, until: datetime
@@ -227,14 +286,16 @@ class SqliteWorkItemStore:
         changes: dict[str, Any],
         *,
         attempt: bool = False,
+        guard: Callable[[sqlite3.Connection], bool] | None = None,
     ) -> DispatchRecord | None:
         # Read, check and write in one write transaction: exactly one racing caller matches.
+        # ``guard`` runs inside it after the match and may refuse (and write alongside).
         with self._db.transaction() as db:
             row = db.execute(
                 f"SELECT doc FROM dispatches WHERE dispatch_id = ? AND ({condition})",  # noqa: S608 - fixed conditions
                 (dispatch_id, *params),
             ).fetchone()
-            if row is None:
+            if row is None or (guard is not None and not guard(db)):
                 return None
             held = DispatchRecord.model_validate_json(row[0])
             if attempt:
@@ -258,4 +319,4 @@ def _dispatch_row(dispatch: DispatchRecord) -> tuple[Any, ...]:
     d = dispatch
     expires = _opt_utc_text(d.lease_expires_at)
     columns = (d.dispatch_id, d.work_item, d.seq, d.status, utc_text(d.created_at), d.lease_holder)
-    return (*columns, expires, d.model_dump_json())
+    return (*columns, expires, d.model_dump_json(), d.endpoint)

@@ -1,0 +1,255 @@
+"""Order: a work item's comments reach its session in the order GitHub created them.
+
+The whole path runs for real on each store: signed webhooks into ``Ingress``, the embedded
+queue with four dispatchers POSTing to the worker over HTTP, the router, and the lease desk a
+runner takes its dispatches from. Fifty comments are made on one issue a few milliseconds
+apart (within one second, as GitHub's ``created_at`` sees it: their ids order them), and the
+runner must receive them in that order. Every delivery then arrives again, in a random order:
+nothing is applied twice. A delivery that keeps failing (a poison delivery) holds the later
+ones back for ``routing.orderWaitSeconds`` only; then they go ahead, in order, and an event
+says which delivery they went ahead of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from looprelay.adapters.clock import SystemClock
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
+from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
+from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.messages import Request
+from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
+from looprelay.config.routing import TemplateSource, routing_policy
+from looprelay.core.envelope import Envelope
+from looprelay.core.model import DeliveryRecord, RunnerRecord
+from looprelay.errors import Transient
+from looprelay.service.ingress import Ingress
+from looprelay.service.lease_desk import LeaseDesk
+from looprelay.service.results import Progress
+from looprelay.service.route import WENT_AHEAD, Router
+from looprelay.service.worker import Outcome, Worker
+from looprelay.wire.runner_api import ResultBody
+from tests.fake_github import FakeGitHub
+from tests.routing.conftest import (
+    REPO,
+    SECRET,
+    TOKEN,
+    Backend,
+    MakeRelay,
+    Relay,
+    _Switchboard,
+    comment_payload,
+)
+
+WEBHOOK_SECRET = b"order-webhook-secret"
+DISPATCHERS = 4
+COMMENTS = 50
+ORDER_WAIT_SECONDS = 1.0
+DEADLINE_SECONDS = 60.0
+
+
+@dataclass
+class Ordered:
+    """A deployment that keeps order: ingress, the embedded queue and the worker over HTTP."""
+
+    relay: Relay
+    ingress: Ingress
+    worker_url: str
+
+    def comment(self, index: int, *, created_at: datetime) -> tuple[int, str]:
+        """Make comment ``index`` on issue 1 on the fake GitHub and send its signed webhook;
+        return its comment id and delivery id."""
+        body = f"comment {index:02d}"
+        comment_id = self.relay.github.add_comment(body, number=1, repository=REPO)
+        data = comment_payload(body, comment_id=comment_id)
+        data["comment"]["created_at"] = created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        delivery_id = f"order-{index:04d}"
+        answer = self.ingress.handle(_signed(data, delivery_id))
+        assert answer.status == 202, answer.body
+        return comment_id, delivery_id
+
+    def wait_settled(self, delivery_ids: list[str]) -> dict[str, DeliveryRecord]:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while True:
+            records = {d: self.relay.backend.store.get_delivery(d) for d in delivery_ids}
+            settled = {d: r for d, r in records.items() if r is not None and r.settled}
+            if len(settled) == len(delivery_ids):
+                return settled
+            assert time.monotonic() < deadline, f"unsettled: {sorted(set(records) - set(settled))}"
+            time.sleep(0.05)
+
+    def pasted(self, runner: RunnerRecord) -> list[int]:
+        """What ``runner`` receives, in order: the comment of each delivery into its session
+        it leases, until there is none (each reported before the next poll)."""
+        backend = self.relay.backend
+        desk = LeaseDesk(
+            registry=backend.runners,
+            work_items=backend.work_items,
+            store=backend.store,
+            clock=self.relay.clock,
+            config=RunnersConfig(),
+            progress=Progress(
+                work_items=backend.work_items,
+                store=backend.store,
+                github=None,
+                clock=self.relay.clock,
+            ),
+        )
+        received = []
+        while (leased := desk.try_lease(runner)) is not None:
+            if leased.kind == "deliver":
+                received.append(leased.comment_id or 0)
+            status = "delivered" if leased.kind == "deliver" else "spawned"
+            desk.report(runner, ResultBody(dispatch_id=leased.dispatch_id, status=status))
+        return received
+
+
+def _signed(data: dict[str, Any], delivery_id: str) -> Request:
+    body = json.dumps(data).encode()
+    digest = hmac.new(WEBHOOK_SECRET, body, hashlib.sha256).hexdigest()
+    headers = {
+        "content-type": "application/json",
+        "x-github-event": "issue_comment",
+        "x-github-delivery": delivery_id,
+        "x-hub-signature-256": f"sha256={digest}",
+        "content-length": str(len(body)),
+    }
+    return Request(method="POST", path="/webhook", headers=headers, body=body)
+
+
+def _poisoned(router: Router, poison: frozenset[str]) -> Callable[[Envelope, Any], Outcome]:
+    """The router, except that the deliveries in ``poison`` fail every time, as one would
+    whose store write keeps timing out."""
+
+    def handle(envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        if envelope.delivery_id in poison:
+            raise Transient(f"{envelope.delivery_id} is poisoned for this test")
+        return router(envelope, record)
+
+    return handle
+
+
+MakeOrdered = Callable[..., Ordered]
+
+
+@pytest.fixture
+def ordered(
+    relay: MakeRelay,
+    backend: Backend,
+    fake_github: FakeGitHub,
+    switchboard: _Switchboard,
+    tmp_path: Path,
+) -> Iterator[MakeOrdered]:
+    """``ordered(poison=...)``: a deployment over ``backend`` on the real clock."""
+    opened: list[tuple[SqliteQueue, str]] = []
+
+    def _make(poison: frozenset[str] = frozenset()) -> Ordered:
+        base = relay()
+        clock = SystemClock()
+        router = Router(
+            store=backend.store,
+            work_items=backend.work_items,
+            runners=backend.runners,
+            github=GitHubRest(api_url=fake_github.url, auth=TokenAuth(TOKEN)),
+            policy=routing_policy(base.config.routing),
+            templates=TemplateSource(base.config.routing),
+            clock=clock,
+            order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
+        )
+        worker = Worker(
+            store=backend.store,
+            authenticator=SharedSecretAuthenticator(SECRET),
+            clock=clock,
+            handler=_poisoned(router, poison),
+        )
+        url = switchboard.mount(worker.handle)
+        queue = SqliteQueue(
+            tmp_path / f"queue-{len(opened)}.db",
+            retry=RetryConfig(min_backoff_seconds=0.05, max_backoff_seconds=0.2, max_attempts=500),
+            settings=EmbeddedQueueConfig(concurrency=DISPATCHERS),
+            order_wait_seconds=ORDER_WAIT_SECONDS,
+        )
+        queue.start(worker_url=url, auth_token=SECRET)
+        opened.append((queue, url))
+        ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=WebhookConfig())
+        return Ordered(base, ingress, url)
+
+    yield _make
+    for queue, url in opened:
+        queue.close()
+        switchboard.unmount(url)
+
+
+def _started(deployment: Ordered) -> RunnerRecord:
+    """Issue 1 started, its session live on a runner: return the runner."""
+    deployment.relay.start(1)
+    return deployment.relay.runner_holds(1, workspace=False)
+
+
+class TestOrder:
+    def test_comments_reach_the_session_in_creation_order_and_redeliveries_change_nothing(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered()
+        runner = _started(deployment)
+        created = datetime.now(UTC).replace(microsecond=0)
+        sent = [deployment.comment(index, created_at=created) for index in range(COMMENTS)]
+        ledger = deployment.wait_settled([delivery for _, delivery in sent])
+        assert {record.outcome for record in ledger.values()} == {"dispatched"}
+
+        assert deployment.pasted(runner) == [comment for comment, _ in sent]
+
+        again = list(ledger.values())
+        random.Random(14).shuffle(again)
+
+        def redeliver(record: DeliveryRecord) -> dict[str, Any]:
+            answer = requests.post(
+                deployment.worker_url,
+                data=record.envelope.encode(),
+                headers={"Authorization": f"Bearer {SECRET}"},
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text
+            result: dict[str, Any] = answer.json()
+            return result
+
+        with ThreadPoolExecutor(DISPATCHERS) as pool:
+            answers = list(pool.map(redeliver, again))
+        assert {answer["status"] for answer in answers} == {"already-settled"}
+        assert len(deployment.relay.dispatches(1)) == 1 + COMMENTS  # the spawn and one each
+        assert deployment.pasted(runner) == []
+
+    def test_a_poison_delivery_holds_the_later_ones_back_only_for_the_order_wait(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered(poison=frozenset({"order-0002"}))
+        runner = _started(deployment)
+        created = datetime.now(UTC).replace(microsecond=0)
+        sent = [deployment.comment(index, created_at=created) for index in range(5)]
+        healthy = [(comment, delivery) for comment, delivery in sent if delivery != "order-0002"]
+        deployment.wait_settled([delivery for _, delivery in healthy])
+
+        assert deployment.pasted(runner) == [comment for comment, _ in healthy]
+        poison = deployment.relay.backend.store.get_delivery("order-0002")
+        assert poison is not None and not poison.settled
+        went_ahead = deployment.relay.events(WENT_AHEAD)
+        assert {event.delivery_id for event in went_ahead} == {"order-0003", "order-0004"}
+        assert {tuple(event.data["ahead_of"]) for event in went_ahead} == {("order-0002",)}
+        first = min(went_ahead, key=lambda event: event.at)
+        waited = (first.at - poison.received_at).total_seconds()
+        assert waited >= ORDER_WAIT_SECONDS, f"went ahead after {waited:.2f} s"
