@@ -16,7 +16,7 @@ from looprelay.errors import ConfigError
 if TYPE_CHECKING:
     from looprelay.ingress import Ingress
     from looprelay.runnerapi import RunnerApi
-    from looprelay.sweeper import SweepHandler
+    from looprelay.sweeper import Sweeper
     from looprelay.worker import Worker
 
 CONFIG_ENV = "LOOPRELAY_CONFIG"
@@ -106,18 +106,19 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
     )
 
 
-def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
-    """The sweeper's handler: redelivers the App's failed deliveries the ledger lacks.
+def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
+    """The sweeper: redelivers the App's failed deliveries the ledger lacks.
 
     Raises ``ConfigError`` when GitHub App auth is not configured (``sweeper.app_github``):
     a cloud deployment refuses to start rather than fail every scheduled run.
     """
     from looprelay.adapters.clock import SystemClock
     from looprelay.stores import open_store
-    from looprelay.sweeper import SweepHandler, app_github
+    from looprelay.sweeper import Sweeper, app_github
 
-    return SweepHandler(
+    return Sweeper(
         github=app_github(config.github, environ),
         store=open_store(config, data_dir=None),
         clock=SystemClock(),
+        settings=config.sweeper,
     )

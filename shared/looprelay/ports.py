@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -278,6 +278,15 @@ class AppDelivery:
     event: str
 
 
+@dataclass(frozen=True)
+class DeliveryPage:
+    """One page of the App's delivery attempts, newest first."""
+
+    deliveries: list[AppDelivery]
+    last: bool
+    """The listing ends here: it reached the time asked for, or GitHub has no more."""
+
+
 class GitHub(Protocol):
     """The few GitHub REST calls looprelay makes: the worker's on behalf of one App
     installation, the sweeper's as the App itself.
@@ -319,9 +328,11 @@ class GitHub(Protocol):
         ``hooray``, ``confused``, ...); reacting twice is harmless."""
         ...
 
-    def list_app_deliveries(self, *, since: datetime, max_pages: int) -> list[AppDelivery]:
-        """List the App's webhook delivery attempts, newest first, back to ``since`` (aware),
-        reading at most ``max_pages`` pages. Needs App auth: raises ``Permanent`` without it."""
+    def app_delivery_pages(self, *, since: datetime) -> Iterator[DeliveryPage]:
+        """Yield the App's webhook delivery attempts newest first, a page at a time, back to
+        ``since`` (aware); older attempts on the last page are left out. Needs App auth:
+        raises ``Permanent`` without it. A rate limit raises ``Transient`` at once: the pages
+        already yielded stay good."""
         ...
 
     def redeliver(self, *, delivery_id: int) -> None:

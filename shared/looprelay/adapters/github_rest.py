@@ -65,6 +65,7 @@ class GitHubRest(github_app_hooks.AppHookCalls):
         self._timeout, self._max_wait = timeout_seconds, max_wait_seconds
         self._max_attempts = max(1, max_attempts)
         self._sleep, self._clock = sleep, clock
+        self._app_quota_reset = 0.0
         self._session = requests.Session()
         self._session.headers.update(github_auth.API_HEADERS)
 
@@ -149,9 +150,11 @@ class GitHubRest(github_app_hooks.AppHookCalls):
         missing_ok: bool = False,
         as_app: bool = False,
         repeatable: bool = True,
+        patient: bool = True,
     ) -> requests.Response:
         """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``;
-        not ``repeatable``: only repeated when GitHub surely did not carry it out."""
+        not ``repeatable``: only repeated when GitHub surely did not carry it out; not
+        ``patient``: a rate limit raises ``Transient`` at once instead of being waited out."""
         call = f"{method} {urlsplit(url).path}"
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
@@ -168,6 +171,8 @@ class GitHubRest(github_app_hooks.AppHookCalls):
                 if response.status_code < 300 or (response.status_code == 404 and missing_ok):
                     return response
                 failure, asked = f"HTTP {response.status_code}", self._retry_wait(response)
+                if not patient and asked is not None:
+                    raise Transient(f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s")
                 if not repeatable and response.status_code >= 500:
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}")
             if attempt < self._max_attempts:

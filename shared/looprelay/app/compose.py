@@ -175,7 +175,9 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             Endpoint(path, blocking(worker.handle), MAX_TASK_BYTES) for path in ("/", WORKER_PATH)
         ]
     else:
-        sweeper = cloud.build_sweeper(config, environ)
+        from looprelay.app.sweep import SweepHandler
+
+        sweeper = SweepHandler(cloud.build_sweeper(config, environ))
         endpoints = [
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)

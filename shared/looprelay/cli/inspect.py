@@ -77,18 +77,24 @@ def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) ->
 
 @deliveries.command("sweep")
 @state_options
-@click.option("--limit", type=int, default=50, show_default=True, help="Most redeliveries.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Most redeliveries (default: sweeper.redeliveriesPerRun).",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would be redelivered; ask for nothing.")
 @click.pass_obj
 def deliveries_sweep(
     obj: tuple[Path | None, Path | None],
     config_path: Path | None,
     data_dir: Path | None,
-    limit: int,
+    limit: int | None,
     dry_run: bool,
 ) -> None:
-    """Ask GitHub to redeliver the App's failed deliveries of the last 3 days that the ledger
-    lacks (GitHub never retries them itself). Needs github.appId and github.privateKeyEnv."""
+    """Ask GitHub to redeliver the App's failed deliveries that the ledger lacks, back to
+    where the last sweep left off (at most GitHub's 3 days; GitHub never retries them itself).
+    Needs github.appId and github.privateKeyEnv."""
     from looprelay.adapters.clock import SystemClock
     from looprelay.stores import open_store
     from looprelay.sweeper import app_github, sweep
@@ -96,14 +102,20 @@ def deliveries_sweep(
     config = load(config_path or obj[0])
     store = open_store(config, data_dir=data_path(data_dir or obj[1]))
     github = app_github(config.github, os.environ)
-    report = sweep(github, store, SystemClock(), limit=limit, dry_run=dry_run)
+    settings = config.sweeper
+    if limit is not None:
+        settings = settings.model_copy(update={"redeliveries_per_run": limit})
+    report = sweep(github, store, SystemClock(), settings=settings, dry_run=dry_run)
     for delivery, outcome in report.picked:
         stamp = delivery.delivered_at.isoformat()
         click.echo(f"{outcome}  {delivery.guid}  attempt {delivery.id}  {delivery.event}  {stamp}")
     click.echo(
         f"listed {report.listed}, failed {report.failed}, already in the ledger "
-        f"{report.in_ledger}, redelivered {report.redelivered}, errors {report.errors}"
+        f"{report.in_ledger}, redelivered {report.redelivered}, errors {report.errors}, "
+        f"left for the next run {report.left}"
     )
+    if not report.complete:
+        click.echo(f"the listing stopped before {report.since.isoformat()}; run again")
     if report.errors:
         raise click.ClickException(f"{report.errors} redelivery request(s) failed; see above")
 
