@@ -33,6 +33,7 @@ from looprelay.core.tasknames import delivery_task_name
 from looprelay.embedded import EmbeddedStack
 from looprelay.httpmsg import Request
 from looprelay.ingress import Ingress
+from looprelay.ports import MAX_TASK_BODY_BYTES
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
 from tests.samples import payload_bytes
 
@@ -352,6 +353,37 @@ class TestEmbeddedServerEdges:
         assert requests.get(stack.base_url + "/healthz", timeout=10).json() == {"status": "ok"}
 
 
+class TestQueueRefusals:
+    """A refusal from Cloud Tasks is never the sender's fault: 503 when a retry may succeed,
+    500 when our queue configuration or grants are wrong, never a 4xx."""
+
+    @pytest.fixture
+    def cloud(
+        self, cloudtasks_recorder: CloudTasksRecorder, monkeypatch: pytest.MonkeyPatch
+    ) -> Iterator[Receiver]:
+        yield from _cloud_function(cloudtasks_recorder, monkeypatch)
+
+    @pytest.mark.parametrize(
+        ("refusal", "status"),
+        [(400, 500), (401, 500), (403, 500), (404, 500), (503, 503), (429, 503), (504, 503)],
+    )
+    def test_a_refusal_is_503_or_500_by_what_it_means(
+        self,
+        cloud: Receiver,
+        cloudtasks_recorder: CloudTasksRecorder,
+        caplog: pytest.LogCaptureFixture,
+        refusal: int,
+        status: int,
+    ) -> None:
+        cloudtasks_recorder.fail_next(100, status=refusal)
+        with caplog.at_level(logging.ERROR, logger="looprelay"):
+            got, answer = cloud.post("POST", _headers(COMMENT, delivery="d-refused"), COMMENT)
+
+        assert (got, set(answer)) == (status, {"error"})
+        assert cloudtasks_recorder.held() == {}
+        assert any(getattr(r, "delivery_id", None) == "d-refused" for r in caplog.records)
+
+
 class TestTaskSize:
     def test_text_that_escaping_inflates_is_shrunk_until_the_task_fits_one_megabyte(
         self, tmp_path: Path
@@ -371,7 +403,7 @@ class TestTaskSize:
         )
         assert response.status == 202
         [task] = queue.list_tasks()
-        assert len(task.body) <= 1_000_000
+        assert len(task.body) <= MAX_TASK_BODY_BYTES
         envelope = Envelope.model_validate_json(task.body)
         assert envelope.comment is not None and 0 < len(envelope.comment.body) < 200_000
         assert "comment.body" in envelope.truncated

@@ -23,7 +23,7 @@ from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.logsampling import LogSampler
-from looprelay.ports import MAX_TASK_BYTES, Queue, Task
+from looprelay.ports import MAX_TASK_BODY_BYTES, Queue, Task
 
 log = logging.getLogger("looprelay.ingress")
 
@@ -95,16 +95,21 @@ class Ingress:
     def answer(self, admission: Admission, enqueued: Callable[[], bool]) -> Response:
         """The answer for an admitted delivery once ``enqueued()`` says whether the queue took
         it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
-        ``Permanent`` becomes 413 and ``Transient`` 503, which GitHub records as a failed
-        delivery to redeliver.
+        ``Transient`` becomes 503 and ``Permanent`` (the queue refused: our configuration or
+        permissions are wrong, never the sender's request) 500; GitHub records either as a
+        failed delivery, which the sweeper redelivers once the cause is fixed.
         """
         delivery_id = admission.delivery_id
         try:
             queued = enqueued()
         except Permanent as exc:
-            return self._refused(
-                BadDelivery(f"delivery cannot be queued: {exc}", status=413), delivery_id
+            log.error(
+                "the queue refused the delivery; fix the queue's configuration or grants, "
+                "the sweeper redelivers it then: %s",
+                exc,
+                extra={"delivery_id": delivery_id},
             )
+            return json_response(500, {"error": "the queue refused the delivery; see the log"})
         except Transient as exc:
             log.error(
                 "enqueue failed, GitHub will record a failed delivery: %s",
@@ -195,15 +200,16 @@ class Ingress:
     def _project(
         self, event: str, delivery_id: str, payload: dict[str, Any]
     ) -> tuple[Envelope, bytes]:
-        # A Cloud Task holds 1 MB; escaping and UTF-8 can inflate text up to six-fold, so
-        # shrink the per-field cap until the encoded envelope fits rather than refuse it.
+        # A Cloud Task holds 1 MB with its name and headers; escaping and UTF-8 can inflate
+        # text up to six-fold, so shrink the per-field cap until the encoded envelope fits
+        # rather than refuse it.
         cap = self._config.max_text_chars
         while True:
             envelope = project_envelope(
                 event=event, delivery_id=delivery_id, payload=payload, max_text_chars=cap
             )
             body = envelope.model_dump_json().encode()
-            if len(body) <= MAX_TASK_BYTES or cap <= 1:
+            if len(body) <= MAX_TASK_BODY_BYTES or cap <= 1:
                 return envelope, body
             cap //= 2
 

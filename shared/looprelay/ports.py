@@ -17,7 +17,13 @@ from looprelay.records import (
 )
 
 MAX_TASK_BYTES = 1_000_000
-"""A Cloud Task holds at most 1 MB; the embedded queue enforces the same bound."""
+"""A Cloud Task holds at most 1 MB, counting its name, URL and headers with the body; the
+embedded queue holds bodies to the same bound."""
+TASK_RESERVE_BYTES = 8_192
+"""Room left in a task for what is not the body: its name, the worker's URL, the headers and
+the OIDC token's service account and audience."""
+MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_RESERVE_BYTES
+"""The largest body ingress puts in a task."""
 
 
 @dataclass(frozen=True)
