@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from secrets import token_hex
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -57,9 +58,11 @@ class Ingress:
         config: WebhookConfig,
         verify: bool = True,
         rejections: LogSampler | None = None,
+        new_attempt: Callable[[], str] = lambda: token_hex(8),
     ) -> None:
         """``rejections`` decides which refusals are logged (default: the first 10 of each
-        status a minute). Raises ``ConfigError`` when verification is on and there is no
+        status a minute); ``new_attempt`` makes the token that names each request's task
+        (``core.tasknames``). Raises ``ConfigError`` when verification is on and there is no
         secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
@@ -72,6 +75,7 @@ class Ingress:
         self._allowed = config.allowed_events()
         self._verify = verify
         self._rejections = rejections or LogSampler()
+        self._new_attempt = new_attempt
 
     def handle(self, request: Request) -> Response:
         """Answer one webhook request, enqueueing it through the queue port; never raises."""
@@ -166,7 +170,10 @@ class Ingress:
             )
             return json_response(202, {"status": "ignored", "delivery": delivery_id})
         envelope, body = self._project(event, delivery_id, payload)
-        task = Task(name=delivery_task_name(delivery_id), body=body)
+        # A name of its own: the task of an earlier attempt may have died with its name still
+        # reserved; a true duplicate is settled once by the worker's ledger.
+        name = delivery_task_name(delivery_id, attempt=self._new_attempt())
+        task = Task(name=name, body=body)
         return Admission(task=task, delivery_id=delivery_id, event=event, action=envelope.action)
 
     def _check_size(self, request: Request) -> None:

@@ -67,7 +67,8 @@ def deliveries(
 @click.argument("delivery_id")
 @click.pass_obj
 def deliveries_replay(obj: tuple[Path | None, Path | None], delivery_id: str) -> None:
-    """Send a failed delivery (a dead letter) through the worker again."""
+    """Send a delivery through the worker again: a failed one (a dead letter), or one still
+    `received` whose queue task died (GitHub shows it delivered, so the sweeper skips it)."""
     from looprelay.replay import replay_delivery
 
     config_path, data_dir = obj
