@@ -64,7 +64,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     from looprelay.adapters.oidc_auth import OidcTaskAuthenticator
     from looprelay.stores import open_store
     from looprelay.wiring import build_router, github_client
-    from looprelay.worker import Worker
+    from looprelay.worker import Worker, handler_budget
 
     store = open_store(config, data_dir=None)
     clock = SystemClock()
@@ -85,6 +85,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         ),
         clock=clock,
         handler=router,
+        handler_budget_seconds=handler_budget(config.queue.cloudtasks.dispatch_deadline_seconds),
     )
 
 

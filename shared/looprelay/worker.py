@@ -12,11 +12,13 @@ queue gets 200 so it stops retrying.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import ValidationError
 
+from looprelay import deadlines
 from looprelay.core.envelope import Envelope
 from looprelay.errors import Transient, Unauthorized
 from looprelay.httpmsg import Request, Response, json_response
@@ -27,6 +29,15 @@ from looprelay.records import RECEIVED, DeliveryRecord, EventRecord, is_valid_ou
 log = logging.getLogger("looprelay.worker")
 
 RETRY_COUNT_HEADER = "x-cloudtasks-taskretrycount"
+SETTLE_RESERVE_SECONDS = 15.0
+"""Of the queue's dispatch deadline, what the handler leaves for the settle and the answer."""
+
+
+def handler_budget(dispatch_deadline_seconds: float) -> float:
+    """The time a delivery's handler (its GitHub calls) gets under the queue's dispatch
+    deadline: all but a reserve for the settle, at most a quarter of the deadline."""
+    reserve = min(SETTLE_RESERVE_SECONDS, dispatch_deadline_seconds / 4)
+    return dispatch_deadline_seconds - reserve
 
 
 @dataclass(frozen=True)
@@ -60,11 +71,17 @@ class Worker:
         authenticator: TaskAuthenticator,
         clock: Clock,
         handler: DeliveryHandler = record_only,
+        handler_budget_seconds: float | None = None,
     ) -> None:
+        """``handler_budget_seconds`` (``handler_budget`` of the queue's dispatch deadline)
+        bounds the handler's outbound calls (``deadlines``): one that cannot finish in time
+        is ``Transient`` and the queue retries the task, instead of sending a second attempt
+        while this one still runs."""
         self._store = store
         self._auth = authenticator
         self._clock = clock
         self._handler = handler
+        self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
 
     def handle(self, request: Request) -> Response:
@@ -154,8 +171,10 @@ class Worker:
         return json_response(200, {"status": "settled", "outcome": outcome.outcome})
 
     def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
+        budget = nullcontext() if self._budget is None else deadlines.within(self._budget)
         try:
-            outcome = self._handler(envelope, record)
+            with budget:
+                outcome = self._handler(envelope, record)
         except Transient:
             raise
         except Exception as exc:

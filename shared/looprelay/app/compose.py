@@ -215,7 +215,7 @@ def _open_local(
     from looprelay.ports import MAX_TASK_BYTES
     from looprelay.stores import open_stores
     from looprelay.wiring import build_router, build_runner_api, github_client
-    from looprelay.worker import Worker
+    from looprelay.worker import Worker, handler_budget
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
     worker_token, _ = read_or_create_secret(data_dir / WORKER_TOKEN_FILE)
@@ -251,6 +251,7 @@ def _open_local(
         authenticator=SharedSecretAuthenticator(worker_token),
         clock=clock,
         handler=router,
+        handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
     blocking, pressure = Blocking(), WebhookPressure()
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
