@@ -64,8 +64,8 @@ def _free_port() -> int:
         return port
 
 
-def _request(host: str, method: str, path: str) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection(host, timeout=5)
+def _request(host: str, method: str, path: str, *, timeout: float = 5) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(host, timeout=timeout)
     try:
         connection.request(method, path)
         response = connection.getresponse()
@@ -141,6 +141,7 @@ def firestore_client(firestore_emulator: str) -> Iterator[firestore.Client]:
         firestore_emulator,
         "DELETE",
         f"/emulator/v1/projects/{PROJECT}/databases/(default)/documents",
+        timeout=60,  # the JVM's first wipe after start can take seconds on a busy machine
     )
     assert status == 200, f"wiping the Firestore emulator failed: {status} {body!r}"
     client = firestore.Client(project=PROJECT)

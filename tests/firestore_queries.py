@@ -39,6 +39,12 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "outcome": ("failed", "refused"),
     "statuses": (("queued",), ("queued", "leased")),
     "pr_ref": ("github:octo/demo#9",),
+    "repositories": (("octo/demo",), [f"octo/r{n}" for n in range(40)]),
+    # Parameters of query methods on branches being merged alongside (order, sessions).
+    "group": ("github:octo/demo#1",),
+    "order_key": ("00000001",),
+    "runner_id": ("r-1",),
+    "endpoint": ("github:octo/demo#1",),
 }
 NOT_FILTERS = frozenset({"self", "limit"})
 _Op = StructuredQuery.FieldFilter.Operator

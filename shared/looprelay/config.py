@@ -412,6 +412,13 @@ class RunnersConfig(_Section):
     lease_seconds: int = Field(
         default=60, ge=10, description="How long a leased dispatch stays with its runner."
     )
+    unserved_expiry_seconds: int = Field(
+        default=24 * 3600,
+        ge=60,
+        description="A pending dispatch no live runner serves the repository of is settled "
+        "failed (result `expired`) after this long; `looprelay dispatches replay` offers it "
+        "again.",
+    )
 
 
 class SweeperConfig(_Section):

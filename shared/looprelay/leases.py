@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from looprelay.config import RunnersConfig
@@ -26,6 +26,7 @@ from looprelay.core.scheduling import (
     needs_session_pin,
     pin_to_sessions,
 )
+from looprelay.expiry import DispatchExpiry
 from looprelay.httpmsg import Response, json_response
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.progress import MAX_KEPT_DETAIL_CHARS, Progress
@@ -111,9 +112,13 @@ def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
             woken.set_result(None)
 
 
-def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
-    """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
-    heads = heads_of_line(items.list_dispatch_heads(statuses=DISPATCH_OPEN), now=now)
+def leasable_heads(
+    items: WorkItemStore, *, now: datetime, repositories: Collection[str] | None = None
+) -> list[DispatchRecord]:
+    """Each work item's next dispatch that may be leased now, pinned to its session's runner;
+    with ``repositories``, only theirs."""
+    open_heads = items.list_dispatch_heads(statuses=DISPATCH_OPEN, repositories=repositories)
+    heads = heads_of_line(open_heads, now=now)
     refs = {d.work_item for d in heads if needs_session_pin(d)}
     return pin_to_sessions(heads, items.get_work_items(refs) if refs else {})
 
@@ -141,6 +146,13 @@ class LeaseDesk:
         self._progress = progress
         self._waker = waker
         self._monotonic = monotonic
+        self._expiry = DispatchExpiry(
+            work_items=work_items,
+            registry=registry,
+            store=store,
+            clock=clock,
+            config=config,
+        )
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> Response:
         """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
@@ -195,7 +207,10 @@ class LeaseDesk:
             for r in self._registry.list_runners()
             if is_live(r, now=now, lost_after=lost_after)
         ]
-        candidates = leasable_heads(self._items, now=now)
+        self._expiry.maybe_run()
+        # Only what the runner serves: a backlog it cannot take never hides what it can.
+        served = None if runner.workspace else runner.repositories
+        candidates = leasable_heads(self._items, now=now, repositories=served)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live)
             if pick is None:

@@ -179,10 +179,27 @@ class WorkItemStore(Protocol):
         ...
 
     def list_dispatch_heads(
-        self, *, statuses: Sequence[str], limit: int = 500
+        self,
+        *,
+        statuses: Sequence[str],
+        repositories: Collection[str] | None = None,
+        limit: int = 500,
     ) -> list[DispatchRecord]:
         """Return, per work item, its lowest-``seq`` dispatch among those in ``statuses``,
-        oldest first: what may go next, without reading the queue behind each head."""
+        oldest first: what may go next, without reading the queue behind each head.
+        ``repositories`` (any case) keeps only those dispatches: a runner asks for what it
+        serves, so a backlog it cannot take never hides what it can."""
+        ...
+
+    def expire_dispatch(
+        self, dispatch_id: str, *, now: datetime, detail: str
+    ) -> DispatchRecord | None:
+        """Settle a ``pending`` dispatch nobody took in time as ``failed`` with result
+        ``expired`` and ``detail``; return it, or None when it is not pending."""
+        ...
+
+    def reopen_dispatch(self, dispatch_id: str, *, now: datetime) -> DispatchRecord | None:
+        """Offer an ``expired`` dispatch again (``pending``); None when it is not expired."""
         ...
 
     def lease_dispatch(

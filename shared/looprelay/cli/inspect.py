@@ -228,15 +228,23 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     click.echo(f"{name}: queued again")
 
 
-@click.command("dispatches")
+@click.group("dispatches", invoke_without_command=True)
 @state_options
 @click.option("--all", "show_all", is_flag=True, help="Settled ones too, not only open ones.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
 def dispatches(
-    config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: Path | None,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """List dispatches; an open one no runner may take says why it waits, a settled one what
     its runner reported (result, and the detail: a failed turn's message first)."""
+    ctx.obj = (config_path, data_dir)
+    if ctx.invoked_subcommand is not None:
+        return
     from datetime import UTC, datetime, timedelta
 
     from looprelay.core.scheduling import is_live, waiting_reasons
@@ -276,3 +284,23 @@ def dispatches(
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
             click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+
+
+@dispatches.command("replay")
+@click.argument("dispatch_id")
+@click.pass_obj
+def dispatches_replay(obj: tuple[Path | None, Path | None], dispatch_id: str) -> None:
+    """Offer an expired dispatch (no live runner served its repository in time) again."""
+    from datetime import UTC, datetime
+
+    from looprelay.expiry import replay_dispatch
+    from looprelay.stores import open_stores
+
+    config_path, data_dir = obj
+    stores = open_stores(load(config_path), data_dir=data_path(data_dir))
+    if replay_dispatch(stores.work_items, stores.store, dispatch_id, now=datetime.now(UTC)) is None:
+        raise click.ClickException(
+            f"dispatch {dispatch_id} is not expired; only expired ones replay "
+            "(`looprelay dispatches --all` shows each one's status and result)"
+        )
+    click.echo(f"{dispatch_id}: offered to runners again")
