@@ -239,7 +239,14 @@ class FirestoreWorkItemStore:
         def reopen(current: DispatchRecord) -> dict[str, Any] | None:
             if (current.status, current.result) != ("failed", DISPATCH_EXPIRED):
                 return None
-            return {"status": "pending", "result": "", "detail": "", "updated_at": now}
+            # repository_key too: a dispatch saved before it existed is found by runners again.
+            return {
+                "status": "pending",
+                "result": "",
+                "detail": "",
+                "updated_at": now,
+                "repository_key": current.repository.lower(),
+            }
 
         return self._transition(dispatch_id, reopen, action="reopen a dispatch")
 
@@ -254,7 +261,8 @@ class FirestoreWorkItemStore:
             current = DispatchRecord.model_validate(_plain(data))
             fields = decide(current)
             if fields is not None:
-                written.append(current.model_copy(update=fields))
+                known = {k: v for k, v in fields.items() if k in DispatchRecord.model_fields}
+                written.append(current.model_copy(update=known))
             return fields
 
         done = conditional_update(
