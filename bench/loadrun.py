@@ -41,7 +41,7 @@ from looprelay.adapters.sqlite.store import SqliteStore  # noqa: E402
 from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore  # noqa: E402
 from looprelay.core.model import DispatchRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
-from looprelay.core.tasknames import delivery_task_name  # noqa: E402
+from looprelay.core.tasknames import task_name_prefix  # noqa: E402
 from looprelay.datadir import QUEUE_FILE  # noqa: E402
 from tests.fake_harness import FakeHarness  # noqa: E402
 
@@ -363,16 +363,19 @@ def _end_to_end(
     """Webhook received (the queue task's ``created_at``, stamped by ingress at enqueue) to
     runner applied (the ``dispatch.succeeded`` event, stamped when the runner's result for the
     applied dispatch is accepted); both are wall-clock times on this machine."""
-    received = _enqueued_at(running.data_dir / QUEUE_FILE)
+    # Keyed by task_name_prefix: every task of a delivery starts with it.
+    width = len(task_name_prefix(""))
+    queued = _enqueued_at(running.data_dir / QUEUE_FILE)
+    received = {name[:width]: at for name, at in sorted(queued.items(), key=lambda kv: -kv[1])}
     report.e2e_source = "queue task created_at -> dispatch.succeeded event at"
     if not received:
         sent = {item.delivery_id: ack.sent_wall for item, ack in zip(items, acks, strict=True)}
-        received = {delivery_task_name(d): t for d, t in sent.items()}
+        received = {task_name_prefix(d): t for d, t in sent.items()}
         report.e2e_source = "client send time -> dispatch.succeeded event at (queue unreadable)"
     spans = [
-        applied_at[i.delivery_id] - received[delivery_task_name(i.delivery_id)]
+        applied_at[i.delivery_id] - received[task_name_prefix(i.delivery_id)]
         for i in acked
-        if i.delivery_id in applied_at and delivery_task_name(i.delivery_id) in received
+        if i.delivery_id in applied_at and task_name_prefix(i.delivery_id) in received
     ]
     report.e2e_ms = summary_ms(spans)
 

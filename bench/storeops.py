@@ -43,7 +43,7 @@ from looprelay.app.messages import Request  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
-from looprelay.core.tasknames import delivery_task_name  # noqa: E402
+from looprelay.core.tasknames import task_name_prefix  # noqa: E402
 from looprelay.datadir import WEBHOOK_SECRET_FILE, WORKER_TOKEN_FILE, read_secret  # noqa: E402
 from looprelay.service.runners import mint_registration_token  # noqa: E402
 from looprelay.wire.runner_api import runner_bearer  # noqa: E402
@@ -90,8 +90,10 @@ class Harness:
 
     def task_body(self, delivery_id: str) -> bytes:
         """The queued task of ``delivery_id`` (the queue's dispatchers are stopped)."""
-        name = delivery_task_name(delivery_id)
-        [task] = [t for t in self.stack.queue.list_tasks(limit=100_000) if t.name == name]
+        prefix = task_name_prefix(delivery_id)
+        [task] = [
+            t for t in self.stack.queue.list_tasks(limit=100_000) if t.name.startswith(prefix)
+        ]
         body: bytes = task.body
         return body
 

@@ -75,6 +75,14 @@ locals {
       collection = "dispatches"
       fields     = [["work_item", "ASCENDING"], ["created_at", "ASCENDING"], ["seq", "ASCENDING"]]
     }
+    # FirestoreWorkItemStore.list_dispatch_heads(repositories=...): what one runner serves.
+    dispatches_by_status_and_repository = {
+      collection = "dispatches"
+      fields = [
+        ["status", "ASCENDING"], ["repository_key", "ASCENDING"],
+        ["created_at", "ASCENDING"], ["seq", "ASCENDING"],
+      ]
+    }
     dispatches_by_status_and_work_item = {
       collection = "dispatches"
       fields = [

@@ -1,8 +1,11 @@
 """A loopback Cloud Tasks REST endpoint that records what the real client sends.
 
 It speaks the one call ``CloudTasksQueue`` makes, ``POST /v2/{queue path}/tasks``, the way the
-service does (offline-toolchain.md §3c): a task name it already holds gets 409 ALREADY_EXISTS, a
-new one is kept and echoed back. Tests script failures with :meth:`CloudTasksRecorder.fail_next`.
+service does (offline-toolchain.md §3c): a task name it holds, or held until
+``reserve_seconds`` (an hour) ago, gets 409 ALREADY_EXISTS; a new one is kept and echoed back.
+:meth:`CloudTasksRecorder.end` ends a task (it ran, or its retries ran out) as the service
+does: gone from the queue, its name still reserved. Tests script failures with
+:meth:`CloudTasksRecorder.fail_next`.
 Both ``CloudTasksQueue`` and Google's own client (the oracle for the request's shape) talk to it.
 """
 
@@ -14,7 +17,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -66,6 +69,9 @@ class CloudTasksRecorder:
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
         self.tasks: dict[str, dict[str, Any]] = {}
+        self.reserve_seconds = 3600.0  # how long an ended task's name stays taken
+        self.clock: Callable[[], float] = time.monotonic
+        self._ended: dict[str, float] = {}  # full task name -> when it ended
         self._failures: list[tuple[int, str | None, str | None]] = []
         self._stalls: list[float] = []
         self._lock = threading.Lock()
@@ -91,6 +97,13 @@ class CloudTasksRecorder:
         """Hold the next ``count`` calls for ``seconds`` before answering them as usual."""
         with self._lock:
             self._stalls.extend([seconds] * count)
+
+    def end(self, short_name: str) -> None:
+        """End the held task ``short_name``: it ran or died; its name stays reserved."""
+        with self._lock:
+            [name] = [n for n in self.tasks if n.rsplit("/", 1)[-1] == short_name]
+            del self.tasks[name]
+            self._ended[name] = self.clock()
 
     def take_stall(self) -> float:
         """Seconds the call arriving now must wait (0 when none is scripted)."""
@@ -127,7 +140,10 @@ class CloudTasksRecorder:
             name = task.setdefault("name", f"{match.group(1)}/tasks/{len(self.tasks) + 1}")
             if not name.startswith(f"{match.group(1)}/tasks/"):
                 return 400, _error(400, f"task name {name} is not in the queue of the URL")
-            if name in self.tasks:
+            ended = self._ended.get(name)
+            if name in self.tasks or (
+                ended is not None and self.clock() < ended + self.reserve_seconds
+            ):
                 return 409, _error(409, "Requested entity already exists")
             self.tasks[name] = task
             return 200, task

@@ -18,6 +18,7 @@ from tests.rigs import Stores
 
 pytest_plugins = [
     "tests.firestore_emulator",
+    "tests.firestore_queries",
     "tests.claude_cli",
     "tests.cloudtasks_recorder",
     "tests.embedded_queue_harness",

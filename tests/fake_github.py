@@ -12,8 +12,11 @@ reactions", "Generating an installation access token for a GitHub App"):
 - ``POST /repos/{o}/{r}/{issues|pulls}/comments/{id}/reactions``: 201 new, 200 existing;
 - ``GET /app/hook/deliveries`` lists ``app_deliveries`` newest first, ``per_page`` at a time,
   with a ``Link: <...&cursor=...>; rel="next"`` header, and ``POST
-  /app/hook/deliveries/{id}/attempts`` records the id in ``redelivered`` (202); both need the
-  App's JWT, as on GitHub (docs: "REST API endpoints for GitHub App webhooks").
+  /app/hook/deliveries/{id}/attempts`` records the id in ``redelivered`` (202) and adds the new
+  attempt (``redelivery_status``, at ``attempt_clock``) to the log; both need the App's JWT, as on
+  GitHub (docs: "REST API endpoints for GitHub App webhooks"). With ``app_quota`` set, the
+  App's calls carry ``x-ratelimit-*`` headers and once it is spent answer 403 until a test
+  refills it, as GitHub's primary rate limit does.
 
 Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
 chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
@@ -106,6 +109,31 @@ class FakeDelivery:
 
 
 @dataclass
+class _Listing:
+    """The delivery log newest first and by id, for the list it was built from (``key``)."""
+
+    key: tuple[int, int]
+    ordered: list[FakeDelivery]
+    by_id: dict[int, FakeDelivery]
+    max_id: int
+
+    @classmethod
+    def of(cls, deliveries: list[FakeDelivery]) -> _Listing:
+        ordered = sorted(deliveries, key=lambda d: (d.delivered_at, d.id), reverse=True)
+        by_id = {d.id: d for d in ordered}
+        return cls((id(deliveries), len(deliveries)), ordered, by_id, max(by_id, default=0))
+
+    def add(self, attempt: FakeDelivery, length: int) -> None:
+        """Index a newly appended attempt; only the newest is added in place."""
+        self.max_id = max(self.max_id, attempt.id)
+        newest = self.ordered[0] if self.ordered else None
+        if newest is None or (attempt.delivered_at, attempt.id) >= (newest.delivered_at, newest.id):
+            self.ordered.insert(0, attempt)
+            self.by_id[attempt.id] = attempt
+            self.key = (self.key[0], length)
+
+
+@dataclass
 class _Scripted:
     pattern: re.Pattern[str]
     remaining: int
@@ -140,10 +168,14 @@ class FakeGitHub:
         self.installations = {INSTALLATION_ID}
         self.app_deliveries: list[FakeDelivery] = []  # any order; listed newest first
         self.redelivered: list[int] = []  # attempt ids of every accepted redelivery request
+        self.redelivery_status = 202  # what the new attempt of a redelivery gets
+        self.attempt_clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # its time
+        self.app_quota: int | None = None  # App calls left before the rate limit; None: no limit
         self.token_ttl_seconds = 3600.0
         self.clock: Callable[[], float] = time.time
         self._script: list[_Scripted] = []
         self._next_id = 1000
+        self._listing: _Listing | None = None
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
 
@@ -258,8 +290,16 @@ class FakeGitHub:
         _, _, token = request.headers.get("authorization", "").partition(" ")
         if self._verify_jwt(token) is None:  # an installation token is refused too
             return _error(401, "A JSON web token could not be decoded")
-        handler: Callable[..., Answer] = getattr(self, name)
-        return handler(request, **args)
+        if self.app_quota is None:
+            handler: Callable[..., Answer] = getattr(self, name)
+            return handler(request, **args)
+        limits = {"x-ratelimit-limit": "5000", "x-ratelimit-reset": str(int(self.clock()) + 3600)}
+        if self.app_quota <= 0:
+            status, _, body = _error(403, "API rate limit exceeded for app ID 4242.")
+            return status, limits | {"x-ratelimit-remaining": "0"}, body
+        self.app_quota -= 1
+        status, headers, body = getattr(self, name)(request, **args)
+        return status, headers | limits | {"x-ratelimit-remaining": str(self.app_quota)}, body
 
     def _login(self, headers: dict[str, str]) -> str | None:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -346,7 +386,7 @@ class FakeGitHub:
     def _list_deliveries(self, request: RecordedRequest) -> Answer:
         per_page = min(int(request.query.get("per_page", ["30"])[0]), 100)
         start = int(request.query.get("cursor", ["v1_0"])[0].removeprefix("v1_"))
-        ordered = sorted(self.app_deliveries, key=lambda d: (d.delivered_at, d.id), reverse=True)
+        ordered = self._indexed_deliveries().ordered
         chunk = ordered[start : start + per_page]
         headers = {}
         if start + per_page < len(ordered):
@@ -355,10 +395,30 @@ class FakeGitHub:
         return 200, headers, [_render_delivery(d) for d in chunk]
 
     def _redeliver(self, request: RecordedRequest, id: str) -> Answer:
-        if all(d.id != int(id) for d in self.app_deliveries):
+        listing = self._indexed_deliveries()
+        original = listing.by_id.get(int(id))
+        if original is None:
             return _error(404, "Not Found")
         self.redelivered.append(int(id))
+        attempt = FakeDelivery(
+            id=listing.max_id + 1,
+            guid=original.guid,
+            delivered_at=self.attempt_clock().replace(microsecond=0),
+            status_code=self.redelivery_status,
+            event=original.event,
+            redelivery=True,
+        )
+        self.app_deliveries.append(attempt)
+        listing.add(attempt, len(self.app_deliveries))
         return 202, {}, {}
+
+    def _indexed_deliveries(self) -> _Listing:
+        """``app_deliveries`` newest first and by id, sorted again only when a test changed
+        the list (a test may list tens of thousands of attempts, page by page)."""
+        key = (id(self.app_deliveries), len(self.app_deliveries))
+        if self._listing is None or self._listing.key != key:
+            self._listing = _Listing.of(self.app_deliveries)
+        return self._listing
 
     def _store(
         self, repo: str, number: int, author: str | None, body: str, kind: str
@@ -404,6 +464,10 @@ def _error(status: int, message: str) -> Answer:
 
 def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
+        # Keep-alive, as GitHub: a sweep test makes thousands of calls.
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
         def do_POST(self) -> None:
             self._respond()
 

@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.cloud import build_sweeper
 from looprelay.app.messages import Request
-from looprelay.config.model import Config, GitHubConfig, SqliteConfig, StoreConfig
+from looprelay.app.sweep import SweepHandler
+from looprelay.config.model import Config, GitHubConfig, SqliteConfig, StoreConfig, SweeperConfig
 from looprelay.core.model import DeliveryRecord
+from looprelay.core.sweep import LISTING_OVERLAP
 from looprelay.errors import ConfigError, Permanent
-from looprelay.service.sweeper import REDELIVERED_EVENT, SweepHandler, sweep
+from looprelay.service.sweeper import REDELIVERED_EVENT, SWEPT_EVENT, Sweeper, sweep
 from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
 
 SWEEP_COMMAND = (sys.executable, "-m", "looprelay.cli", "deliveries", "sweep")
@@ -46,14 +49,23 @@ def waits() -> list[float]:
 @pytest.fixture
 def github(fake_github: FakeGitHub, github_app_key: AppKey, waits: list[float]) -> GitHubRest:
     """A client with the App's key, which the fake trusts."""
-    fake_github.app_public_key = github_app_key.public_key
+    return _app_client(fake_github, github_app_key, waits)
+
+
+def _app_client(
+    fake: FakeGitHub,
+    key: AppKey,
+    waits: list[float],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> GitHubRest:
+    fake.app_public_key = key.public_key
     auth = AppAuth(
-        app_id=APP_ID,
-        private_key_pem=github_app_key.private_pem,
-        api_url=fake_github.url,
-        session=requests.Session(),
+        app_id=APP_ID, private_key_pem=key.private_pem, api_url=fake.url, session=requests.Session()
     )
-    return GitHubRest(api_url=fake_github.url, auth=auth, sleep=waits.append, timeout_seconds=5)
+    return GitHubRest(
+        api_url=fake.url, auth=auth, sleep=waits.append, timeout_seconds=5, clock=clock
+    )
 
 
 @pytest.fixture
@@ -89,6 +101,7 @@ class TestSweep:
             "in_ledger": 0,
             "redelivered": 1,
             "errors": 0,
+            "left": 0,
         }
         [event] = store.list_events(name=REDELIVERED_EVENT)
         assert (event.delivery_id, event.data["attempt"], event.at) == ("lost", 11, NOW)
@@ -167,22 +180,24 @@ class TestSweep:
             _attempt(n, f"g{n}", ago=timedelta(minutes=300 - n)) for n in range(1, 251)
         ]
 
-        report = sweep(github, store, FixedClock(), max_pages=2, limit=0)
+        settings = SweeperConfig(max_pages_per_run=2, redeliveries_per_run=0)
 
-        assert (report.listed, report.failed) == (200, 200)
+        report = sweep(github, store, FixedClock(), settings=settings)
+
+        assert (report.listed, report.failed, report.complete) == (200, 200, False)
         assert len(fake_github.calls("GET", "^/app/hook/deliveries$")) == 2
 
-    def test_each_run_asks_for_at_most_limit_newest_first(
+    def test_each_run_asks_for_at_most_its_budget_oldest_first(
         self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
     ) -> None:
         fake_github.app_deliveries = [
             _attempt(n, f"g{n}", ago=timedelta(minutes=60 - n)) for n in range(1, 8)
         ]
 
-        report = sweep(github, store, FixedClock(), limit=3)
+        report = sweep(github, store, FixedClock(), settings=SweeperConfig(redeliveries_per_run=3))
 
-        assert fake_github.redelivered == [7, 6, 5]
-        assert (report.failed, report.redelivered) == (7, 3)
+        assert fake_github.redelivered == [1, 2, 3]
+        assert (report.failed, report.redelivered, report.left) == (7, 3, 4)
 
     def test_a_dry_run_picks_but_asks_for_nothing(
         self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
@@ -202,11 +217,11 @@ class TestSweep:
             _attempt(12, "gone", ago=timedelta(minutes=1)),
             _attempt(11, "lost", ago=timedelta(minutes=2)),
         ]
-        fake_github.script(match="POST /app/hook/deliveries/12/", status=404, body={})
+        fake_github.script(match="POST /app/hook/deliveries/11/", status=404, body={})
 
         report = sweep(github, store, FixedClock())
 
-        assert fake_github.redelivered == [11]
+        assert fake_github.redelivered == [12]
         assert [outcome for _, outcome in report.picked] == ["refused", "redelivered"]
         assert (report.redelivered, report.errors) == (1, 1)
 
@@ -220,7 +235,7 @@ class TestSweep:
 
         report = sweep(github, store, FixedClock())
 
-        assert fake_github.redelivered == [3]
+        assert fake_github.redelivered == [1]
         assert [outcome for _, outcome in report.picked] == ["redelivered", "failed", "not asked"]
         assert (report.redelivered, report.errors) == (1, 1)
 
@@ -245,9 +260,160 @@ class TestSweep:
         assert fake_github.requests == []
 
 
+class TestConsecutiveSweeps:
+    def test_a_sweep_lists_back_only_to_where_the_last_one_left_off(
+        self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
+    ) -> None:
+        fake_github.app_deliveries = [
+            _attempt(n, f"g{n}", status=202, ago=timedelta(minutes=300 - n)) for n in range(1, 251)
+        ]
+        sweep(github, store, FixedClock())
+        first = len(fake_github.calls("GET", "^/app/hook/deliveries$"))
+
+        report = sweep(github, store, FixedClock())
+
+        assert first == 3
+        assert len(fake_github.calls("GET", "^/app/hook/deliveries$")) == first + 1
+        [swept, _] = store.list_events(name=SWEPT_EVENT, newest=True, limit=2)[::-1]
+        assert swept.data["resume"] == report.resume.isoformat()
+        assert report.since == NOW - timedelta(minutes=50) - LISTING_OVERLAP
+
+    def test_a_dry_run_leaves_the_resume_point_alone(
+        self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
+    ) -> None:
+        fake_github.app_deliveries = [_attempt(11, "lost")]
+
+        sweep(github, store, FixedClock(), dry_run=True)
+
+        assert store.list_events(name=SWEPT_EVENT) == []
+
+    def test_a_spent_rate_limit_stops_the_run_and_the_next_one_finishes(
+        self,
+        store: SqliteStore,
+        fake_github: FakeGitHub,
+        github_app_key: AppKey,
+        waits: list[float],
+    ) -> None:
+        epoch = [time.time()]
+        github = _app_client(fake_github, github_app_key, waits, clock=lambda: epoch[0])
+        # 250 attempts, one failure on each page; the quota lasts for two pages.
+        fake_github.app_deliveries = [
+            _attempt(
+                n, f"g{n}", status=503 if n % 100 == 50 else 202, ago=timedelta(minutes=300 - n)
+            )
+            for n in range(1, 251)
+        ]
+        fake_github.app_quota = 2
+
+        cut = sweep(github, store, FixedClock())
+
+        assert (cut.listed, cut.complete, fake_github.redelivered) == (200, False, [])
+        assert [outcome for _, outcome in cut.picked] == ["failed", "not asked"]
+        assert waits == []  # the run did not sit out GitHub's hour
+        assert cut.resume == cut.since
+        fake_github.app_quota = 100
+        epoch[0] += 3601  # the hour turned
+
+        done = sweep(github, store, FixedClock())
+
+        assert (done.complete, done.left) == (True, 0)
+        assert fake_github.redelivered == [50, 150, 250]
+
+    def test_a_retry_after_stops_the_run_at_once(
+        self,
+        github: GitHubRest,
+        store: SqliteStore,
+        fake_github: FakeGitHub,
+        waits: list[float],
+    ) -> None:
+        fake_github.app_deliveries = [
+            _attempt(n, f"g{n}", ago=timedelta(minutes=60 - n)) for n in range(1, 4)
+        ]
+        fake_github.script(
+            match="POST /app/hook/deliveries/2/", status=403, headers={"Retry-After": "60"}
+        )
+
+        report = sweep(github, store, FixedClock())
+
+        assert fake_github.redelivered == [1]
+        assert (report.left, waits) == (2, [])
+        assert len(fake_github.calls("POST", "^/app/hook/deliveries/2/")) == 1
+
+
+SIMULATED_START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+RATE = 100  # deliveries a second
+SIMULATED = timedelta(minutes=15)
+
+
+class MovingClock:
+    """The ``Clock`` port at a time the test moves."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+
+class TestAtScale:
+    def test_100_deliveries_a_second_for_15_minutes_nothing_missed(
+        self,
+        store: SqliteStore,
+        fake_github: FakeGitHub,
+        github_app_key: AppKey,
+        waits: list[float],
+    ) -> None:
+        """90,000 attempts, 1% failed, 1 in 10 of those already in the ledger. Sweeps every 5
+        minutes with a budget under the failures of 5 minutes, and GitHub's quota running
+        out in one of them: every failure the ledger lacks is asked for exactly once."""
+        total = int(SIMULATED.total_seconds()) * RATE
+        log = [
+            FakeDelivery(
+                id=n,
+                guid=f"g{n}",
+                delivered_at=SIMULATED_START + timedelta(seconds=n // RATE),
+                status_code=503 if n % 100 == 37 else 202,
+            )
+            for n in range(total)
+        ]
+        lost = {d.guid for d in log if d.status_code == 503}
+        held = set(sorted(lost)[::10])
+        for guid in held:
+            store.begin_delivery(
+                DeliveryRecord(delivery_id=guid, event="issue_comment", received_at=NOW)
+            )
+        clock = MovingClock(SIMULATED_START)
+        fake_github.attempt_clock = clock.now
+        hours = [0]  # GitHub's quota refills between runs: the client's clock moves an hour
+        github = _app_client(
+            fake_github, github_app_key, waits, clock=lambda: time.time() + 3600 * hours[0]
+        )
+        settings = SweeperConfig(redeliveries_per_run=250)
+        quotas = {2: 150}  # the second sweep may make 150 calls: its listing is cut short
+        reports = []
+        for run in range(1, 12):
+            clock.at = SIMULATED_START + timedelta(minutes=5 * run)
+            hours[0] += 1
+            redeliveries = [d for d in fake_github.app_deliveries if d.redelivery]
+            fake_github.app_deliveries = [d for d in log if d.delivered_at <= clock.at]
+            fake_github.app_deliveries += redeliveries
+            fake_github.app_quota = quotas.get(run)
+            reports.append(sweep(github, store, clock, settings=settings))
+            last = reports[-1]
+            if clock.at >= SIMULATED_START + SIMULATED and last.complete and not last.left:
+                break
+
+        guids = {d.id: d.guid for d in log}
+        assert sorted(guids[i] for i in fake_github.redelivered) == sorted(lost - held)
+        assert reports[1].complete is False and reports[1].left > 0
+        assert all(r.complete for r in reports[2:])
+        assert len(reports) <= 8, [r.counts() for r in reports]
+
+
 class TestSweepHandler:
     def _handler(self, github: GitHubRest, store: SqliteStore) -> SweepHandler:
-        return SweepHandler(github=github, store=store, clock=FixedClock(), limit=5)
+        settings = SweeperConfig(redeliveries_per_run=5)
+        return SweepHandler(Sweeper(github, store, FixedClock(), settings))
 
     def test_a_post_sweeps_and_answers_the_counts(
         self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
@@ -295,9 +461,9 @@ class TestBuildSweeper:
             store=StoreConfig(sqlite=SqliteConfig(path=str(tmp_path / "s.db"))),
         )
 
-        handler = build_sweeper(config, {"GH_APP_KEY": github_app_key.private_pem})
+        sweeper = build_sweeper(config, {"GH_APP_KEY": github_app_key.private_pem})
 
-        assert isinstance(handler, SweepHandler)
+        assert isinstance(sweeper, Sweeper)
 
 
 class TestCommandLine:

@@ -152,8 +152,8 @@ class TestUpAndSend:
             "issue_comment",
             1,
         )
-        again = cli(*args)
-        assert again.returncode == 0 and '"duplicate"' in again.stdout
+        again = cli(*args)  # queued again: the ledger, not the queue, keeps it from running twice
+        assert again.returncode == 0 and '"queued"' in again.stdout
         time.sleep(0.5)
         assert _ledger(data_dir) == [row]
         assert _settled_events(data_dir) == Counter({"d-send-1": 1})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -17,7 +17,13 @@ from looprelay.core.model import (
 )
 
 MAX_TASK_BYTES = 1_000_000
-"""A Cloud Task holds at most 1 MB; the embedded queue enforces the same bound."""
+"""A Cloud Task holds at most 1 MB, counting its name, URL and headers with the body; the
+embedded queue holds bodies to the same bound."""
+TASK_RESERVE_BYTES = 8_192
+"""Room left in a task for what is not the body: its name, the worker's URL, the headers and
+the OIDC token's service account and audience."""
+MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_RESERVE_BYTES
+"""The largest body ingress puts in a task."""
 
 
 @dataclass(frozen=True)
@@ -203,11 +209,28 @@ class WorkItemStore(Protocol):
         ...
 
     def list_dispatch_heads(
-        self, *, statuses: Sequence[str], limit: int = 500
+        self,
+        *,
+        statuses: Sequence[str],
+        repositories: Collection[str] | None = None,
+        limit: int = 500,
     ) -> list[DispatchRecord]:
         """Return, per work item and session endpoint, its lowest-``seq`` dispatch among those
         in ``statuses``, oldest first: what may go next, without reading the line behind each
-        head."""
+        head.
+        ``repositories`` (any case) keeps only those dispatches: a runner asks for what it
+        serves, so a backlog it cannot take never hides what it can."""
+        ...
+
+    def expire_dispatch(
+        self, dispatch_id: str, *, now: datetime, detail: str
+    ) -> DispatchRecord | None:
+        """Settle a ``pending`` dispatch nobody took in time as ``failed`` with result
+        ``expired`` and ``detail``; return it, or None when it is not pending."""
+        ...
+
+    def reopen_dispatch(self, dispatch_id: str, *, now: datetime) -> DispatchRecord | None:
+        """Offer an ``expired`` dispatch again (``pending``); None when it is not expired."""
         ...
 
     def lease_dispatch(
@@ -345,6 +368,15 @@ class AppDelivery:
     event: str
 
 
+@dataclass(frozen=True)
+class DeliveryPage:
+    """One page of the App's delivery attempts, newest first."""
+
+    deliveries: list[AppDelivery]
+    last: bool
+    """The listing ends here: it reached the time asked for, or GitHub has no more."""
+
+
 class GitHub(Protocol):
     """The few GitHub REST calls looprelay makes: the worker's on behalf of one App
     installation, the sweeper's as the App itself.
@@ -386,9 +418,11 @@ class GitHub(Protocol):
         ``hooray``, ``confused``, ...); reacting twice is harmless."""
         ...
 
-    def list_app_deliveries(self, *, since: datetime, max_pages: int) -> list[AppDelivery]:
-        """List the App's webhook delivery attempts, newest first, back to ``since`` (aware),
-        reading at most ``max_pages`` pages. Needs App auth: raises ``Permanent`` without it."""
+    def app_delivery_pages(self, *, since: datetime) -> Iterator[DeliveryPage]:
+        """Yield the App's webhook delivery attempts newest first, a page at a time, back to
+        ``since`` (aware); older attempts on the last page are left out. Needs App auth:
+        raises ``Permanent`` without it. A rate limit raises ``Transient`` at once: the pages
+        already yielded stay good."""
         ...
 
     def redeliver(self, *, delivery_id: int) -> None:

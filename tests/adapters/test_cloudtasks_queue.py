@@ -18,7 +18,7 @@ from google.protobuf import duration_pb2
 
 from looprelay.adapters.gcp.cloud_tasks import ATTEMPT_TIMEOUT_SECONDS, CloudTasksQueue
 from looprelay.errors import ConfigError, Permanent, Transient
-from looprelay.ports import MAX_TASK_BYTES, Task
+from looprelay.ports import MAX_TASK_BODY_BYTES, MAX_TASK_BYTES, Task
 from tests.cloudtasks_recorder import (
     QUEUE_PATH,
     SERVICE_ACCOUNT,
@@ -283,12 +283,22 @@ class TestRefusedBeforeSending:
             )
         assert cloudtasks_queue_harness.recorder.requests == []
 
-    def test_a_task_of_exactly_one_megabyte_is_sent(
+    def test_the_largest_body_ingress_makes_is_sent(
         self, cloudtasks_queue_harness: CloudTasksQueueHarness
     ) -> None:
-        body = b"x" * MAX_TASK_BYTES
+        body = b"x" * MAX_TASK_BODY_BYTES
         assert cloudtasks_queue_harness.queue.enqueue(Task(name="gh-max", body=body)) is True
         assert cloudtasks_queue_harness.held() == {"gh-max": body}
+
+    def test_a_body_under_one_megabyte_that_does_not_fit_with_the_rest_is_refused(
+        self, cloudtasks_queue_harness: CloudTasksQueueHarness
+    ) -> None:
+        """Cloud Tasks counts the name, URL and headers too."""
+        with pytest.raises(Permanent, match="with its name, URL and headers"):
+            cloudtasks_queue_harness.queue.enqueue(
+                Task(name="gh-big", body=b"x" * (MAX_TASK_BYTES - 100))
+            )
+        assert cloudtasks_queue_harness.recorder.requests == []
 
     @pytest.mark.parametrize("name", ["", "a/b", "x" * 501, "gh.1"])
     def test_an_invalid_task_name_is_permanent_and_nothing_is_sent(

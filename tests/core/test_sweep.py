@@ -1,4 +1,5 @@
-"""Which App deliveries the sweeper asks GitHub for again: judged per guid, newest first."""
+"""Which App deliveries the sweeper asks GitHub for again (judged per guid, oldest first), and
+where the next sweep lists back to."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from looprelay.core.sweep import REDELIVERY_WINDOW, deliveries_to_redeliver, failed_deliveries
+from looprelay.core.sweep import (
+    LISTING_OVERLAP,
+    REDELIVERY_WINDOW,
+    deliveries_to_redeliver,
+    failed_deliveries,
+    listing_start,
+    next_resume_point,
+)
 from looprelay.ports import AppDelivery
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -30,13 +38,9 @@ def _attempt(
     )
 
 
-def _pick(
-    deliveries: list[AppDelivery], *, settled: frozenset[str] = frozenset(), limit: int = 50
-) -> list[int]:
-    picked = deliveries_to_redeliver(
-        deliveries, settled_guids=settled, now=NOW, window=REDELIVERY_WINDOW, limit=limit
-    )
-    return [delivery.id for delivery in picked]
+def _pick(deliveries: list[AppDelivery], *, settled: frozenset[str] = frozenset()) -> list[int]:
+    failed = failed_deliveries(deliveries, now=NOW, window=REDELIVERY_WINDOW)
+    return [delivery.id for delivery in deliveries_to_redeliver(failed, settled_guids=settled)]
 
 
 class TestFailedDeliveries:
@@ -139,19 +143,58 @@ class TestDeliveriesToRedeliver:
 
         assert _pick(attempts, settled=frozenset({"held"})) == [2]
 
-    def test_at_most_limit_are_picked_newest_first(self) -> None:
-        attempts = [_attempt(n, f"g{n}", ago=timedelta(minutes=60 - n)) for n in range(1, 8)]
-
-        assert _pick(attempts, limit=3) == [7, 6, 5]
-
-    def test_the_limit_counts_after_the_ledger_is_consulted(self) -> None:
+    def test_they_come_oldest_first(self) -> None:
         attempts = [_attempt(n, f"g{n}", ago=timedelta(minutes=60 - n)) for n in range(1, 5)]
 
-        assert _pick(attempts, settled=frozenset({"g4", "g3"}), limit=2) == [2, 1]
+        assert _pick(attempts, settled=frozenset({"g3"})) == [1, 2, 4]
 
-    def test_a_zero_limit_picks_nothing(self) -> None:
-        assert _pick([_attempt(1, "g1")], limit=0) == []
 
-    def test_a_negative_limit_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="limit must be 0 or more"):
-            _pick([_attempt(1, "g1")], limit=-1)
+SINCE = NOW - timedelta(minutes=15)
+
+
+class TestResumePoint:
+    def test_the_first_sweep_lists_githubs_whole_window(self) -> None:
+        assert listing_start(None, now=NOW, window=REDELIVERY_WINDOW) == NOW - REDELIVERY_WINDOW
+
+    def test_a_later_one_lists_back_to_the_resume_point(self) -> None:
+        assert listing_start(SINCE, now=NOW, window=REDELIVERY_WINDOW) == SINCE
+
+    def test_never_past_the_window(self) -> None:
+        old = NOW - timedelta(days=5)
+
+        assert listing_start(old, now=NOW, window=REDELIVERY_WINDOW) == NOW - REDELIVERY_WINDOW
+
+    def test_all_done_moves_it_to_the_newest_attempt_seen_less_the_overlap(self) -> None:
+        listed = [_attempt(2, "b", ago=timedelta(minutes=1)), _attempt(1, "a", status=202)]
+
+        point = next_resume_point(start=SINCE, listed=listed, complete=True, unhandled=[])
+
+        assert point == NOW - timedelta(minutes=1) - LISTING_OVERLAP
+
+    def test_a_failure_not_asked_for_keeps_it_at_that_failure(self) -> None:
+        left = [
+            _attempt(3, "c", ago=timedelta(minutes=9)),
+            _attempt(4, "d", ago=timedelta(minutes=4)),
+        ]
+        listed = [_attempt(5, "e", ago=timedelta(minutes=1)), *left]
+
+        point = next_resume_point(start=SINCE, listed=listed, complete=True, unhandled=left)
+
+        assert point == NOW - timedelta(minutes=9)
+
+    def test_a_listing_cut_short_keeps_it_where_it_was(self) -> None:
+        listed = [_attempt(5, "e", ago=timedelta(minutes=1))]
+
+        point = next_resume_point(start=SINCE, listed=listed, complete=False, unhandled=[])
+
+        assert point == SINCE
+
+    def test_it_never_moves_back(self) -> None:
+        listed = [_attempt(5, "e", ago=timedelta(minutes=16))]  # inside the overlap
+
+        point = next_resume_point(start=SINCE, listed=listed, complete=True, unhandled=listed)
+
+        assert point == SINCE
+
+    def test_nothing_listed_keeps_it(self) -> None:
+        assert next_resume_point(start=SINCE, listed=[], complete=True, unhandled=[]) == SINCE

@@ -1,13 +1,16 @@
 """Fault: the same delivery id arriving 5 times, at once and spread over minutes and days.
 
-Concurrently: a real ``looprelay up``, 5 threads posting each delivery at the same moment. The
-embedded queue takes exactly one (``queued``), the others are ``duplicate``; one dispatch.
+Each copy is queued under a task name of its own (a resend may follow a task that died with its
+name still reserved: ``core.tasknames``), so deduplicating is the worker's delivery ledger's
+job: one copy runs, the others are no-ops (``already-settled``).
+
+Concurrently: a real ``looprelay up``, 5 threads posting each delivery at the same moment; one
+dispatch.
 
 Spread over time: ``Ingress``, the ``SqliteQueue`` (its clock injected and moved by the
-test), the ``Worker`` and the real ``Router`` on SQLite, in-process over loopback HTTP. Inside
-the queue's dedup window (``queue.embedded.dedupWindowSeconds``, an hour by default) a resend
-is ``duplicate``; after it the queue takes the task again and the worker's delivery ledger
-makes it a no-op (``already-settled``). Either way, one dispatch and one 👀.
+test), the ``Worker`` and the real ``Router`` on SQLite, in-process over loopback HTTP: inside
+and after the queue's dedup window (``queue.embedded.dedupWindowSeconds``), one dispatch and
+one 👀.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def _post_copies(url: str, secret: bytes, item: Delivery) -> list[str]:
 
 
 class TestConcurrentCopies:
-    def test_five_copies_at_once_are_queued_once_and_dispatched_once(
+    def test_five_copies_at_once_are_queued_and_dispatched_once(
         self, tmp_path: Path, fake_github: FakeGitHub, running: list[Up]
     ) -> None:
         data_dir = tmp_path / "data"
@@ -86,7 +89,7 @@ class TestConcurrentCopies:
             d.delivery_id: Counter(_post_copies(up.webhook_url, up.secret, d)) for d in load.all
         }
 
-        expected = Counter({"queued": 1, "duplicate": COPIES - 1})
+        expected = Counter({"queued": COPIES})
         comments = {d.delivery_id for d in load.comments}
         assert {k: v for k, v in said.items() if k in comments} == dict.fromkeys(comments, expected)
         outcomes = wait_settled(data_dir, [d.delivery_id for d in load.all])
@@ -150,15 +153,15 @@ class TestCopiesSpreadOverTime:
         queue.close()
         store.close()
 
-    def test_inside_the_window_the_queue_says_duplicate_after_it_the_ledger_does(
+    def test_inside_the_window_and_after_it_the_ledger_keeps_one(
         self, stack: tuple[str, _Time, Path], fake_github: FakeGitHub
     ) -> None:
         url, clock, data_dir = stack
         load = workload(fake_github, issues=2, comments_per_issue=4)
         assert send_all(url, WEBHOOK_SECRET, load.starts) == [202, 202]
         _wait_done(data_dir, load.starts)
-        # (seconds after the first send, what the queue says): 2 inside the hour, 2 after it.
-        schedule = [(0.0, "queued"), (60.0, "duplicate"), (1_800.0, "duplicate")]
+        # (seconds after the first send, what the webhook says): 2 inside the hour, 2 after it.
+        schedule = [(0.0, "queued"), (60.0, "queued"), (1_800.0, "queued")]
         schedule += [(HOUR + 60.0, "queued"), (3 * 24 * HOUR, "queued")]
         said: list[list[str]] = []
         start = clock.now

@@ -29,9 +29,18 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
+from looprelay.adapters.firestore.store import FirestoreStore
+from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.app import cloud
 from looprelay.config.model import Config, load_config
 from looprelay.errors import ConfigError
+from tests.firestore_queries import (
+    QueryShape,
+    argument_sets,
+    query_methods,
+    shape_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -56,24 +65,6 @@ BUILDERS = {
 }
 # Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
 TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
-# Composite indexes the adapters' queries need (their docstrings): collection, fields.
-INDEXES = (
-    ("deliveries", (("outcome", "ASCENDING"), ("received_at", "DESCENDING"))),
-    ("deliveries", (("outcome_kind", "ASCENDING"), ("received_at", "DESCENDING"))),
-    (
-        "deliveries",
-        (("order_group", "ASCENDING"), ("outcome", "ASCENDING"), ("order_key", "DESCENDING")),
-    ),
-    ("events", (("delivery_id", "ASCENDING"), ("sort_key", "ASCENDING"))),
-    ("events", (("work_item", "ASCENDING"), ("sort_key", "ASCENDING"))),
-    ("events", (("name", "ASCENDING"), ("sort_key", "ASCENDING"))),
-    ("events", (("delivery_id", "ASCENDING"), ("sort_key", "DESCENDING"))),
-    ("events", (("work_item", "ASCENDING"), ("sort_key", "DESCENDING"))),
-    ("events", (("name", "ASCENDING"), ("sort_key", "DESCENDING"))),
-    ("dispatches", (("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
-    ("dispatches", (("status", "ASCENDING"), ("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
-    ("dispatches", (("work_item", "ASCENDING"), ("created_at", "ASCENDING"), ("seq", "ASCENDING"))),
-)
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 CREDENTIAL_PATTERNS = {
     "PEM block": re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"),
@@ -566,7 +557,8 @@ def test_firestore_ttl_policies_cover_every_expiring_collection() -> None:
         assert f'{{collection_prefix}}{name}"' in adapters, f"no adapter writes {name} any more"
 
 
-def test_composite_indexes_cover_the_adapters_queries() -> None:
+def _declared_indexes() -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """(collection without the prefix, fields) of every composite index infra declares."""
     prefix = _variables()["collection_prefix"]
     declared = set()
     for _, body, ev in _instances("google_firestore_index"):
@@ -575,9 +567,37 @@ def test_composite_indexes_cover_the_adapters_queries() -> None:
             spec = dynamic["fields"]
             fields += [tuple(pair) for pair in ev.value(spec["for_each"])]
         fields += [(f["field_path"], f["order"]) for f in ev.value(body.get("fields", []))]
-        declared.add((ev.value(body["collection"]), tuple(fields)))
-    missing = {(f"{prefix}{c}", fields) for c, fields in INDEXES} - declared
-    assert not missing
+        declared.add((ev.value(body["collection"]).removeprefix(prefix), tuple(fields)))
+    return declared
+
+
+def test_composite_indexes_serve_every_query_the_adapters_send(
+    firestore_store: FirestoreStore,
+    firestore_work_item_store: FirestoreWorkItemStore,
+    firestore_runner_registry: FirestoreRunnerRegistry,
+    record_queries: list[Any],
+) -> None:
+    """Production refuses a query no index serves; the emulator does not, so every query
+    method is run here with every combination of its filters and each shape checked."""
+    adapters = (firestore_store, firestore_work_item_store, firestore_runner_registry)
+    shapes: set[QueryShape] = set()
+    for adapter in adapters:
+        for name in query_methods(type(adapter)):
+            method = getattr(adapter, name)
+            for arguments in argument_sets(method):
+                sent = len(record_queries)
+                method(**arguments)
+                where = f"{type(adapter).__name__}.{name}"
+                assert len(record_queries) > sent, f"{where}({arguments}) sent no query"
+                shapes |= {shape_of(query, where) for query in record_queries[sent:]}
+    declared = _declared_indexes()
+
+    unserved = [s for s in shapes if s.needs_composite() and not s.served_by(declared)]
+    unused = {i for i in declared if not any(s.could_use(i) for s in shapes)}
+
+    assert not unserved, "declare these in infra/firestore.tf: " + "; ".join(map(str, unserved))
+    assert len({s.method for s in shapes}) >= 6  # the search found the query methods
+    assert not unused, f"no query needs these indexes any more: {unused}"
 
 
 def test_firestore_is_native_mode_and_outputs_name_both_urls() -> None:

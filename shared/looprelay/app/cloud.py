@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from looprelay.service.ingress import Ingress
     from looprelay.service.runners import RunnerApi
     from looprelay.service.status import StatusReader
-    from looprelay.service.sweeper import SweepHandler
+    from looprelay.service.sweeper import Sweeper
     from looprelay.service.worker import Worker
 
 CONFIG_ENV = "LOOPRELAY_CONFIG"
@@ -63,7 +63,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         system_clock,
     )
     from looprelay.app.services import build_router
-    from looprelay.service.worker import Worker
+    from looprelay.service.worker import Worker, handler_budget
 
     authenticator = queue_authenticator(config)
     store = open_store(config, data_dir=None)
@@ -82,6 +82,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         clock=clock,
         handler=router,
         allowed_events=config.webhook.allowed_events(),
+        handler_budget_seconds=handler_budget(config.queue.cloudtasks.dispatch_deadline_seconds),
     )
 
 
@@ -111,19 +112,20 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
     )
 
 
-def build_sweeper(config: Config, environ: Mapping[str, str]) -> SweepHandler:
-    """The sweeper's handler: redelivers the App's failed deliveries the ledger lacks.
+def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
+    """The sweeper: redelivers the App's failed deliveries the ledger lacks.
 
     Raises ``ConfigError`` when GitHub App auth is not configured (``sweeper.app_github``):
     a cloud deployment refuses to start rather than fail every scheduled run.
     """
     from looprelay.app.adapters import app_github, open_store, system_clock
-    from looprelay.service.sweeper import SweepHandler
+    from looprelay.service.sweeper import Sweeper
 
-    return SweepHandler(
+    return Sweeper(
         github=app_github(config.github, environ),
         store=open_store(config, data_dir=None),
         clock=system_clock(),
+        settings=config.sweeper,
     )
 
 

@@ -178,8 +178,9 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
         ]
     else:
         from looprelay.app.status import STATUS_PATH, status_handler
+        from looprelay.app.sweep import SweepHandler
 
-        sweeper = cloud.build_sweeper(config, environ)
+        sweeper = SweepHandler(cloud.build_sweeper(config, environ))
         endpoints = [
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)
@@ -228,7 +229,7 @@ def _open_local(
     from looprelay.service.ingress import Ingress
     from looprelay.service.lease_desk import DispatchWaker
     from looprelay.service.status import StatusReader
-    from looprelay.service.worker import Worker
+    from looprelay.service.worker import Worker, handler_budget
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)
     operator_token = operator_token_from_env(config.server, environ)
@@ -266,6 +267,7 @@ def _open_local(
         clock=clock,
         handler=router,
         allowed_events=config.webhook.allowed_events(),
+        handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
     status = StatusReader(
         store=stores.store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from datetime import UTC, datetime
 from functools import partial
@@ -87,7 +88,8 @@ def deliveries_replay(
     config_path: Path | None,
     data_dir: Path | None,
 ) -> None:
-    """Send a failed delivery (a dead letter) through the worker again."""
+    """Send a delivery through the worker again: a failed one (a dead letter), or one still
+    `received` whose queue task died (GitHub shows it delivered, so the sweeper skips it)."""
     from looprelay.app.adapters import open_queue, open_store
     from looprelay.service.replay import replay_delivery
 
@@ -97,38 +99,51 @@ def deliveries_replay(
         open_queue(config, data_dir=data),
         delivery_id=delivery_id,
         now=datetime.now(UTC),
+        attempt=secrets.token_hex(8),
     )
     click.echo(f"{delivery_id}: queued again")
 
 
 @deliveries.command("sweep")
 @state_options
-@click.option("--limit", type=int, default=50, show_default=True, help="Most redeliveries.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Most redeliveries (default: sweeper.redeliveriesPerRun).",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would be redelivered; ask for nothing.")
 @click.pass_obj
 def deliveries_sweep(
     obj: tuple[Path | None, Path | None],
     config_path: Path | None,
     data_dir: Path | None,
-    limit: int,
+    limit: int | None,
     dry_run: bool,
 ) -> None:
-    """Ask GitHub to redeliver the App's failed deliveries of the last 3 days that the ledger
-    lacks (GitHub never retries them itself). Needs github.appId and github.privateKeyEnv."""
+    """Ask GitHub to redeliver the App's failed deliveries that the ledger lacks, back to
+    where the last sweep left off (at most GitHub's 3 days; GitHub never retries them itself).
+    Needs github.appId and github.privateKeyEnv."""
     from looprelay.app.adapters import app_github, open_store, system_clock
     from looprelay.service.sweeper import sweep
 
     config = load(config_path or obj[0])
     store = open_store(config, data_dir=data_path(data_dir or obj[1]))
     github = app_github(config.github, os.environ)
-    report = sweep(github, store, system_clock(), limit=limit, dry_run=dry_run)
+    settings = config.sweeper
+    if limit is not None:
+        settings = settings.model_copy(update={"redeliveries_per_run": limit})
+    report = sweep(github, store, system_clock(), settings=settings, dry_run=dry_run)
     for delivery, outcome in report.picked:
         stamp = delivery.delivered_at.isoformat()
         click.echo(f"{outcome}  {delivery.guid}  attempt {delivery.id}  {delivery.event}  {stamp}")
     click.echo(
         f"listed {report.listed}, failed {report.failed}, already in the ledger "
-        f"{report.in_ledger}, redelivered {report.redelivered}, errors {report.errors}"
+        f"{report.in_ledger}, redelivered {report.redelivered}, errors {report.errors}, "
+        f"left for the next run {report.left}"
     )
+    if not report.complete:
+        click.echo(f"the listing stopped before {report.since.isoformat()}; run again")
     if report.errors:
         raise click.ClickException(f"{report.errors} redelivery request(s) failed; see above")
 
@@ -330,3 +345,23 @@ def dispatches_retry(
         now=lambda: datetime.now(UTC),
     )
     click.echo(f"{dispatch_id}: queued again as {new_id}")
+
+
+@dispatches.command("replay")
+@click.argument("dispatch_id")
+@click.pass_obj
+def dispatches_replay(obj: tuple[Path | None, Path | None], dispatch_id: str) -> None:
+    """Offer an expired dispatch (no live runner served its repository in time) again."""
+    from datetime import UTC, datetime
+
+    from looprelay.app.adapters import open_stores
+    from looprelay.service.expiry import replay_dispatch
+
+    config_path, data_dir = obj
+    stores = open_stores(load(config_path), data_dir=data_path(data_dir))
+    if replay_dispatch(stores.work_items, stores.store, dispatch_id, now=datetime.now(UTC)) is None:
+        raise click.ClickException(
+            f"dispatch {dispatch_id} is not expired; only expired ones replay "
+            "(`looprelay dispatches --all` shows each one's status and result)"
+        )
+    click.echo(f"{dispatch_id}: offered to runners again")

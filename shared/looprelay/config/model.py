@@ -442,6 +442,37 @@ class RunnersConfig(_Section):
         description="How stale the runner API's cached list of runners may be when it chooses "
         "a dispatch (a silent runner is noticed that much later; 0 reads it on every choice).",
     )
+    unserved_expiry_seconds: int = Field(
+        default=24 * 3600,
+        ge=60,
+        description="A pending dispatch no live runner serves the repository of is settled "
+        "failed (result `expired`) after this long; `looprelay dispatches replay` offers it "
+        "again.",
+    )
+
+
+class SweeperConfig(_Section):
+    """The redelivery sweep: the cloud's scheduled sweeper and `looprelay deliveries sweep`."""
+
+    redeliveries_per_run: int = Field(
+        default=1000,
+        ge=0,
+        le=100_000,
+        description="Most redeliveries one run asks GitHub for; the rest wait for the next run.",
+    )
+    max_pages_per_run: int = Field(
+        default=1200,
+        ge=1,
+        le=100_000,
+        description="Most pages of 100 delivery attempts one run lists (1,200: 15 minutes at "
+        "130 deliveries a second); a run cut short lists the same stretch again next time.",
+    )
+    max_run_seconds: float = Field(
+        default=480.0,
+        gt=0,
+        description="A run stops listing and asking after this long and leaves the rest for "
+        "the next; keep it under the sweeper function's timeout.",
+    )
 
 
 class ServerConfig(_Section):
@@ -473,6 +504,7 @@ class Config(_Section):
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing.")
     runners: RunnersConfig = Field(default_factory=RunnersConfig, description="Runners.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="Local server.")
+    sweeper: SweeperConfig = Field(default_factory=SweeperConfig, description="Redelivery sweep.")
 
 
 def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = None) -> Config:

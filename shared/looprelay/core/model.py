@@ -224,6 +224,9 @@ class WorkItemRecord(BaseModel):
 DISPATCH_KINDS = ("spawn", "deliver", "terminate", "pause", "resume", "cleanup")
 DISPATCH_OPEN = ("pending", "leased")
 """Statuses of a dispatch that is not settled yet; it blocks later ones of its work item."""
+DISPATCH_EXPIRED = "expired"
+"""The ``result`` of a dispatch settled ``failed`` because no live runner served its
+repository in time (``runners.unservedExpirySeconds``); an operator can replay it."""
 
 
 class DispatchRecord(BaseModel):

@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from secrets import token_hex
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -25,7 +26,7 @@ from looprelay.core.signature import verify_signature
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
 from looprelay.logsampling import LogSampler
-from looprelay.ports import MAX_TASK_BYTES, Clock, Queue, Task
+from looprelay.ports import MAX_TASK_BODY_BYTES, Clock, Queue, Task
 
 log = logging.getLogger("looprelay.service.ingress")
 
@@ -63,10 +64,12 @@ class Ingress:
         verify: bool = True,
         rejections: LogSampler | None = None,
         clock: Clock | None = None,
+        new_attempt: Callable[[], str] = lambda: token_hex(8),
     ) -> None:
         """``rejections`` decides which refusals are logged (default: the first 10 of each
-        status a minute); ``clock`` stamps each delivery's order key. Raises ``ConfigError``
-        when verification is on and there is no secret (fail closed)."""
+        status a minute); ``clock`` stamps each delivery's order key; ``new_attempt`` makes the
+        token that names each request's task (``core.tasknames``). Raises ``ConfigError`` when
+        verification is on and there is no secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
                 "no webhook secret: set github.webhookSecrets to the names of environment "
@@ -79,6 +82,7 @@ class Ingress:
         self._verify = verify
         self._rejections = rejections or LogSampler()
         self._clock = clock or SystemClock()
+        self._new_attempt = new_attempt
 
     def handle(self, request: Request) -> Response:
         """Answer one webhook request, enqueueing it through the queue port; never raises."""
@@ -102,16 +106,21 @@ class Ingress:
     def answer(self, admission: Admission, enqueued: Callable[[], bool]) -> Response:
         """The answer for an admitted delivery once ``enqueued()`` says whether the queue took
         it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
-        ``Permanent`` becomes 413 and ``Transient`` 503, which GitHub records as a failed
-        delivery to redeliver.
+        ``Transient`` becomes 503 and ``Permanent`` (the queue refused: our configuration or
+        permissions are wrong, never the sender's request) 500; GitHub records either as a
+        failed delivery, which the sweeper redelivers once the cause is fixed.
         """
         delivery_id = admission.delivery_id
         try:
             queued = enqueued()
         except Permanent as exc:
-            return self._refused(
-                BadDelivery(f"delivery cannot be queued: {exc}", status=413), delivery_id
+            log.error(
+                "the queue refused the delivery; fix the queue's configuration or grants, "
+                "the sweeper redelivers it then: %s",
+                exc,
+                extra={"delivery_id": delivery_id},
             )
+            return json_response(500, {"error": "the queue refused the delivery; see the log"})
         except Transient as exc:
             log.error(
                 "enqueue failed, GitHub will record a failed delivery: %s",
@@ -167,8 +176,10 @@ class Ingress:
                 extra={"delivery_id": delivery_id},
             )
         envelope, body = self._project(event, delivery_id, payload)
+        # A name of its own: the task of an earlier attempt may have died with its name still
+        # reserved; a true duplicate is settled once by the worker's ledger.
         task = Task(
-            name=delivery_task_name(delivery_id),
+            name=delivery_task_name(delivery_id, attempt=self._new_attempt()),
             body=body,
             group=order_group(envelope),
             order_key=envelope.order_key,
@@ -208,8 +219,9 @@ class Ingress:
     def _project(
         self, event: str, delivery_id: str, payload: dict[str, Any]
     ) -> tuple[Envelope, bytes]:
-        # A Cloud Task holds 1 MB; escaping and UTF-8 can inflate text up to six-fold, so
-        # shrink the per-field cap until the encoded envelope fits rather than refuse it.
+        # A Cloud Task holds 1 MB with its name and headers; escaping and UTF-8 can inflate
+        # text up to six-fold, so shrink the per-field cap until the encoded envelope fits
+        # rather than refuse it.
         cap = self._config.max_text_chars
         received_at = self._clock.now()
         while True:
@@ -221,7 +233,7 @@ class Ingress:
                 received_at=received_at,
             )
             body = envelope.model_dump_json().encode()
-            if len(body) <= MAX_TASK_BYTES or cap <= 1:
+            if len(body) <= MAX_TASK_BODY_BYTES or cap <= 1:
                 return envelope, body
             cap //= 2
 

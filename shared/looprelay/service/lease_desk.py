@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
@@ -34,6 +34,7 @@ from looprelay.core.scheduling import (
 )
 from looprelay.errors import Conflict, NotFound
 from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, SessionSlot, Store, WorkItemStore
+from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.service.runner_cache import RunnerCache
 from looprelay.wire.runner_api import (
@@ -131,10 +132,13 @@ def _ends_session(dispatch: DispatchRecord, status: str) -> bool:
     return dispatch.kind == "spawn" and status == "failed"
 
 
-def leasable_heads(items: WorkItemStore, *, now: datetime) -> list[DispatchRecord]:
-    """Each work item's next dispatch that may be leased now, pinned to its session's runner."""
-    heads = heads_of_line(items.list_dispatch_heads(statuses=DISPATCH_OPEN), now=now)
-    return _pinned(items, heads)
+def leasable_heads(
+    items: WorkItemStore, *, now: datetime, repositories: Collection[str] | None = None
+) -> list[DispatchRecord]:
+    """Each session's next dispatch that may be leased now, pinned to its session's runner;
+    with ``repositories``, only theirs."""
+    open_heads = items.list_dispatch_heads(statuses=DISPATCH_OPEN, repositories=repositories)
+    return _pinned(items, heads_of_line(open_heads, now=now))
 
 
 def _pinned(items: WorkItemStore, heads: list[DispatchRecord]) -> list[DispatchRecord]:
@@ -172,6 +176,13 @@ class LeaseDesk:
         self._monotonic = monotonic
         self._runners = RunnerCache(
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
+        )
+        self._expiry = DispatchExpiry(
+            work_items=work_items,
+            registry=registry,
+            store=store,
+            clock=clock,
+            config=config,
         )
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
@@ -245,11 +256,14 @@ class LeaseDesk:
         # work item's dispatches may name different repositories (a fork's pull request).
         open_now = self._feed.open_dispatches() if self._feed is not None else None
         if open_now is None:
-            return leasable_heads(self._items, now=now)
+            # Only what the runner serves: a backlog it cannot take never hides what it can.
+            served = None if runner.workspace else runner.repositories
+            return leasable_heads(self._items, now=now, repositories=served)
         return _pinned(self._items, worth_a_look(open_now, runner, now=now))
 
     def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
         now = self._clock.now()
+        self._expiry.maybe_run()
         candidates = self._candidates(runner, now)
         if not candidates:
             return None

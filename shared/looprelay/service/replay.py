@@ -1,31 +1,40 @@
-"""Replay a dead letter: reopen its ledger record and queue its envelope again."""
+"""Send work again: a delivery (a dead letter, or one whose queue task died before it
+settled), or an interrupted dispatch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
 
-from looprelay.core.model import EventRecord
+from looprelay.core.model import RECEIVED, EventRecord
 from looprelay.core.plan import retry_dispatch as plan_retry
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import ConfigError
 from looprelay.ports import Queue, Store, Task, WorkItemStore
 
 
-def replay_delivery(store: Store, queue: Queue, *, delivery_id: str, now: datetime) -> None:
-    """Reopen the failed delivery ``delivery_id`` and enqueue it under a fresh task name.
+def replay_delivery(
+    store: Store, queue: Queue, *, delivery_id: str, now: datetime, attempt: str
+) -> None:
+    """Enqueue ``delivery_id``'s envelope again under a task name of its own (``attempt``
+    makes it unique): a ``failed`` delivery is reopened first; a ``received`` one is still
+    open (its task died, or is still being retried: then two runs race and the ledger keeps
+    the first outcome).
 
-    Raises ``ConfigError`` when the delivery is unknown or did not fail.
+    Raises ``ConfigError`` when the delivery is unknown, settled otherwise, or has no envelope.
     """
     record = store.get_delivery(delivery_id)
     if record is None:
         raise ConfigError(f"no delivery {delivery_id} in the ledger")
-    if record.outcome != "failed" or not record.envelope:
-        raise ConfigError(f"delivery {delivery_id} is {record.outcome}; only failed ones replay")
-    if not store.reopen_delivery(delivery_id, at=now):
+    if record.outcome not in ("failed", RECEIVED) or not record.envelope:
+        raise ConfigError(
+            f"delivery {delivery_id} is {record.outcome}; only failed ones and ones still "
+            "received (their task died) replay"
+        )
+    if record.outcome == "failed" and not store.reopen_delivery(delivery_id, at=now):
         raise ConfigError(f"delivery {delivery_id} changed while replaying; look again")
-    # A fresh name: the original is still inside the queue's dedup window.
-    name = delivery_task_name(delivery_id, replay=int(now.timestamp()))
+    # A name of its own: the earlier task's name stays reserved for about an hour.
+    name = delivery_task_name(delivery_id, attempt=f"replay-{attempt}")
     queue.enqueue(Task(name=name, body=record.envelope.encode()))
 
 

@@ -1,31 +1,44 @@
 """The redelivery sweeper: ask GitHub again for the deliveries that never reached us.
 
 GitHub never retries a failed webhook delivery by itself (docs: "Handling failed webhook
-deliveries"). A scheduled run lists the App's attempts of the past 3 days, keeps the guids no
-attempt of which succeeded and the ledger does not hold (``core.sweep``), and asks GitHub to
-redeliver the newest attempt of each, a bounded number per run. A redelivery that arrives twice
-is harmless: ingress names the task after the delivery and the ledger settles it once.
+deliveries"). A scheduled run lists the App's attempts back to where the previous run left off
+(its resume point, kept in the event log as ``sweep.completed``), keeps the guids no attempt of
+which succeeded and the ledger does not hold (``core.sweep``), and asks GitHub to redeliver the
+newest attempt of each, oldest first, a configurable number per run. A run stops when its page,
+time or redelivery budget is spent or GitHub says its rate limit is reached; the resume point
+then stays at or before every failure it did not ask for, so the next run picks them up. A
+redelivery that arrives twice is harmless: the ledger settles a delivery once.
+
+This module returns values; the HTTP answer of the scheduled function is ``app.sweep``'s.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from looprelay.app.messages import Request, Response, json_response
+from looprelay.config.model import SweeperConfig
 from looprelay.core.model import EventRecord
-from looprelay.core.sweep import REDELIVERY_WINDOW, deliveries_to_redeliver, failed_deliveries
+from looprelay.core.sweep import (
+    REDELIVERY_WINDOW,
+    deliveries_to_redeliver,
+    failed_deliveries,
+    listing_start,
+    next_resume_point,
+)
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import AppDelivery, Clock, GitHub, Store
 
 log = logging.getLogger("looprelay.service.sweeper")
 
 REDELIVERED_EVENT = "sweep.redelivered"
-DEFAULT_LIMIT = 50
-"""Redeliveries per run: a flood of failures drains over a few runs instead of one burst."""
-MAX_PAGES = 10
-"""Pages of 100 attempts read per run; past the newest 1,000 attempts a failure is missed."""
+SWEPT_EVENT = "sweep.completed"
+"""One per run (not dry runs): its counts, and ``resume``, where the next run lists back to."""
+PICKED_OUTCOMES = ("redelivered", "refused", "failed", "not asked")
+"""``refused``: GitHub answered a 4xx; ``failed``: try again later (the run stops there);
+``not asked``: after a failure, past the time budget, or in a dry run."""
+_UNHANDLED = ("failed", "not asked")
 
 
 @dataclass(frozen=True)
@@ -37,18 +50,33 @@ class SweepReport:
     in_ledger: int
     redelivered: int
     errors: int
-    picked: tuple[tuple[AppDelivery, str], ...] = ()
-    """Each attempt picked for redelivery, newest first, and what became of it: one of
+    left: int
+    """Failures found but not asked for (budget, rate limit): the next run asks for them."""
+    complete: bool
+    """The listing reached the resume point; when not, the next run lists that stretch again."""
+    since: datetime
+    resume: datetime
+    picked: tuple[tuple[AppDelivery, str], ...] = field(default=())
+    """Each attempt picked for redelivery, oldest first, and what became of it: one of
     ``PICKED_OUTCOMES``."""
 
     def counts(self) -> dict[str, int]:
         """The counts alone, for logs and JSON answers."""
-        return {key: value for key, value in asdict(self).items() if key != "picked"}
+        return {key: value for key, value in asdict(self).items() if type(value) is int}
 
 
-PICKED_OUTCOMES = ("redelivered", "refused", "failed", "not asked")
-"""``refused``: GitHub answered a 4xx; ``failed``: try again later (the run stops there);
-``not asked``: after a failure, or in a dry run."""
+@dataclass(frozen=True)
+class Sweeper:
+    """A sweep's parts, built once per process (``cloud.build_sweeper``)."""
+
+    github: GitHub
+    store: Store
+    clock: Clock
+    settings: SweeperConfig = field(default_factory=SweeperConfig)
+
+    def run(self, *, dry_run: bool = False) -> SweepReport:
+        """One sweep; raises as :func:`sweep`."""
+        return sweep(self.github, self.store, self.clock, settings=self.settings, dry_run=dry_run)
 
 
 def sweep(
@@ -56,41 +84,98 @@ def sweep(
     store: Store,
     clock: Clock,
     *,
-    window_days: int = REDELIVERY_WINDOW.days,
-    limit: int = DEFAULT_LIMIT,
-    max_pages: int = MAX_PAGES,
+    settings: SweeperConfig | None = None,
+    window: timedelta = REDELIVERY_WINDOW,
     dry_run: bool = False,
 ) -> SweepReport:
-    """Redeliver the App's failed deliveries of the last ``window_days`` the ledger lacks.
+    """Redeliver the App's failed deliveries since the last run's resume point that the
+    ledger lacks, within ``settings``' budgets, and record the next resume point.
 
-    At most ``limit`` per run, newest first, each recorded as a ``sweep.redelivered`` event.
     A ``Permanent`` answer to one redelivery is counted and the next is tried; a ``Transient``
-    one is counted and ends the run (the rest wait for the next run). ``dry_run`` picks but asks
-    for nothing. Raises ``Transient``/``Permanent`` when the deliveries cannot be listed and
-    ``Transient`` when the store cannot be read.
+    one (GitHub unwell or rate-limiting) ends the run, as one while listing ends the listing.
+    ``dry_run`` picks but asks for nothing and records nothing. Raises ``Permanent`` when the
+    deliveries cannot be listed at all (no App auth, a 4xx) and ``Transient`` when the store
+    cannot be read or written.
     """
-    now, window = clock.now(), timedelta(days=window_days)
-    listed = github.list_app_deliveries(since=now - window, max_pages=max_pages)
+    settings = settings or SweeperConfig()
+    now = clock.now()
+    stop_at = now + timedelta(seconds=settings.max_run_seconds)
+    since = listing_start(last_resume_point(store), now=now, window=window)
+    listed, complete = _list(github, since, clock, stop_at, settings.max_pages_per_run)
     failed = failed_deliveries(listed, now=now, window=window)
     held = {d.guid for d in failed if store.get_delivery(d.guid) is not None}
-    chosen = deliveries_to_redeliver(
-        listed, settled_guids=held, now=now, window=window, limit=limit
-    )
-    outcomes = ["not asked"] * len(chosen) if dry_run else _redeliver(github, store, chosen, now)
-    return SweepReport(
+    pending = deliveries_to_redeliver(failed, settled_guids=held)
+    chosen = pending[: settings.redeliveries_per_run]
+    if dry_run:
+        outcomes = ["not asked"] * len(chosen)
+    else:
+        outcomes = _redeliver(github, store, clock, chosen, stop_at)
+    unhandled = pending[len(chosen) :] + [
+        d for d, outcome in zip(chosen, outcomes, strict=True) if outcome in _UNHANDLED
+    ]
+    resume = next_resume_point(start=since, listed=listed, complete=complete, unhandled=unhandled)
+    report = SweepReport(
         listed=len(listed),
         failed=len(failed),
         in_ledger=len(held),
         redelivered=outcomes.count("redelivered"),
         errors=outcomes.count("refused") + outcomes.count("failed"),
+        left=len(unhandled),
+        complete=complete,
+        since=since,
+        resume=resume,
         picked=tuple(zip(chosen, outcomes, strict=True)),
     )
+    if not dry_run:
+        store.append_event(_swept(report, at=clock.now()))
+    return report
 
 
-def _redeliver(github: GitHub, store: Store, chosen: list[AppDelivery], now: datetime) -> list[str]:
+def last_resume_point(store: Store) -> datetime | None:
+    """Where the previous run said the next one lists back to; None before the first run (or
+    once the event log has expired it: the next run then lists GitHub's whole window)."""
+    newest = store.list_events(name=SWEPT_EVENT, newest=True, limit=1)
+    if not newest:
+        return None
+    return datetime.fromisoformat(str(newest[0].data["resume"]))
+
+
+def _list(
+    github: GitHub, since: datetime, clock: Clock, stop_at: datetime, max_pages: int
+) -> tuple[list[AppDelivery], bool]:
+    """The attempts listed back to ``since`` and whether the listing got there; stops early at
+    ``max_pages``, at ``stop_at``, or when GitHub says to (``Transient``), keeping what it has.
+    """
+    listed: list[AppDelivery] = []
+    try:
+        for count, page in enumerate(github.app_delivery_pages(since=since), start=1):
+            listed.extend(page.deliveries)
+            if page.last:
+                return listed, True
+            if count >= max_pages or clock.now() >= stop_at:
+                log.warning(
+                    "the run's page or time budget is spent at %d pages; the next run lists "
+                    "this stretch again",
+                    count,
+                )
+                return listed, False
+    except Transient as exc:
+        if not listed:
+            raise
+        log.warning("listing stopped early; the next run lists this stretch again: %s", exc)
+        return listed, False
+    return listed, True
+
+
+def _redeliver(
+    github: GitHub, store: Store, clock: Clock, chosen: list[AppDelivery], stop_at: datetime
+) -> list[str]:
     """Ask for each of ``chosen`` in turn; return their outcomes (see ``PICKED_OUTCOMES``)."""
     outcomes = ["not asked"] * len(chosen)
     for index, delivery in enumerate(chosen):
+        if clock.now() >= stop_at:
+            log.warning("the run's time budget is spent; the rest wait for the next run")
+            break
         try:
             github.redeliver(delivery_id=delivery.id)
         except Permanent as exc:
@@ -102,38 +187,9 @@ def _redeliver(github: GitHub, store: Store, chosen: list[AppDelivery], now: dat
             outcomes[index] = "failed"
             log.warning("redelivery failed; the rest wait for the next run: %s", exc)
             break
-        store.append_event(_redelivered(delivery, at=now))
+        store.append_event(_redelivered(delivery, at=clock.now()))
         outcomes[index] = "redelivered"
     return outcomes
-
-
-class SweepHandler:
-    """The sweeper function's handler: one sweep per POST, its counts as JSON.
-
-    Who may call it is Cloud Functions' IAM (only Cloud Scheduler's identity is an invoker);
-    a sweep is bounded and idempotent, so a stray call costs API quota, never a wrong effect.
-    """
-
-    def __init__(
-        self, *, github: GitHub, store: Store, clock: Clock, limit: int = DEFAULT_LIMIT
-    ) -> None:
-        self._github, self._store, self._clock, self._limit = github, store, clock, limit
-
-    def handle(self, request: Request) -> Response:
-        """Sweep once; 200 with the counts, 503 when GitHub or the store should be retried,
-        500 for what retrying cannot fix (the log names it). Never raises."""
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
-        try:
-            report = sweep(self._github, self._store, self._clock, limit=self._limit)
-        except Transient as exc:
-            log.warning("sweep failed, the scheduler will run it again: %s", exc)
-            return json_response(503, {"error": "transient failure; retry"})
-        except Permanent as exc:
-            log.error("sweep failed: %s", exc)
-            return json_response(500, {"error": str(exc)})
-        log.info("sweep done", extra={"fields": report.counts()})
-        return json_response(200, report.counts())
 
 
 def _redelivered(delivery: AppDelivery, *, at: datetime) -> EventRecord:
@@ -146,5 +202,19 @@ def _redelivered(delivery: AppDelivery, *, at: datetime) -> EventRecord:
             "event": delivery.event,
             "status_code": delivery.status_code,
             "delivered_at": delivery.delivered_at.isoformat(),
+        },
+    )
+
+
+def _swept(report: SweepReport, *, at: datetime) -> EventRecord:
+    return EventRecord(
+        name=SWEPT_EVENT,
+        at=at,
+        severity="INFO" if report.complete and not report.left else "WARNING",
+        data={
+            **report.counts(),
+            "complete": report.complete,
+            "since": report.since.isoformat(),
+            "resume": report.resume.isoformat(),
         },
     )

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import ValidationError
 
+from looprelay import deadlines
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import (
@@ -36,6 +38,15 @@ from looprelay.ports import Clock, Store, TaskAuthenticator
 log = logging.getLogger("looprelay.service.worker")
 
 RETRY_COUNT_HEADER = "x-cloudtasks-taskretrycount"
+SETTLE_RESERVE_SECONDS = 15.0
+"""Of the queue's dispatch deadline, what the handler leaves for the settle and the answer."""
+
+
+def handler_budget(dispatch_deadline_seconds: float) -> float:
+    """The time a delivery's handler (its GitHub calls) gets under the queue's dispatch
+    deadline: all but a reserve for the settle, at most a quarter of the deadline."""
+    reserve = min(SETTLE_RESERVE_SECONDS, dispatch_deadline_seconds / 4)
+    return dispatch_deadline_seconds - reserve
 
 
 @dataclass(frozen=True)
@@ -70,14 +81,20 @@ class Worker:
         clock: Clock,
         handler: DeliveryHandler = record_only,
         allowed_events: Collection[str] | None = None,
+        handler_budget_seconds: float | None = None,
     ) -> None:
         """``allowed_events`` (``webhook.events``): a delivery of any other event, and a
-        ping, is settled without the handler (``ignored:event``, ``pong``); None routes all."""
+        ping, is settled without the handler (``ignored:event``, ``pong``); None routes all.
+        ``handler_budget_seconds`` (``handler_budget`` of the queue's dispatch deadline)
+        bounds the handler's outbound calls (``deadlines``): one that cannot finish in time
+        is ``Transient`` and the queue retries the task, instead of sending a second attempt
+        while this one still runs."""
         self._allowed = None if allowed_events is None else frozenset(allowed_events)
         self._store = store
         self._auth = authenticator
         self._clock = clock
         self._handler = handler
+        self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
 
     def handle(self, request: Request) -> Response:
@@ -173,8 +190,10 @@ class Worker:
             return Outcome(PONG, "GitHub's ping")
         if self._allowed is not None and envelope.event not in self._allowed:
             return Outcome(IGNORED_EVENT, f"{envelope.event} is not on webhook.events")
+        budget = nullcontext() if self._budget is None else deadlines.within(self._budget)
         try:
-            outcome = self._handler(envelope, record)
+            with budget:
+                outcome = self._handler(envelope, record)
         except Transient:
             raise
         except Exception as exc:

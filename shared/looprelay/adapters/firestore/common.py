@@ -3,6 +3,7 @@ updates."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -14,6 +15,8 @@ from google.cloud import firestore
 
 if TYPE_CHECKING:
     from looprelay.config.model import FirestoreConfig
+
+log = logging.getLogger("looprelay.firestore")
 
 MAX_CAS_ROUNDS = 25
 """Read-then-conditional-update rounds on one document before contention is Transient."""
@@ -30,7 +33,13 @@ TRANSIENT_ERRORS = (
 
 @contextmanager
 def translated(action: str) -> Iterator[None]:
-    """Turn Firestore's retryable errors into ``Transient`` naming ``action``."""
+    """Turn Firestore's retryable errors into ``Transient`` naming ``action``.
+
+    ``FailedPrecondition`` outside a conditional write (which catches its own) means a query
+    needs a composite index that is missing or still building: retryable, since a building
+    index comes up by itself, and logged as an error with Firestore's own message, which names
+    the index (a console link to create it).
+    """
     from looprelay.errors import Transient
 
     try:
@@ -38,6 +47,17 @@ def translated(action: str) -> Iterator[None]:
     except TRANSIENT_ERRORS as exc:
         raise Transient(
             f"Firestore could not {action} (unavailable or contended); retry later: {exc}"
+        ) from exc
+    except gexc.FailedPrecondition as exc:
+        log.error(
+            "Firestore could not %s: the query needs a composite index that is missing or "
+            "still building; declare it in infra/firestore.tf and apply: %s",
+            action,
+            exc.message,
+        )
+        raise Transient(
+            f"Firestore could not {action}: a composite index it needs is missing or still "
+            f"building; retry later ({exc.message})"
         ) from exc
 
 

@@ -13,8 +13,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +23,7 @@ from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
+from looprelay.adapters.firestore.common import translated
 from looprelay.config.model import FirestoreConfig
 from looprelay.core import model
 from looprelay.core.model import DeliveryRecord, EventRecord
@@ -41,7 +41,6 @@ _RETRYABLE = (
     gexc.ResourceExhausted,
     gexc.InternalServerError,
 )
-_TRANSIENT = (*_RETRYABLE, gexc.RetryError)
 _RETRY = Retry(if_exception_type(*_RETRYABLE), maximum=2.0, timeout=CALL_BUDGET_SECONDS)
 _Change = Callable[[DeliveryRecord], dict[str, Any] | None]
 
@@ -60,14 +59,6 @@ def _outcome_fields(outcome: str, detail: str, settled_at: datetime | None) -> d
         "detail": detail[: model.MAX_DETAIL_CHARS],
         "settled_at": settled_at,
     }
-
-
-@contextmanager
-def _translated(action: str) -> Iterator[None]:
-    try:
-        yield
-    except _TRANSIENT as exc:
-        raise Transient(f"Firestore could not {action}; retry later: {exc}") from exc
 
 
 class FirestoreStore:
@@ -122,7 +113,7 @@ class FirestoreStore:
             **_outcome_fields(record.outcome, record.detail, record.settled_at),
             "expires_at": self._expires_at(),
         }
-        with _translated("begin a delivery"):
+        with translated("begin a delivery"):
             # One batch: the record and its event commit together, or neither when the
             # record exists already (the create fails the whole batch).
             batch = self._client.batch()
@@ -155,7 +146,7 @@ class FirestoreStore:
         if outcome == model.RECEIVED or not model.is_valid_outcome(outcome):
             raise ValueError(f"{outcome!r} is not a settled ledger outcome")
         fields = _outcome_fields(outcome, detail, at)
-        with _translated("settle a delivery"):
+        with translated("settle a delivery"):
             return self._transition(
                 delivery_id, lambda r: None if r.settled else fields, event=event
             )[1]
@@ -163,7 +154,7 @@ class FirestoreStore:
     def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
         """See ``Store.reopen_delivery``; contention budget as in ``begin_delivery``."""
         fields = {**_outcome_fields(model.RECEIVED, "", None), "received_at": at}
-        with _translated("reopen a delivery"):
+        with translated("reopen a delivery"):
             return self._transition(
                 delivery_id, lambda r: fields if r.outcome == "failed" else None
             )[1]
@@ -203,7 +194,7 @@ class FirestoreStore:
 
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
         """See ``Store.get_delivery``; raises ``Transient`` when Firestore is unavailable."""
-        with _translated("read a delivery"):
+        with translated("read a delivery"):
             data = self._deliveries.document(delivery_id).get(retry=_RETRY).to_dict()
         return None if data is None else _delivery(data)
 
@@ -220,7 +211,7 @@ class FirestoreStore:
             .where(filter=FieldFilter("order_key", "<", order_key))
             .order_by("order_key", direction=firestore.Query.DESCENDING)
         )
-        with _translated("list unsettled deliveries"):
+        with translated("list unsettled deliveries"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
         found = [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
         return [record for record in found if record.received_at >= since]
@@ -233,13 +224,13 @@ class FirestoreStore:
         field = "outcome_kind" if outcome in model.REASONED_OUTCOMES else "outcome"
         if outcome is not None:
             query = query.where(filter=FieldFilter(field, "==", outcome))
-        with _translated("list deliveries"):
+        with translated("list deliveries"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
         return [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
 
     def append_event(self, event: EventRecord) -> None:
         """See ``Store.append_event``; raises ``Transient`` when Firestore is unavailable."""
-        with _translated("append an event"):
+        with translated("append an event"):
             self._events.add(self._event_document(event), retry=_RETRY)
 
     def _event_document(self, event: EventRecord) -> dict[str, Any]:
@@ -282,7 +273,7 @@ class FirestoreStore:
         if since is not None:
             since_ns = int(since.timestamp()) * 1_000_000_000 + since.microsecond * 1_000
             query = query.where(filter=FieldFilter("sort_key", ">=", f"{since_ns:020d}"))
-        with _translated("list events"):
+        with translated("list events"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
         found = [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
         return found[::-1] if newest else found
@@ -294,7 +285,7 @@ class FirestoreStore:
         call.
         """
         reference = self._pins.document(login)
-        with _translated("pin a user id"):
+        with translated("pin a user id"):
             data = reference.get(retry=_RETRY).to_dict()
             if data is None:
                 try:

@@ -27,7 +27,7 @@ from looprelay.adapters.firestore.common import (
     utc,
 )
 from looprelay.config.model import FirestoreConfig
-from looprelay.core.model import DispatchRecord, WorkItemRecord
+from looprelay.core.model import DISPATCH_EXPIRED, DispatchRecord, WorkItemRecord
 from looprelay.errors import Transient
 from looprelay.ports import SessionSlot
 
@@ -52,6 +52,8 @@ _REFS_PER_BATCH = 100
 """Documents asked for in one batch get."""
 _HEADS_SCAN_LIMIT = 5_000
 """Open dispatches read to find the heads; each costs a document read."""
+_REPOSITORIES_PER_QUERY = 15
+"""Repositories per heads query: with two statuses, Firestore's 30 disjunctions a query."""
 
 
 class FirestoreWorkItemStore:
@@ -148,7 +150,7 @@ class FirestoreWorkItemStore:
                 else:
                     batch.create(item, document)
                 for key in self._missing(refs):
-                    batch.create(refs[key], wanted[key].model_dump())
+                    batch.create(refs[key], _dispatch_document(wanted[key]))
                 try:
                     batch.commit()
                 except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound):
@@ -186,19 +188,79 @@ class FirestoreWorkItemStore:
         return [DispatchRecord.model_validate(_plain(s.to_dict())) for s in snapshots]
 
     def list_dispatch_heads(
-        self, *, statuses: Sequence[str], limit: int = 500
+        self,
+        *,
+        statuses: Sequence[str],
+        repositories: Collection[str] | None = None,
+        limit: int = 500,
     ) -> list[DispatchRecord]:
         """See ``WorkItemStore.list_dispatch_heads``: Firestore has no GROUP BY, so the heads
-        are picked from the open dispatches, which stay few in the cloud (each function polls
-        the store, nothing holds thousands of them back)."""
+        are picked from the oldest ``_HEADS_SCAN_LIMIT`` open dispatches; with
+        ``repositories``, from those of the runner's repositories only (``repository_key``,
+        ``_REPOSITORIES_PER_QUERY`` a query), so a backlog it cannot take never fills the scan.
+        One session endpoint's dispatches share a repository, so filtering keeps each line whole.
+        """
+        if repositories is None:
+            scanned = self.list_dispatches(statuses=statuses, limit=_HEADS_SCAN_LIMIT)
+        else:
+            scanned = self._open_of(statuses, sorted({r.lower() for r in repositories}))
         heads: dict[tuple[str, str], DispatchRecord] = {}
-        for dispatch in self.list_dispatches(statuses=statuses, limit=_HEADS_SCAN_LIMIT):
+        for dispatch in scanned:
             line = (dispatch.work_item, dispatch.endpoint)
             held = heads.get(line)
             if held is None or dispatch.seq < held.seq:
                 heads[line] = dispatch
         ordered = sorted(heads.values(), key=lambda d: (d.created_at, d.seq, d.dispatch_id))
         return ordered[:limit]
+
+    def _open_of(self, statuses: Sequence[str], repositories: list[str]) -> list[DispatchRecord]:
+        found: list[DispatchRecord] = []
+        step = _REPOSITORIES_PER_QUERY
+        for chunk in (repositories[i : i + step] for i in range(0, len(repositories), step)):
+            query = (
+                self._dispatches.where(filter=FieldFilter("status", "in", list(statuses)))
+                .where(filter=FieldFilter("repository_key", "in", chunk))
+                .order_by("created_at")
+                .order_by("seq")
+            )
+            with translated("list a runner's dispatches"):
+                snapshots = list(query.limit(_HEADS_SCAN_LIMIT).stream())
+            found += [DispatchRecord.model_validate(_plain(s.to_dict())) for s in snapshots]
+        return found
+
+    def expire_dispatch(
+        self, dispatch_id: str, *, now: datetime, detail: str
+    ) -> DispatchRecord | None:
+        """See ``WorkItemStore.expire_dispatch``; raises ``Transient`` as ``lease_dispatch``."""
+
+        def expire(current: DispatchRecord) -> dict[str, Any] | None:
+            if current.status != "pending":
+                return None
+            return {
+                "status": "failed",
+                "result": DISPATCH_EXPIRED,
+                "detail": detail,
+                "updated_at": now,
+            }
+
+        return self._transition(dispatch_id, expire, action="expire a dispatch")
+
+    def reopen_dispatch(self, dispatch_id: str, *, now: datetime) -> DispatchRecord | None:
+        """See ``WorkItemStore.reopen_dispatch``; raises ``Transient`` as ``lease_dispatch``."""
+
+        def reopen(current: DispatchRecord) -> dict[str, Any] | None:
+            if (current.status, current.result) != ("failed", DISPATCH_EXPIRED):
+                return None
+            # repository_key too: a dispatch saved before it existed is found by runners again.
+            return {
+                "status": "pending",
+                "result": "",
+                "detail": "",
+                "updated_at": now,
+                "repository_key": current.repository.lower(),
+            }
+
+        return self._transition(dispatch_id, reopen, action="reopen a dispatch")
 
     def _transition(
         self, dispatch_id: str, decide: _Decide, *, action: str
@@ -211,7 +273,8 @@ class FirestoreWorkItemStore:
             current = DispatchRecord.model_validate(_plain(data))
             fields = decide(current)
             if fields is not None:
-                written.append(current.model_copy(update=fields))
+                known = {k: v for k, v in fields.items() if k in DispatchRecord.model_fields}
+                written.append(current.model_copy(update=known))
             return fields
 
         done = conditional_update(
@@ -387,3 +450,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(item) for item in value]
     return value
+
+
+def _dispatch_document(dispatch: DispatchRecord) -> dict[str, Any]:
+    """The dispatch's fields and ``repository_key``, its repository in lower case: runners
+    ask for their repositories in any case (``list_dispatch_heads``)."""
+    return {**dispatch.model_dump(), "repository_key": dispatch.repository.lower()}

@@ -108,11 +108,13 @@ class CloudTasksQueue:
         5xx or failed connection is retried with jittered backoff (0.2 s doubling to 1 s) while
         a retry can start within 3.5 s. So a dead service fails in about 3.5 s, a silent one in
         2 s, and no call outlasts 7.5 s (GitHub waits 10 s). Raises ``Permanent`` unsent when
-        the body is over ``MAX_TASK_BYTES`` or the name is no task id, and when Cloud Tasks
+        the whole task (body, name, URL, headers) is over ``MAX_TASK_BYTES`` or the name is no
+        task id, and when Cloud Tasks
         refuses (400, 401, 403, 404, other 4xx); ``Transient`` on 429, 5xx, 409 ABORTED or
         network once retries end.
         """
         _check(task)
+        self._check_size(task)
         from google.auth.exceptions import GoogleAuthError, TransportError
 
         where = f"Cloud Tasks queue {self._queue_path}"
@@ -133,6 +135,26 @@ class CloudTasksQueue:
         if status == 409 or _retryable(status):
             raise Transient(f"{where} is unavailable now ({detail}); try again later")
         raise Permanent(f"{where}: {_FIXES.get(status, 'see the error')} ({detail})")
+
+    def _check_size(self, task: Task) -> None:
+        """Refuse, unsent, a task over Cloud Tasks' 1 MB: the body with the task's name, the
+        worker's URL, the headers and the OIDC fields it carries."""
+        size = len(task.body) + sum(
+            len(part.encode())
+            for part in (
+                f"{self._queue_path}/tasks/{task.name}",
+                self._worker_url,
+                self._service_account_email,
+                self._audience,
+                *(name + value for name, value in _TASK_HEADERS.items()),
+            )
+        )
+        if size > MAX_TASK_BYTES:
+            raise Permanent(
+                f"task {task.name[:80]!r} is {size} bytes with its name, URL and headers "
+                f"({len(task.body)} of body); Cloud Tasks holds at most {MAX_TASK_BYTES} bytes "
+                "per task, so shrink the payload"
+            )
 
     def _create_task_request(self, task: Task) -> dict[str, object]:
         """CreateTaskRequest's JSON body (the parent travels in the URL)."""
@@ -182,11 +204,6 @@ class CloudTasksQueue:
 
 
 def _check(task: Task) -> None:
-    if len(task.body) > MAX_TASK_BYTES:
-        raise Permanent(
-            f"task {task.name[:80]!r} is {len(task.body)} bytes; Cloud Tasks holds at most "
-            f"{MAX_TASK_BYTES} bytes per task, so shrink the payload"
-        )
     if not _TASK_NAME.match(task.name):
         raise Permanent(
             f"task name {task.name[:80]!r} is not 1-500 of A-Z a-z 0-9 _ -; "

@@ -27,6 +27,7 @@ API_HEADERS = {  # docs "Getting started with the REST API": media type and vers
 
 JWT_BACKDATE_SECONDS = 60  # docs: set iat 60 s in the past against clock drift
 JWT_LIFETIME_SECONDS = 540  # exp at most 10 min ahead; 9 min from now leaves margin
+JWT_REUSE_SECONDS = 60  # a JWT stays good for 8 more minutes when it is last reused
 TOKEN_REFRESH_MARGIN_SECONDS = 60  # installation tokens live 1 h; renew a minute early
 SECONDARY_LIMIT_WAIT_SECONDS = 60.0
 
@@ -76,6 +77,7 @@ class AppAuth:
         self._clock = clock
         self._timeout = timeout_seconds
         self._tokens: dict[int, tuple[str, float]] = {}  # installation -> (token, renew at)
+        self._jwt: tuple[int, str] = (0, "")  # (issued at, JWT)
         self._lock = threading.Lock()
 
     def headers(self, installation_id: int | None) -> dict[str, str]:
@@ -98,14 +100,23 @@ class AppAuth:
         return {"Authorization": f"Bearer {token}"}
 
     def app_jwt(self) -> str:
-        """Return a fresh JWT for the App: ``iat`` now-60 s, ``exp`` now+540 s, ``iss`` the id."""
+        """Return a JWT for the App: ``iat`` now-60 s, ``exp`` now+540 s, ``iss`` the id.
+
+        One signed within the last ``JWT_REUSE_SECONDS`` is reused: a sweep makes thousands of
+        App calls, and an RSA signature each would cost more than the call's own work.
+        """
         now = int(self._clock())
+        issued, token = self._jwt
+        if token and 0 <= now - issued < JWT_REUSE_SECONDS:
+            return token
         claims = {
             "iat": now - JWT_BACKDATE_SECONDS,
             "exp": now + JWT_LIFETIME_SECONDS,
             "iss": str(self._app_id),
         }
-        return jwt.encode(claims, self._key, algorithm="RS256")
+        token = jwt.encode(claims, self._key, algorithm="RS256")
+        self._jwt = (now, token)
+        return token
 
     def _exchange(self, installation_id: int) -> tuple[str, float]:
         what = f"GitHub App {self._app_id}: token for installation {installation_id}"
@@ -145,6 +156,14 @@ def rate_limit_wait(response: requests.Response, now: float) -> float | None:
     if headers.get("x-ratelimit-remaining") == "0" and reset is not None:
         return max(reset - now, 0.0)
     return SECONDARY_LIMIT_WAIT_SECONDS if "secondary rate limit" in response.text.lower() else None
+
+
+def quota_spent_until(response: requests.Response) -> float | None:
+    """Return ``x-ratelimit-reset`` (epoch seconds) when the answer says the quota is spent
+    (``x-ratelimit-remaining: 0``), else None: the next call would be refused until then."""
+    if response.headers.get("x-ratelimit-remaining") != "0":
+        return None
+    return _number(response.headers.get("x-ratelimit-reset"))
 
 
 def auth_from_config(cfg: GitHubConfig, environ: Mapping[str, str]) -> GitHubAuth:

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.exceptions import ChunkedEncodingError
 
+from looprelay import deadlines
 from looprelay.adapters.github import app_hooks
 from looprelay.adapters.github import auth as github_auth
 from looprelay.config.model import GitHubConfig
@@ -22,6 +23,8 @@ from looprelay.ports import CommentText
 PER_PAGE = 100  # the most GitHub lists per page
 MAX_PAGES = 10  # so find_comment_with reads at most the first 1,000 comments
 BACKOFF_BASE_SECONDS = 0.5
+MIN_ATTEMPT_SECONDS = 0.5
+"""An attempt is not started with less of the task's time budget left."""
 REACTION_PATHS = {"issue": "issues/comments", "review": "pulls/comments"}
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
 # Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
@@ -48,7 +51,9 @@ class GitHubRest(app_hooks.AppHookCalls):
     jitter. ``create_comment`` is the exception: after an answer that leaves it unknown whether
     the comment was stored (5xx, a timeout or a dropped connection once the request was sent)
     it raises ``Transient`` at once instead of posting again, so the caller can look for its
-    marker with ``find_comment_with`` first (``comments.post_once``)."""
+    marker with ``find_comment_with`` first (``comments.post_once``). Inside a task's time
+    budget (``deadlines.within``, the worker's) attempts and waits are cut to fit it, and a
+    call raises ``Transient`` once they cannot."""
 
     def __init__(
         self,
@@ -66,6 +71,7 @@ class GitHubRest(app_hooks.AppHookCalls):
         self._timeout, self._max_wait = timeout_seconds, max_wait_seconds
         self._max_attempts = max(1, max_attempts)
         self._sleep, self._clock = sleep, clock
+        self._app_quota_reset = 0.0
         self._session = requests.Session()
         self._session.headers.update(github_auth.API_HEADERS)
 
@@ -150,16 +156,19 @@ class GitHubRest(app_hooks.AppHookCalls):
         missing_ok: bool = False,
         as_app: bool = False,
         repeatable: bool = True,
+        patient: bool = True,
     ) -> requests.Response:
         """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``;
-        not ``repeatable``: only repeated when GitHub surely did not carry it out."""
+        not ``repeatable``: only repeated when GitHub surely did not carry it out; not
+        ``patient``: a rate limit raises ``Transient`` at once instead of being waited out."""
         call = f"{method} {urlsplit(url).path}"
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
+            timeout = self._attempt_timeout(call)
             try:
                 headers = self._app_headers() if as_app else self._auth.headers(installation)
                 response = self._session.request(
-                    method, url, headers=headers, json=payload, timeout=self._timeout
+                    method, url, headers=headers, json=payload, timeout=timeout
                 )
             except _RETRYABLE as exc:  # Transient: from the App token exchange
                 failure = f"{type(exc).__name__}: {exc}"
@@ -169,11 +178,33 @@ class GitHubRest(app_hooks.AppHookCalls):
                 if response.status_code < 300 or (response.status_code == 404 and missing_ok):
                     return response
                 failure, asked = f"HTTP {response.status_code}", self._retry_wait(response)
+                if not patient and asked is not None:
+                    raise Transient(f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s")
                 if not repeatable and response.status_code >= 500:
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}")
             if attempt < self._max_attempts:
-                self._sleep(asked if asked is not None else _backoff(attempt, self._max_wait))
+                wait = asked if asked is not None else _backoff(attempt, self._max_wait)
+                self._sleep(self._budgeted_wait(call, wait, failure))
         raise Transient(f"GitHub {call}: failed {self._max_attempts} times, last {failure}")
+
+    def _attempt_timeout(self, call: str) -> float:
+        """The attempt's timeout: ``timeout_seconds``, cut to what is left of the task's time
+        budget (``deadlines``); Transient once it is spent."""
+        left = deadlines.seconds_left()
+        if left is None:
+            return self._timeout
+        if left < MIN_ATTEMPT_SECONDS:
+            raise _out_of_budget(call, left)
+        return min(self._timeout, left)
+
+    @staticmethod
+    def _budgeted_wait(call: str, wait: float, failure: str) -> float:
+        """``wait`` before a retry, or Transient when the task's budget cannot hold it and an
+        attempt after it: the queue retries the task later, never over a running attempt."""
+        left = deadlines.seconds_left()
+        if left is None or wait + MIN_ATTEMPT_SECONDS <= left:
+            return wait
+        raise _out_of_budget(f"{call} after {failure}", left)
 
     def _retry_wait(self, response: requests.Response) -> float | None:
         """Return the wait GitHub asks for (None: back off); raise when not to retry here."""
@@ -188,6 +219,13 @@ class GitHubRest(app_hooks.AppHookCalls):
         if asked is not None and asked > self._max_wait:
             raise Transient(f"GitHub {_call(response)}: HTTP {status}, asks to wait {asked:.0f} s")
         return asked
+
+
+def _out_of_budget(call: str, left: float) -> Transient:
+    return Transient(
+        f"GitHub {call}: {max(left, 0.0):.1f} s left of the task's time budget under the "
+        "queue's dispatch deadline; the queue retries the task"
+    )
 
 
 def _call(response: requests.Response) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.adapters.sqlite.database import SqliteDatabase, open_database, utc_text
+from looprelay.core.model import DISPATCH_EXPIRED as EXPIRED
 from looprelay.core.model import DispatchRecord, WorkItemRecord
 from looprelay.ports import SessionSlot
 
@@ -176,18 +177,43 @@ class SqliteWorkItemStore:
         return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
 
     def list_dispatch_heads(
-        self, *, statuses: Sequence[str], limit: int = 500
+        self,
+        *,
+        statuses: Sequence[str],
+        repositories: Collection[str] | None = None,
+        limit: int = 500,
     ) -> list[DispatchRecord]:
         """See ``WorkItemStore.list_dispatch_heads``."""
         marks = ",".join("?" * len(statuses))
+        params: list[Any] = list(statuses)
+        served = ""
+        if repositories is not None:
+            wanted = sorted({repository.lower() for repository in repositories})
+            served = (
+                f" AND lower(json_extract(doc, '$.repository')) IN ({','.join('?' * len(wanted))})"
+            )
+            params.extend(wanted)
         # SQLite takes a bare column (doc) from the row that gave the group's MIN(seq).
         rows = self._db.rows(
             "SELECT doc, created_at, seq, dispatch_id FROM (SELECT doc, created_at,"  # noqa: S608
-            f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks})"
+            f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks}){served}"
             " GROUP BY work_item, endpoint) ORDER BY created_at, seq, dispatch_id LIMIT ?",
-            (*statuses, limit),
+            (*params, limit),
         )
         return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
+
+    def expire_dispatch(
+        self, dispatch_id: str, *, now: datetime, detail: str
+    ) -> DispatchRecord | None:
+        """See ``WorkItemStore.expire_dispatch``."""
+        changes = {"status": "failed", "result": EXPIRED, "detail": detail, "updated_at": now}
+        return self._transition(dispatch_id, "status = 'pending'", (), changes)
+
+    def reopen_dispatch(self, dispatch_id: str, *, now: datetime) -> DispatchRecord | None:
+        """See ``WorkItemStore.reopen_dispatch``."""
+        changes = {"status": "pending", "result": "", "detail": "", "updated_at": now}
+        expired = "status = 'failed' AND json_extract(doc, '$.result') = ?"
+        return self._transition(dispatch_id, expired, (EXPIRED,), changes)
 
     def lease_dispatch(
         self,
