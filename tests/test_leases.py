@@ -226,6 +226,7 @@ def _lease_desk(
         waker=waker,
         feed=feed,
         monotonic=monotonic,
+        expire_unserved=feed is None,
     )
 
 

@@ -113,19 +113,36 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
 
 
 def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
-    """The sweeper: redelivers the App's failed deliveries the ledger lacks.
+    """The sweeper: redelivers the App's failed deliveries the ledger lacks, and expires
+    dispatches no live runner serves (the runner API's polls read nothing while idle).
 
-    Raises ``ConfigError`` when GitHub App auth is not configured (``sweeper.app_github``):
+    Raises ``ConfigError`` when GitHub App auth is not configured (``adapters.app_github``):
     a cloud deployment refuses to start rather than fail every scheduled run.
     """
-    from looprelay.app.adapters import app_github, open_store, system_clock
+    from looprelay.app.adapters import (
+        app_github,
+        open_runner_registry,
+        open_store,
+        open_work_item_store,
+        system_clock,
+    )
+    from looprelay.service.expiry import DispatchExpiry
     from looprelay.service.sweeper import Sweeper
 
+    store, clock = open_store(config, data_dir=None), system_clock()
+    expiry = DispatchExpiry(
+        work_items=open_work_item_store(config, data_dir=None),
+        registry=open_runner_registry(config, data_dir=None),
+        store=store,
+        clock=clock,
+        config=config.runners,
+    )
     return Sweeper(
         github=app_github(config.github, environ),
-        store=open_store(config, data_dir=None),
-        clock=system_clock(),
+        store=store,
+        clock=clock,
         settings=config.sweeper,
+        expiry=expiry,
     )
 
 

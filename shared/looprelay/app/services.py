@@ -78,5 +78,6 @@ def build_runner_api(
         progress=progress,
         waker=waker,
         feed=feed,
+        expire_unserved=feed is None,
     )
     return RunnerApi(registry=registry, store=store, clock=clock, config=config.runners, desk=desk)

@@ -161,6 +161,7 @@ class LeaseDesk:
         waker: DispatchWaker | None = None,
         feed: DispatchFeed | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        expire_unserved: bool = True,
     ) -> None:
         """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
         cloud ``feed`` rings it); with ``feed`` a look checks the open dispatches it pushed
@@ -177,12 +178,14 @@ class LeaseDesk:
         self._runners = RunnerCache(
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
         )
-        self._expiry = DispatchExpiry(
-            work_items=work_items,
-            registry=registry,
-            store=store,
-            clock=clock,
-            config=config,
+        # Expiring unserved work reads the runner list and the pending dispatches: with a feed
+        # (the cloud) polls must cost no reads, so the scheduled sweeper runs it instead.
+        self._expiry = (
+            DispatchExpiry(
+                work_items=work_items, registry=registry, store=store, clock=clock, config=config
+            )
+            if expire_unserved
+            else None
         )
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
@@ -263,7 +266,8 @@ class LeaseDesk:
 
     def _lease_next(self, runner: RunnerRecord) -> DispatchRecord | None:
         now = self._clock.now()
-        self._expiry.maybe_run()
+        if self._expiry is not None:
+            self._expiry.maybe_run()
         candidates = self._candidates(runner, now)
         if not candidates:
             return None

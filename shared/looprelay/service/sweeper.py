@@ -29,6 +29,7 @@ from looprelay.core.sweep import (
 )
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import AppDelivery, Clock, GitHub, Store
+from looprelay.service.expiry import DispatchExpiry
 
 log = logging.getLogger("looprelay.service.sweeper")
 
@@ -73,9 +74,13 @@ class Sweeper:
     store: Store
     clock: Clock
     settings: SweeperConfig = field(default_factory=SweeperConfig)
+    expiry: DispatchExpiry | None = None
+    """Expires unserved dispatches on each run where polls must not read (the cloud)."""
 
     def run(self, *, dry_run: bool = False) -> SweepReport:
-        """One sweep; raises as :func:`sweep`."""
+        """One sweep (and, unless ``dry_run``, one expiry run); raises as :func:`sweep`."""
+        if self.expiry is not None and not dry_run:
+            self.expiry.run()
         return sweep(self.github, self.store, self.clock, settings=self.settings, dry_run=dry_run)
 
 
