@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from looprelay.config import RunnersConfig
 from looprelay.errors import BadDelivery, Transient, Unauthorized
+from looprelay.failover import Failover
 from looprelay.httpmsg import Request, Response, json_response
 from looprelay.leases import NOTHING_TO_LEASE, LeaseDesk
 from looprelay.logsampling import LogSampler
@@ -64,6 +65,11 @@ class RunnerApi:
         """``desk`` serves poll/renew/results; without it only registration is served."""
         self._registry = registry
         self._desk = desk
+        self._failover = (
+            Failover(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
+            if desk is not None
+            else None
+        )
         self._store = store
         self._clock = clock
         self._config = config
@@ -172,9 +178,16 @@ class RunnerApi:
             runner.runner_id, at=self._clock.now(), status=status
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        released, moved = 0, []
+        if self._failover is not None:
+            self._failover.note_released(runner, body.released)
+            released = self._failover.release_leases(runner) if body.restarted else 0
+            moved = self._failover.moved(runner, body.held)
         hints = HeartbeatHints(
             heartbeat_seconds=self._config.heartbeat_seconds,
             lost_after_seconds=self._config.lost_after_seconds,
+            moved=moved,
+            released_leases=released,
         )
         return json_response(200, hints.model_dump())
 

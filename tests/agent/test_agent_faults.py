@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from looprelay.adapters.github_auth import TokenAuth
+from looprelay.adapters.github_rest import GitHubRest
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, write_credentials
@@ -53,12 +55,14 @@ from looprelay.runnerapi import RunnerApi, mint_registration_token
 from looprelay.runnerapi_models import API_PREFIX
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
+from tests.fake_github import APP_LOGIN, FakeGitHub
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import GitRepos
 from tests.rigs import SteppingClock, Stores
 
 REPOSITORY = "octo/repo"
 CONFIG = RunnersConfig(lease_seconds=10, poll_wait_seconds=1, heartbeat_seconds=5)
+GITHUB_TOKEN = "ghp_looprelay_agent_faults"
 POLL_WAIT_SECONDS = 1.0
 DEADLINE = 20.0
 """How long a test waits for the agent, the server or the fake: generous for a loaded machine."""
@@ -127,6 +131,7 @@ class Relay:
     clock: SteppingClock
     waker: DispatchWaker
     api: RunnerApi
+    github: FakeGitHub
     port: int = 0
     stall: Stall | None = None
     _server: AppServer | None = None
@@ -235,18 +240,40 @@ class Relay:
 
     def wait_settled(self, *dispatch_ids: str, seconds: float = DEADLINE) -> list[DispatchRecord]:
         """Wait until every dispatch named has its final status; return them."""
-        wait_until(lambda: all(self.settled(d) for d in dispatch_ids), seconds=seconds)
+        wait_until(
+            lambda: all(self.settled(d) for d in dispatch_ids),
+            seconds=seconds,
+            what=f"{', '.join(dispatch_ids)} settled",
+            explain=lambda: [
+                (d.dispatch_id, d.status, d.lease_holder, d.result, d.attempts)
+                for d in map(self.stored, dispatch_ids)
+            ],
+        )
         return [self.stored(d) for d in dispatch_ids]
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e.data for e in self.stores.events.list_events(name=name)]
 
+    def attach_comments(self, number: int) -> list[str]:
+        """What the server posted on work item ``number`` (attach comments, in order)."""
+        return [c.body for c in self.github.on(number, REPOSITORY) if c.author == APP_LOGIN]
+
 
 @pytest.fixture
-def relay(stores: Stores) -> Iterator[Relay]:
-    """The runner API with its lease desk, as ``build_runner_api`` wires it, serving."""
+def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
+    """The runner API with its lease desk, as ``build_runner_api`` wires it, serving; its
+    progress comments go to the fake GitHub."""
     clock, waker = SteppingClock(), DispatchWaker()
-    progress = Progress(work_items=stores.work_items, store=stores.events, github=None, clock=clock)
+    fake_github.tokens[GITHUB_TOKEN] = APP_LOGIN
+    fake_github.repositories.add(REPOSITORY)
+    github = GitHubRest(api_url=fake_github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
+    progress = Progress(
+        work_items=stores.work_items,
+        store=stores.events,
+        github=github,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+    )
     desk = LeaseDesk(
         registry=stores.registry,
         work_items=stores.work_items,
@@ -259,7 +286,7 @@ def relay(stores: Stores) -> Iterator[Relay]:
     api = RunnerApi(
         registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
     )
-    served = Relay(stores, clock, waker, api)
+    served = Relay(stores, clock, waker, api, fake_github)
     served.serve()
     yield served
     if served.stall is not None:
@@ -411,14 +438,15 @@ def launch(
     credentials, ledger and state). All are SIGKILLed at teardown."""
     launched: list[RunnerProcess] = []
 
-    def start(name: str, *, capacity: int = 1) -> RunnerProcess:
+    def start(name: str, *, capacity: int = 1, socket_name: str = "") -> RunnerProcess:
+        """``socket_name``: a tmux socket of the runner's own (default: the test's)."""
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name))
         runner = RunnerProcess(
             credentials=credentials,
             state=tmp_path / f"runner-{name}",
-            socket_name=terminal.socket_name,
+            socket_name=socket_name or terminal.socket_name,
             checkout=checkout,
             capacity=capacity,
         )
@@ -514,7 +542,7 @@ class TestKilledRunner:
             {"dispatch_id": "dp-1-1", "from": doomed.runner_id, "to": survivor.runner_id}
         ]
 
-    def test_a_runner_killed_mid_apply_and_restarted_does_not_apply_it_again(
+    def test_a_runner_killed_mid_apply_and_restarted_at_once_reports_it_without_waiting(
         self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
     ) -> None:
         # A respawn stays in hand for the resume probe (3 s in `runner run`) after the harness
@@ -526,13 +554,84 @@ class TestKilledRunner:
         assert box.ledger_state("dp-1-1") == "applying", "the kill came after the apply ended"
         assert relay.stored("dp-1-1").status == "leased"
 
-        relay.clock.advance(CONFIG.lease_seconds + 1)
+        # The server's clock stands still: a lease that had to lapse would never be offered
+        # again. The restarted agent says it restarted, and takes its own work back at once.
         launch("box")
         [done] = relay.wait_settled("dp-1-1")
         # At most once: the half-done apply is reported, not redone.
         assert (done.status, done.result, done.attempts) == ("failed", "interrupted", 2)
+        assert (done.lease_holder, relay.events("lease.expired")) == (box.runner_id, [])
+        assert relay.events("lease.released") == [
+            {"runner_id": box.runner_id, "dispatch_id": "dp-1-1", "reason": "runner-restarted"}
+        ]
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
-        assert [e["from"] for e in relay.events("lease.expired")] == [box.runner_id]
+
+
+@pytest.fixture
+def own_terminal() -> Iterator[TmuxTerminal]:
+    """A second tmux socket, for a runner that must not share the test's (each runner has
+    its own by default); its server is killed at teardown."""
+    tmux = TmuxTerminal(f"looprelay-test-{uuid.uuid4().hex[:12]}")
+    yield tmux
+    tmux.kill_server()
+    socket_dir = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}"
+    (socket_dir / tmux.socket_name).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class TestFailover:
+    def test_a_runner_back_after_its_session_moved_stops_its_harness_and_the_new_one_is_named(
+        self,
+        relay: Relay,
+        launch: Callable[..., RunnerProcess],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+        own_terminal: TmuxTerminal,
+    ) -> None:
+        old = launch("old-box", socket_name=own_terminal.socket_name)
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        old_pid = _pid_of_first_start(fake_harness)
+        session = relay.stored("dp-1-1").session_name
+        old.kill()  # its harness lives on in its tmux
+        relay.quiesce()  # its last long poll, still waiting at the server, ends empty
+
+        # Silent past lostAfterSeconds; a comment comes, routed to the session's runner.
+        relay.clock.advance(CONFIG.lost_after_seconds + 1)
+        new = launch("new-box")
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt="after failover", runner_id=old.runner_id),
+            session_status="live",
+            session_runner=old.runner_id,
+        )
+        [moved] = relay.wait_settled("dp-1-2")
+        assert (moved.status, moved.result, moved.lease_holder) == (
+            "succeeded",
+            "spawned",
+            new.runner_id,
+        )
+        new_pid = int(wait_until(lambda: fake_harness.starts()[1:], seconds=DEADLINE)[0]["pid"])
+
+        launch("old-box", socket_name=own_terminal.socket_name)  # it comes back
+        wait_until(lambda: relay.events("session.released"), seconds=DEADLINE)
+        wait_until(lambda: not _alive(old_pid), seconds=DEADLINE, what="the old harness to end")
+        assert own_terminal.pane_dead(session) is None  # its tmux session is gone too
+        assert terminal.pane_dead(session) is False and _alive(new_pid)
+        assert [s["pid"] for s in fake_harness.starts() if _alive(s["pid"])] == [new_pid]
+        [released] = relay.events("session.released")
+        assert (released["runner_id"], released["session_name"]) == (old.runner_id, session)
+        assert released["outcome"].startswith("harness terminated; tmux session killed")
+        first, second = relay.attach_comments(1)
+        assert "**old-box**" in first and "**new-box**" in second
+        assert f"attach -t {session}" in second
 
 
 class TestCrashBetweenApplyAndReport:

@@ -84,7 +84,10 @@ def why_not(dispatch: DispatchRecord, runner: RunnerRecord, *, live: Sequence[st
     if dispatch.runner_id not in (None, runner.runner_id) and dispatch.runner_id in live:
         return "session-on-another-runner"
     new_session = dispatch.runner_id is None and dispatch.kind == "spawn"
-    if new_session and runner.sessions >= runner.capacity:
+    # A spawn this runner leased before (a restart released it) is among the sessions it
+    # reports already: counting it again would keep it from taking its own work back.
+    taken_before = dispatch.lease_holder == runner.runner_id
+    if new_session and not taken_before and runner.sessions >= runner.capacity:
         return "runner-at-capacity"
     if not runner.workspace and dispatch.repository.lower() not in {
         repository.lower() for repository in runner.repositories
