@@ -8,10 +8,15 @@ import time
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from looprelay.cli.common import data_path, emit, load, state_options
+
+if TYPE_CHECKING:
+    from looprelay.ports import WorkItemStore
+    from looprelay.records import DispatchRecord
 
 FOLLOW_POLL_SECONDS = 1.0
 DETAIL_SHOWN_CHARS = 200
@@ -215,17 +220,28 @@ def queue_retry(config_path: Path | None, data_dir: Path | None, name: str) -> N
     click.echo(f"{name}: queued again")
 
 
-@click.command("dispatches")
+@click.group("dispatches", invoke_without_command=True)
 @state_options
 @click.option("--all", "show_all", is_flag=True, help="Settled ones too, not only open ones.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
 def dispatches(
-    config_path: Path | None, data_dir: Path | None, show_all: bool, as_json: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: Path | None,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """List dispatches; an open one no runner may take says why it waits, a settled one what
-    its runner reported (result, and the detail: a failed turn's message first)."""
+    its runner reported (result, and the detail: a failed turn's message first). Interrupted
+    ones (an agent stopped while applying them) are listed too, with the command that sends
+    them again until it is run: nothing is ever pasted twice on its own."""
+    ctx.obj = (config_path, data_dir)
+    if ctx.invoked_subcommand is not None:
+        return
     from datetime import UTC, datetime, timedelta
 
+    from looprelay.core.resend import is_interrupted, resend_id
     from looprelay.core.scheduling import is_live, waiting_reasons
     from looprelay.leases import leasable_heads
     from looprelay.records import DISPATCH_OPEN
@@ -237,10 +253,23 @@ def dispatches(
     now = datetime.now(UTC)
     lost_after = timedelta(seconds=config.runners.lost_after_seconds)
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
-    rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
+    if show_all:
+        rows = items.list_dispatches(statuses=())
+    else:
+        # Interrupted and not sent again yet: waiting for an operator's decision.
+        interrupted = [
+            d
+            for d in items.list_dispatches(statuses=("failed",))
+            if is_interrupted(d) and items.get_dispatch(resend_id(d.dispatch_id)) is None
+        ]
+        rows = sorted(
+            [*items.list_dispatches(statuses=DISPATCH_OPEN), *interrupted],
+            key=lambda d: (d.created_at, d.seq),
+        )
     heads = leasable_heads(items, now=now)
     waiting = {w.dispatch_id: w.reason for w in waiting_reasons(heads, runners, live=live)}
     head_ids = {d.dispatch_id for d in heads}
+    state = _state_args(config_path, data_dir)
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
         if why is None and dispatch.status == "pending" and dispatch.dispatch_id not in head_ids:
@@ -255,6 +284,7 @@ def dispatches(
             "waiting": why,
             "created_at": dispatch.created_at.isoformat(),
             "result": dispatch.result or None,
+            "resend": _resend_hint(items, dispatch, state),
             "detail": dispatch.detail or None,
         }
         if as_json:
@@ -263,3 +293,50 @@ def dispatches(
             # The detail goes last and on the row's one line: it is the runner's free text.
             row["detail"] = " ".join((dispatch.detail or "").split())[:DETAIL_SHOWN_CHARS] or None
             click.echo("  ".join(str(v) if v is not None else "-" for v in row.values()))
+
+
+def _state_args(config_path: Path | None, data_dir: Path | None) -> str:
+    """The ``--config``/``--data`` a printed command needs to act on the same state."""
+    import shlex
+
+    parts = [("--config", config_path), ("--data", data_dir)]
+    return "".join(f" {flag} {shlex.quote(str(path))}" for flag, path in parts if path)
+
+
+def _resend_hint(items: WorkItemStore, dispatch: DispatchRecord, state: str) -> str | None:
+    """For an interrupted dispatch: the command that sends it again, or which dispatch
+    already did. None for every other dispatch."""
+    from looprelay.core.resend import RESEND_COMMAND, is_interrupted, resend_id
+
+    if not is_interrupted(dispatch):
+        return None
+    sent = items.get_dispatch(resend_id(dispatch.dispatch_id))
+    if sent is not None:
+        return f"sent again as {sent.dispatch_id}"
+    return f"{RESEND_COMMAND} {dispatch.dispatch_id}{state}"
+
+
+@dispatches.command("resend")
+@state_options
+@click.argument("dispatch_id")
+@click.pass_obj
+def dispatches_resend(
+    obj: tuple[Path | None, Path | None],
+    config_path: Path | None,
+    data_dir: Path | None,
+    dispatch_id: str,
+) -> None:
+    """Send an interrupted dispatch again: its prompt goes to its session once more, after
+    whatever its work item has queued. The agent may have pasted it before it stopped; only
+    an operator can tell, so this is never done on its own."""
+    from datetime import UTC, datetime
+
+    from looprelay.replay import resend_dispatch
+
+    again = resend_dispatch(
+        load(config_path or obj[0]),
+        data_dir=data_path(data_dir or obj[1]),
+        dispatch_id=dispatch_id,
+        now=datetime.now(UTC),
+    )
+    click.echo(f"{dispatch_id}: sent again as {again.dispatch_id} (seq {again.seq})")
