@@ -44,7 +44,7 @@ from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.register import register
 from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
-from looprelay.agent.tmux import TmuxTerminal
+from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.config import RunnersConfig
 from looprelay.httpmsg import Request, Response, json_response
@@ -632,6 +632,49 @@ class TestFailover:
         first, second = relay.attach_comments(1)
         assert "**old-box**" in first and "**new-box**" in second
         assert f"attach -t {session}" in second
+
+
+class TestWedgedTmux:
+    def test_a_tmux_server_that_stops_answering_fails_the_dispatch_and_the_agent_goes_on(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+    ) -> None:
+        agent = start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")  # the tmux server runs now
+        server_pid = int(
+            subprocess.run(
+                ["tmux", "-L", terminal.socket_name, "display-message", "-p", "#{pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=DEADLINE,
+            ).stdout
+        )
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            relay.seed(2, relay.dispatch(2))
+            # The first tmux call of the apply waits out its deadline, then the result goes.
+            [stuck] = relay.wait_settled("dp-2-1", seconds=COMMAND_TIMEOUT_SECONDS + DEADLINE)
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+        assert (stuck.status, stuck.result) == ("failed", "tmux-timeout")
+        assert f"check it with `tmux -L {terminal.socket_name} ls`" in stuck.detail
+
+        # Not wedged: the next comment for #1 is pasted into its harness.
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt="still there?", runner_id=agent.runner_id),
+            session_status="live",
+            session_runner=agent.runner_id,
+        )
+        [done] = relay.wait_settled("dp-1-2")
+        assert (done.status, done.result) == ("succeeded", "delivered")
+        [start] = fake_harness.starts()
+        _eventually_equal(lambda: fake_harness.received(start["pid"]), _bracketed("still there?"))
 
 
 class TestCrashBetweenApplyAndReport:
