@@ -134,6 +134,8 @@ class Relay:
     github: FakeGitHub
     port: int = 0
     stall: Stall | None = None
+    older: bool = False
+    """Answer as a server that predates the heartbeat's failover fields: 400 for them."""
     _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
@@ -170,6 +172,11 @@ class Relay:
                 self._calls.notify_all()
 
     def _serve(self, request: Request) -> Response:
+        if self.older and request.path == API_PREFIX + "heartbeat":
+            unknown = {"restarted", "held", "released"} & set(json.loads(request.body or b"{}"))
+            if unknown:
+                error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
+                return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
             return self.api.handle(request)
@@ -778,6 +785,36 @@ class TestRevokedRunner:
         assert "old-box was revoked; register it again with `looprelay runner register`" in (
             box.output()
         )
+
+
+class TestOlderServer:
+    def test_a_server_without_the_failover_fields_still_keeps_the_agent_live_and_working(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="looprelay.agent")
+        relay.older = True
+        relay.seed(1, relay.dispatch(1))
+        agent = start_agent("laptop")
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
+        # Heartbeats with a session to name still get through, without the names.
+        relay.clock.advance(CONFIG.heartbeat_seconds)
+        seen = relay.runner(agent.runner_id).last_seen_at
+        wait_until(
+            lambda: relay.runner(agent.runner_id).last_seen_at != seen,
+            seconds=CONFIG.heartbeat_seconds + DEADLINE,
+        )
+        assert relay.runner(agent.runner_id).sessions == 1
+        assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
+            "the server refused this agent's failover report (runner API refused heartbeat: "
+            "invalid request body: restarted: Extra inputs are not permitted); heartbeats go "
+            "without it, so leases of a restart lapse on their own and moved sessions are not "
+            "stopped here"
+        ]
 
 
 class TestServerDown:

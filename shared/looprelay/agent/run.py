@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.agent.apply import Applier, ApplyResult
-from looprelay.agent.client import LeaseLost, RunnerClient
+from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient
 from looprelay.agent.statedir import StateLock
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import RunnerError, Transient, Unauthorized
@@ -88,6 +88,8 @@ class Agent:
     serving: list[str] = field(default_factory=list)
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
+    _plain_heartbeats: bool = field(default=False, init=False)
+    """The server refused the failover fields (it is older): heartbeats go without them."""
 
     def run(self) -> int:
         """Run until drained or stopped; returns the exit code (1: credentials refused)."""
@@ -152,23 +154,27 @@ class Agent:
         """One heartbeat: what the agent is and hosts; sessions the answer says moved to
         another runner are stopped, and reported at once on one more heartbeat.
 
-        New fields are sent only when set, so a server that predates them still takes it.
-        Raises ``Transient`` or ``Unauthorized`` as the client does.
+        A server older than these fields refuses them (400): from then on heartbeats go
+        without them, so the runner stays live there. Raises ``Transient`` or
+        ``Unauthorized`` as the client does.
         """
         status = dict(self.describe())
-        held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
-        if held:
-            status["held"] = [
-                {"work_item": s.work_item, "endpoint": s.endpoint, "session_name": s.session_name}
-                for s in held
-            ]
         released, self._released = self._released, []
-        if released:
-            status["released"] = released
-        if restarted:
-            status["restarted"] = True
+        if not self._plain_heartbeats:
+            status |= self._failover_fields(restarted=restarted, released=released)
         try:
             hints = self.client.heartbeat(status)
+        except BadRequest as exc:
+            if self._plain_heartbeats:
+                raise
+            log.warning(
+                "the server refused this agent's failover report (%s); heartbeats go without "
+                "it, so leases of a restart lapse on their own and moved sessions are not "
+                "stopped here",
+                exc,
+            )
+            self._plain_heartbeats = True
+            hints = self.client.heartbeat(dict(self.describe()))
         except Transient:
             self._released = released + self._released  # said on the next one instead
             raise
@@ -180,6 +186,21 @@ class Agent:
             )
         if self._let_go(hints.get("moved") or []) and follow_up:
             self._beat(follow_up=False)
+
+    def _failover_fields(
+        self, *, restarted: bool, released: list[dict[str, str]]
+    ) -> dict[str, object]:
+        """What a heartbeat adds for failover, each only when it has something to say."""
+        fields: dict[str, object] = {"restarted": True} if restarted else {}
+        held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
+        if held:
+            fields["held"] = [
+                {"work_item": s.work_item, "endpoint": s.endpoint, "session_name": s.session_name}
+                for s in held
+            ]
+        if released:
+            fields["released"] = released
+        return fields
 
     def _let_go(self, moved: list[dict[str, str]]) -> bool:
         """Stop each session the server says moved to another runner; whether any was."""
