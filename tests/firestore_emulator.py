@@ -37,6 +37,8 @@ KNOWN_JAR = Path(
 MAIN_CLASS = "com.google.cloud.datastore.emulator.firestore.CloudFirestore"
 START_DEADLINE_SECONDS = 30.0
 STOP_DEADLINE_SECONDS = 10.0
+WIPE_DEADLINE_SECONDS = 60.0
+"""Longest one wipe of the emulator's data may take before the test errors."""
 REQUIRE_ENV = "LOOPRELAY_REQUIRE_FIRESTORE"
 
 
@@ -64,8 +66,8 @@ def _free_port() -> int:
         return port
 
 
-def _request(host: str, method: str, path: str) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection(host, timeout=5)
+def _request(host: str, method: str, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(host, timeout=timeout)
     try:
         connection.request(method, path)
         response = connection.getresponse()
@@ -141,6 +143,8 @@ def firestore_client(firestore_emulator: str) -> Iterator[firestore.Client]:
         firestore_emulator,
         "DELETE",
         f"/emulator/v1/projects/{PROJECT}/databases/(default)/documents",
+        # The first wipe of a session meets a cold JVM; on a loaded machine it took over 5 s.
+        timeout=WIPE_DEADLINE_SECONDS,
     )
     assert status == 200, f"wiping the Firestore emulator failed: {status} {body!r}"
     client = firestore.Client(project=PROJECT)

@@ -586,11 +586,20 @@ def own_terminal() -> Iterator[TmuxTerminal]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, its parent gone before reaping it, as
+    when the tmux server exits with its last session) does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()[:300]
+    except FileNotFoundError:
+        return "gone"
 
 
 class TestFailover:
@@ -629,7 +638,12 @@ class TestFailover:
 
         launch("old-box", socket_name=own_terminal.socket_name)  # it comes back
         wait_until(lambda: relay.events("session.released"), seconds=DEADLINE)
-        wait_until(lambda: not _alive(old_pid), seconds=DEADLINE, what="the old harness to end")
+        wait_until(
+            lambda: not _alive(old_pid),
+            seconds=DEADLINE,
+            what="the old harness to end",
+            explain=lambda: (relay.events("session.released"), _proc_state(old_pid)),
+        )
         assert own_terminal.pane_dead(session) is None  # its tmux session is gone too
         assert terminal.pane_dead(session) is False and _alive(new_pid)
         assert [s["pid"] for s in fake_harness.starts() if _alive(s["pid"])] == [new_pid]
