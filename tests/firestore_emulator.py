@@ -37,6 +37,8 @@ KNOWN_JAR = Path(
 MAIN_CLASS = "com.google.cloud.datastore.emulator.firestore.CloudFirestore"
 START_DEADLINE_SECONDS = 30.0
 STOP_DEADLINE_SECONDS = 10.0
+WIPE_DEADLINE_SECONDS = 60.0
+"""Longest one wipe of the emulator's data may take before the test errors."""
 REQUIRE_ENV = "LOOPRELAY_REQUIRE_FIRESTORE"
 
 

@@ -129,7 +129,12 @@ class TestAuthenticatedCalls:
             auth=runner_bearer(runner["runner_id"], runner["secret"]),
         )
         assert response.status_code == 200
-        assert response.json() == {"heartbeat_seconds": 30, "lost_after_seconds": 120}
+        assert response.json() == {
+            "heartbeat_seconds": 30,
+            "lost_after_seconds": 120,
+            "moved": [],
+            "released_leases": 0,
+        }
         stored = api.registry.get_runner(runner["runner_id"])
         assert stored is not None and stored.last_seen_at == api.clock.current
 

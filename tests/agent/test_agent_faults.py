@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from looprelay.adapters.github.auth import TokenAuth
+from looprelay.adapters.github.rest import GitHubRest
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, write_credentials
@@ -42,7 +44,7 @@ from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.register import register
 from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
-from looprelay.agent.tmux import TmuxTerminal
+from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import RunnersConfig
@@ -53,12 +55,14 @@ from looprelay.service.runners import RunnerApi, mint_registration_token
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
+from tests.fake_github import APP_LOGIN, FakeGitHub
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import GitRepos
 from tests.rigs import SteppingClock, Stores
 
 REPOSITORY = "octo/repo"
 CONFIG = RunnersConfig(lease_seconds=10, poll_wait_seconds=1, heartbeat_seconds=5)
+GITHUB_TOKEN = "ghp_looprelay_agent_faults"
 POLL_WAIT_SECONDS = 1.0
 DEADLINE = 20.0
 """How long a test waits for the agent, the server or the fake: generous for a loaded machine."""
@@ -127,8 +131,11 @@ class Relay:
     clock: SteppingClock
     waker: DispatchWaker
     api: RunnerApi
+    github: FakeGitHub
     port: int = 0
     stall: Stall | None = None
+    older: bool = False
+    """Answer as a server that predates the heartbeat's failover fields: 400 for them."""
     _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
@@ -165,6 +172,11 @@ class Relay:
                 self._calls.notify_all()
 
     def _serve(self, request: Request) -> Response:
+        if self.older and request.path == API_PREFIX + "heartbeat":
+            unknown = {"restarted", "held", "released"} & set(json.loads(request.body or b"{}"))
+            if unknown:
+                error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
+                return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
             return self.api.handle(request)
@@ -236,18 +248,40 @@ class Relay:
 
     def wait_settled(self, *dispatch_ids: str, seconds: float = DEADLINE) -> list[DispatchRecord]:
         """Wait until every dispatch named has its final status; return them."""
-        wait_until(lambda: all(self.settled(d) for d in dispatch_ids), seconds=seconds)
+        wait_until(
+            lambda: all(self.settled(d) for d in dispatch_ids),
+            seconds=seconds,
+            what=f"{', '.join(dispatch_ids)} settled",
+            explain=lambda: [
+                (d.dispatch_id, d.status, d.lease_holder, d.result, d.attempts)
+                for d in map(self.stored, dispatch_ids)
+            ],
+        )
         return [self.stored(d) for d in dispatch_ids]
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e.data for e in self.stores.events.list_events(name=name)]
 
+    def attach_comments(self, number: int) -> list[str]:
+        """What the server posted on work item ``number`` (attach comments, in order)."""
+        return [c.body for c in self.github.on(number, REPOSITORY) if c.author == APP_LOGIN]
+
 
 @pytest.fixture
-def relay(stores: Stores) -> Iterator[Relay]:
-    """The runner API with its lease desk, as ``build_runner_api`` wires it, serving."""
+def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
+    """The runner API with its lease desk, as ``build_runner_api`` wires it, serving; its
+    progress comments go to the fake GitHub."""
     clock, waker = SteppingClock(), DispatchWaker()
-    progress = Progress(work_items=stores.work_items, store=stores.events, github=None, clock=clock)
+    fake_github.tokens[GITHUB_TOKEN] = APP_LOGIN
+    fake_github.repositories.add(REPOSITORY)
+    github = GitHubRest(api_url=fake_github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
+    progress = Progress(
+        work_items=stores.work_items,
+        store=stores.events,
+        github=github,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+    )
     desk = LeaseDesk(
         registry=stores.registry,
         work_items=stores.work_items,
@@ -260,7 +294,7 @@ def relay(stores: Stores) -> Iterator[Relay]:
     api = RunnerApi(
         registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
     )
-    served = Relay(stores, clock, waker, api)
+    served = Relay(stores, clock, waker, api, fake_github)
     served.serve()
     yield served
     if served.stall is not None:
@@ -420,14 +454,17 @@ def launch(
     credentials, ledger and state). All are SIGKILLed at teardown."""
     launched: list[RunnerProcess] = []
 
-    def start(name: str, *, capacity: int = 1, extra: tuple[str, ...] = ()) -> RunnerProcess:
+    def start(
+        name: str, *, capacity: int = 1, extra: tuple[str, ...] = (), socket_name: str = ""
+    ) -> RunnerProcess:
+        """``socket_name``: a tmux socket of the runner's own (default: the test's)."""
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name, capacity=capacity))
         runner = RunnerProcess(
             credentials=credentials,
             state=tmp_path / f"runner-{name}",
-            socket_name=terminal.socket_name,
+            socket_name=socket_name or terminal.socket_name,
             checkout=checkout,
             capacity=capacity,
             extra=extra,
@@ -524,7 +561,7 @@ class TestKilledRunner:
             {"dispatch_id": "dp-1-1", "from": doomed.runner_id, "to": survivor.runner_id}
         ]
 
-    def test_a_runner_killed_mid_apply_and_restarted_does_not_apply_it_again(
+    def test_a_runner_killed_mid_apply_and_restarted_at_once_reports_it_without_waiting(
         self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
     ) -> None:
         # A respawn stays in hand for the resume probe (3 s in `runner run`) after the harness
@@ -536,13 +573,141 @@ class TestKilledRunner:
         assert box.ledger_state("dp-1-1") == "applying", "the kill came after the apply ended"
         assert relay.stored("dp-1-1").status == "leased"
 
-        relay.clock.advance(CONFIG.lease_seconds + 1)
+        # The server's clock stands still: a lease that had to lapse would never be offered
+        # again. The restarted agent says it restarted, and takes its own work back at once.
         launch("box")
         [done] = relay.wait_settled("dp-1-1")
         # At most once: the half-done apply is reported, not redone.
         assert (done.status, done.result, done.attempts) == ("failed", "interrupted", 2)
+        assert (done.lease_holder, relay.events("lease.expired")) == (box.runner_id, [])
+        assert relay.events("lease.released") == [
+            {"runner_id": box.runner_id, "dispatch_id": "dp-1-1", "reason": "runner-restarted"}
+        ]
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
-        assert [e["from"] for e in relay.events("lease.expired")] == [box.runner_id]
+
+
+@pytest.fixture
+def own_terminal() -> Iterator[TmuxTerminal]:
+    """A second tmux socket, for a runner that must not share the test's (each runner has
+    its own by default); its server is killed at teardown."""
+    tmux = TmuxTerminal(f"looprelay-test-{uuid.uuid4().hex[:12]}")
+    yield tmux
+    tmux.kill_server()
+    socket_dir = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}"
+    (socket_dir / tmux.socket_name).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, its parent gone before reaping it, as
+    when the tmux server exits with its last session) does not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()[:300]
+    except FileNotFoundError:
+        return "gone"
+
+
+class TestFailover:
+    def test_a_runner_back_after_its_session_moved_stops_its_harness_and_the_new_one_is_named(
+        self,
+        relay: Relay,
+        launch: Callable[..., RunnerProcess],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+        own_terminal: TmuxTerminal,
+    ) -> None:
+        old = launch("old-box", socket_name=own_terminal.socket_name)
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        old_pid = _pid_of_first_start(fake_harness)
+        session = relay.stored("dp-1-1").session_name
+        old.kill()  # its harness lives on in its tmux
+        relay.quiesce()  # its last long poll, still waiting at the server, ends empty
+
+        # Silent past lostAfterSeconds; a comment comes, routed to the session's runner.
+        relay.clock.advance(CONFIG.lost_after_seconds + 1)
+        new = launch("new-box")
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt="after failover", runner_id=old.runner_id),
+            session_status="live",
+            session_runner=old.runner_id,
+        )
+        [moved] = relay.wait_settled("dp-1-2")
+        assert (moved.status, moved.result, moved.lease_holder) == (
+            "succeeded",
+            "spawned",
+            new.runner_id,
+        )
+        new_pid = int(wait_until(lambda: fake_harness.starts()[1:], seconds=DEADLINE)[0]["pid"])
+
+        launch("old-box", socket_name=own_terminal.socket_name)  # it comes back
+        wait_until(lambda: relay.events("session.released"), seconds=DEADLINE)
+        wait_until(
+            lambda: not _alive(old_pid),
+            seconds=DEADLINE,
+            what="the old harness to end",
+            explain=lambda: (relay.events("session.released"), _proc_state(old_pid)),
+        )
+        assert own_terminal.pane_dead(session) is None  # its tmux session is gone too
+        assert terminal.pane_dead(session) is False and _alive(new_pid)
+        assert [s["pid"] for s in fake_harness.starts() if _alive(s["pid"])] == [new_pid]
+        [released] = relay.events("session.released")
+        assert (released["runner_id"], released["session_name"]) == (old.runner_id, session)
+        assert released["outcome"].startswith("harness terminated; tmux session killed")
+        first, second = relay.attach_comments(1)
+        assert "**old-box**" in first and "**new-box**" in second
+        assert f"attach -t {session}" in second
+
+
+class TestWedgedTmux:
+    def test_a_tmux_server_that_stops_answering_fails_the_dispatch_and_the_agent_goes_on(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+    ) -> None:
+        agent = start_agent("laptop", capacity=2)
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")  # the tmux server runs now
+        server_pid = int(
+            subprocess.run(
+                ["tmux", "-L", terminal.socket_name, "display-message", "-p", "#{pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=DEADLINE,
+            ).stdout
+        )
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            relay.seed(2, relay.dispatch(2))
+            # The first tmux call of the apply waits out its deadline, then the result goes.
+            [stuck] = relay.wait_settled("dp-2-1", seconds=COMMAND_TIMEOUT_SECONDS + DEADLINE)
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+        assert (stuck.status, stuck.result) == ("failed", "tmux-timeout")
+        assert f"check it with `tmux -L {terminal.socket_name} ls`" in stuck.detail
+
+        # Not wedged: the next comment for #1 is pasted into its harness.
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt="still there?", runner_id=agent.runner_id),
+            session_status="live",
+            session_runner=agent.runner_id,
+        )
+        [done] = relay.wait_settled("dp-1-2")
+        assert (done.status, done.result) == ("succeeded", "delivered")
+        [start] = fake_harness.starts()
+        _eventually_equal(lambda: fake_harness.received(start["pid"]), _bracketed("still there?"))
 
 
 class TestCrashBetweenApplyAndReport:
@@ -678,6 +843,36 @@ class TestRevokedRunner:
         assert "old-box was revoked; register it again with `looprelay runner register`" in (
             box.output()
         )
+
+
+class TestOlderServer:
+    def test_a_server_without_the_failover_fields_still_keeps_the_agent_live_and_working(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="looprelay.agent")
+        relay.older = True
+        relay.seed(1, relay.dispatch(1))
+        agent = start_agent("laptop")
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
+        # Heartbeats with a session to name still get through, without the names.
+        relay.clock.advance(CONFIG.heartbeat_seconds)
+        seen = relay.runner(agent.runner_id).last_seen_at
+        wait_until(
+            lambda: relay.runner(agent.runner_id).last_seen_at != seen,
+            seconds=CONFIG.heartbeat_seconds + DEADLINE,
+        )
+        assert relay.runner(agent.runner_id).sessions == 1
+        assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
+            "the server refused this agent's failover report (runner API refused heartbeat: "
+            "invalid request body: restarted: Extra inputs are not permitted); heartbeats go "
+            "without it, so leases of a restart lapse on their own and moved sessions are not "
+            "stopped here"
+        ]
 
 
 class TestServerDown:

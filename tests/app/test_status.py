@@ -181,7 +181,7 @@ class TestWhatItShows:
         data_dir = str(seeded.stack.data_dir)
         assert commands == {
             "d-dead": f"looprelay deliveries replay d-dead --data {data_dir}",
-            "dp-cut": f"looprelay dispatches retry dp-cut --data {data_dir}",
+            "dp-cut": f"looprelay dispatches resend dp-cut --data {data_dir}",
         }
         assert view["totals"]["dead_letters"] == 1 and view["totals"]["interrupted"] == 1
         assert [d["outcome"] for d in view["deliveries"]] == ["failed"]
@@ -309,18 +309,20 @@ class TestStatusCommand:
             assert from_cli[part] == from_page[part]
 
 
-def test_an_interrupted_dispatch_is_retried_by_the_command_the_page_gives(seeded: Seeded) -> None:
+def test_an_interrupted_dispatch_is_sent_again_by_the_command_the_page_gives(
+    seeded: Seeded,
+) -> None:
     view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
     [command] = [r["command"] for r in view["replays"] if r["id"] == "dp-cut"]
     words = command.split()
-    assert words[:3] == ["looprelay", "dispatches", "retry"]
+    assert words[:3] == ["looprelay", "dispatches", "resend"]
 
     result = cli(*words[1:])
 
     assert result.returncode == 0, result.stderr
-    new_id = result.stdout.split()[-1]
+    new_id = result.stdout.split(" sent again as ")[1].split()[0]
     view = requests.get(seeded.url, headers={"Accept": "application/json"}, timeout=10).json()
     retried = {d["dispatch_id"]: d for d in view["dispatches"]}[new_id]
     assert (retried["kind"], retried["seq"], retried["status"]) == ("deliver", 4, "pending")
-    again = cli("dispatches", "--data", str(seeded.stack.data_dir), "retry", "dp-waiting")
-    assert again.returncode == 1 and "only those are retried" in again.stderr
+    again = cli("dispatches", "--data", str(seeded.stack.data_dir), "resend", "dp-waiting")
+    assert again.returncode == 1 and "only interrupted ones are sent again" in again.stderr

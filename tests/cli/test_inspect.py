@@ -9,6 +9,7 @@ import signal
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -26,7 +27,12 @@ REPOSITORY = "octo/widgets"
 MESSAGE = "claude: Not logged in · Please run /login (exit 1)"
 
 
-def _failed_turn(data_dir: Path) -> None:
+def _failed_turn(
+    data_dir: Path,
+    *,
+    result: str = "harness-failed",
+    detail: str = f"{MESSAGE}; stderr: line one\nline two",
+) -> None:
     """A headless spawn that a runner leased and reported failed with Claude's message."""
     items = SqliteWorkItemStore(data_dir / STORE_FILE)
     try:
@@ -40,9 +46,9 @@ def _failed_turn(data_dir: Path) -> None:
             dispatch.dispatch_id,
             runner_id="r1",
             status="failed",
-            result="harness-failed",
+            result=result,
             now=T0,
-            detail=f"{MESSAGE}; stderr: line one\nline two",
+            detail=detail,
         )
     finally:
         items.close()
@@ -66,7 +72,7 @@ class TestDispatches:
         # Aligned under the headers; the time relative, an empty value a dash.
         assert line.index("failed") == header.index("STATUS")
         assert re.search(
-            rf"failed +r1 +- +\d+d ago +harness-failed +{re.escape(MESSAGE)}; "
+            rf"failed +r1 +- +\d+d ago +harness-failed +- +{re.escape(MESSAGE)}; "
             "stderr: line one line two$",
             line,
         )
@@ -79,6 +85,61 @@ class TestDispatches:
         listed = CliRunner().invoke(cli, ["dispatches", "--data", str(tmp_path), "--json"])
         [row] = [json.loads(line) for line in listed.output.splitlines()]
         assert (row["status"], row["result"], row["detail"]) == ("pending", None, None)
+
+
+class TestInterruptedDispatches:
+    def _rows(self, data_dir: Path, *args: str) -> list[dict[str, Any]]:
+        listed = CliRunner().invoke(cli, ["dispatches", "--data", str(data_dir), "--json", *args])
+        assert listed.exit_code == 0, listed.output
+        return [json.loads(line) for line in listed.output.splitlines()]
+
+    def test_one_is_listed_with_the_command_that_sends_it_again_once(self, tmp_path: Path) -> None:
+        _failed_turn(tmp_path, result="interrupted", detail="the agent stopped while applying it")
+
+        [row] = self._rows(tmp_path)  # listed without --all: an operator must act on it
+        command = f"looprelay dispatches resend dp-1-1 --data {tmp_path}"
+        assert (row["status"], row["result"], row["resend"]) == ("failed", "interrupted", command)
+
+        sent = CliRunner().invoke(cli, command.split()[1:])
+        assert sent.exit_code == 0, sent.output
+        again = sent.output.split(" sent again as ")[1].split()[0]
+        old, new = self._rows(tmp_path, "--all")
+        assert (old["dispatch_id"], old["resend"]) == ("dp-1-1", f"sent again as {again}")
+        assert (new["dispatch_id"], new["status"], new["seq"], new["runner"]) == (
+            again,
+            "pending",
+            2,
+            "r1",
+        )
+        items = SqliteWorkItemStore(tmp_path / STORE_FILE)
+        try:
+            stored = items.get_dispatch(again)
+            assert (
+                stored is not None
+                and stored.prompt
+                == make_dispatch(repository=REPOSITORY, number=1, created_at=T0).prompt
+            )
+        finally:
+            items.close()
+
+        twice = CliRunner().invoke(cli, command.split()[1:])
+        assert twice.exit_code == 1
+        assert f"dp-1-1 was sent again already as {again} (pending)" in twice.output
+
+    def test_a_dispatch_that_was_not_interrupted_is_not_sent_again(self, tmp_path: Path) -> None:
+        _failed_turn(tmp_path)
+        assert [r["resend"] for r in self._rows(tmp_path, "--all")] == [None]
+        assert self._rows(tmp_path) == []
+
+        refused = CliRunner().invoke(
+            cli, ["dispatches", "resend", "dp-1-1", "--data", str(tmp_path)]
+        )
+        assert refused.exit_code == 1
+        assert "dp-1-1 is failed (harness-failed); only interrupted ones are sent again" in (
+            refused.output
+        )
+        unknown = CliRunner().invoke(cli, ["dispatches", "resend", "dp-9", "--data", str(tmp_path)])
+        assert "no dispatch dp-9" in unknown.output
 
 
 def _log(data_dir: Path, names: list[str], *, at: datetime = T0) -> None:

@@ -15,7 +15,7 @@ from looprelay.core.model import (
     SessionRecord,
     WorkItemRecord,
 )
-from looprelay.core.plan import retry_dispatch
+from looprelay.core.resend import resend
 from looprelay.core.status import (
     AFTER_EARLIER,
     DETAIL_CHARS,
@@ -170,11 +170,11 @@ class TestReplays:
         rows = {r.id: r for r in view.replays}
         assert set(rows) == {"d-dead", "dp-cut"}
         assert rows["d-dead"].command == "looprelay deliveries replay d-dead --data '/srv/my data'"
-        assert rows["dp-cut"].command == "looprelay dispatches retry dp-cut --data '/srv/my data'"
+        assert rows["dp-cut"].command == "looprelay dispatches resend dp-cut --data '/srv/my data'"
         assert len(rows["d-dead"].detail) == DETAIL_CHARS and "\n" not in rows["d-dead"].detail
 
 
-class TestRetryDispatch:
+class TestResend:
     def test_it_is_a_new_pending_dispatch_last_in_line_on_the_sessions_runner(self) -> None:
         cut = _dispatch(
             "dp-cut",
@@ -187,19 +187,19 @@ class TestRetryDispatch:
         )
         item = _item(_session(runner_id="r-a"))
 
-        updated, retried = retry_dispatch(item, cut, now=NOW)
+        updated, retried = resend(cut, item, now=NOW)
 
         assert updated.next_seq == item.next_seq + 1
         assert retried.dispatch_id != cut.dispatch_id
         assert (retried.seq, retried.status, retried.attempts) == (item.next_seq, "pending", 0)
         assert (retried.runner_id, retried.lease_holder, retried.result) == ("r-a", None, "")
         assert (retried.prompt, retried.kind, retried.created_at) == (cut.prompt, cut.kind, NOW)
-        assert retry_dispatch(item, cut, now=NOW)[1].dispatch_id == retried.dispatch_id
+        assert resend(cut, item, now=NOW)[1].dispatch_id == retried.dispatch_id
 
     @pytest.mark.parametrize(
         ("dispatch", "session", "message"),
         [
-            (_dispatch("dp-ok", 1, status="succeeded"), _session(), "was not interrupted"),
+            (_dispatch("dp-ok", 1, status="succeeded"), _session(), "not interrupted"),
             (_dispatch("dp-f", 1, status="failed", result="x"), _session(), "not interrupted"),
             (
                 _dispatch("dp-cut", 1, status="failed", result="interrupted"),
@@ -208,8 +208,8 @@ class TestRetryDispatch:
             ),
         ],
     )
-    def test_only_an_interrupted_one_with_a_session_is_retried(
+    def test_only_an_interrupted_one_with_a_session_is_sent_again(
         self, dispatch: DispatchRecord, session: SessionRecord, message: str
     ) -> None:
         with pytest.raises(ValueError, match=message):
-            retry_dispatch(_item(session), dispatch, now=NOW)
+            resend(dispatch, _item(session), now=NOW)

@@ -6,6 +6,8 @@ agents with the fake `claude` first on PATH, tmux on a private socket.
 - An agent that dies between applying a dispatch and reporting it (``agent_boot`` makes its k-th
   report ``os._exit(137)``), restarted each time.
 - Two agents competing for the same dispatches.
+- An agent killed in the middle of a paste: the dispatch ends ``interrupted``, is listed by
+  ``looprelay dispatches`` with the command that sends it again, and that command does.
 
 Each ends with what a user would notice: every delivery settled once; every dispatch settled;
 every comment's text reached a harness at most once, exactly once when its dispatch succeeded,
@@ -14,6 +16,8 @@ in each work item's seq order; one harness per work item, on the runner that spa
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import signal
 import threading
@@ -42,6 +46,7 @@ from tests.faults.runners import (
     start_work_items,
     token,
 )
+from tests.test_up import cli
 
 __all__ = ["socket_name"]  # the fixture, imported for pytest
 
@@ -239,3 +244,63 @@ class TestTwoRunnersCompete:
             assert Path(seen.cwd).parent == by_id[holder].state / "worktrees", seen.cwd
         _assert_one_harness_each(fake_harness, numbers)
         print(f"spawns per runner: {Counter(spawner.values())}")
+
+
+class TestInterruptedPaste:
+    def test_an_interrupted_dispatch_is_listed_with_its_command_and_sent_again_on_request(
+        self,
+        stack: Stack,
+        tmp_path: Path,
+        fake_harness: FakeHarness,
+        socket_name: str,
+        runners: list[Runner],
+    ) -> None:
+        box = register_runner(stack, tmp_path, "box", socket_name=socket_name, capacity=1)
+        runners.append(box)
+        box.start()
+        start_work_items(stack, [1])
+        stack.wait_dispatches_settled(1)
+        first = int(wait_until(fake_harness.starts, seconds=DEADLINE)[0]["pid"])
+        os.kill(first, signal.SIGKILL)  # the harness died: the next comment respawns it
+
+        text = f"Comment 1 on #1: {token(1, 1)}"
+        stack.wait_settled([stack.send("issue_comment", commented(1, text, comment_id=1001))])
+        # The respawn is held for the resume probe after the harness started: the agent dies
+        # after the side effect and before its ledger has a result.
+        second = wait_until(lambda: fake_harness.starts()[1:], seconds=DEADLINE)[0]
+        box.kill()
+        [interrupted] = [d for d in stack.dispatches() if d.seq == 2]
+        assert box.ledger()[interrupted.dispatch_id][0] == "applying", "the apply had ended"
+
+        box.start()  # at once: its leases are released, it reports the half-done apply
+        stack.wait_dispatches_settled(2)
+        failed = stack.items.get_dispatch(interrupted.dispatch_id)
+        assert failed is not None and (failed.status, failed.result) == ("failed", "interrupted")
+        data = ("--data", str(stack.data_dir))
+        listed = cli("dispatches", *data, "--json")
+        assert listed.returncode == 0, listed.stderr
+        [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+        command = f"looprelay dispatches resend {failed.dispatch_id} --data {stack.data_dir}"
+        assert (row["dispatch_id"], row["resend"]) == (failed.dispatch_id, command)
+        assert len(fake_harness.starts()) == 2  # nothing was sent again on its own
+
+        sent = cli(*command.split()[1:])
+        assert sent.returncode == 0, sent.stderr
+        dispatches = stack.wait_dispatches_settled(3)
+        [again] = [d for d in dispatches if d.seq == 3]
+        assert (again.status, again.result, again.lease_holder) == (
+            "succeeded",
+            "delivered",
+            box.runner_id,
+        )
+        # The respawned harness lived on: it got the comment as its boot prompt and, asked
+        # again by the operator, as a paste.
+        assert token(1, 1) in " ".join(second["argv"])
+        wait_until(
+            lambda: token(1, 1) in fake_harness.received(int(second["pid"])), seconds=DEADLINE
+        )
+        assert len(fake_harness.starts()) == 2
+        after = [
+            json.loads(line) for line in cli("dispatches", *data, "--json").stdout.splitlines()
+        ]
+        assert after == []  # sent again: nothing left for the operator

@@ -193,6 +193,23 @@ class Applier:
         detail = f"harness {outcome}; tmux session {'kept' if keep else 'killed'}"
         return ApplyResult(DONE, detail=detail, tmux_target=d.session_name if keep else "")
 
+    def let_go(self, session: LocalSession) -> str:
+        """Stop hosting ``session``, which the server says now lives on another runner: end
+        its harness and tmux session and forget it; its checkout stays (it may hold work not
+        yet pushed). Returns what happened, for the server's event log.
+
+        Blocks for at most the terminate grace and tmux's deadlines. Raises ``RunnerError``
+        (``tmux-failed``, ``tmux-timeout``, ``terminate-failed``) and keeps the session then,
+        so a later heartbeat tries again.
+        """
+        outcome = "no process runs between headless turns"
+        if session.runner_kind == "tmux":
+            ended = self.terminal.terminate_harness(session.session_name, self.kill_grace_seconds)
+            self.terminal.kill(session.session_name)
+            outcome = f"harness {ended}; tmux session killed"
+        self.ledger.forget(session.session_name)
+        return f"{outcome}; checkout kept at {session.checkout}"
+
     def _cleanup(self, d: Dispatch) -> ApplyResult:
         sessions = self.ledger.sessions_for(d.work_item)
         names = sorted({s.session_name for s in sessions} | {d.session_name})

@@ -18,6 +18,10 @@ class LeaseLost(Exception):
     """The server gave the lease to another runner: this agent's result no longer counts."""
 
 
+class BadRequest(Transient):
+    """The server refused the body (400): a server older than this agent, or a bug."""
+
+
 class RunnerClient:
     """Calls ``/runner/v1/...`` with this runner's credentials; thread-safe per call."""
 
@@ -62,6 +66,8 @@ class RunnerClient:
             raise LeaseLost(_error(response))
         if response.status_code >= 500 or response.status_code == 429:
             raise Transient(f"runner API answered {response.status_code}: {_error(response)}")
+        if response.status_code == 400:
+            raise BadRequest(f"runner API refused {path}: {_error(response)}")
         if response.status_code >= 400:
             raise Transient(f"runner API refused {path}: {_error(response)}")
         return response

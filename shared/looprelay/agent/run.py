@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.agent.apply import Applier, ApplyResult
-from looprelay.agent.client import LeaseLost, RunnerClient
+from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient
 from looprelay.agent.statedir import StateLock
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
-from looprelay.errors import Transient, Unauthorized
-from looprelay.wire.runner_api import MAX_AGENT_EVENTS, Dispatch
+from looprelay.errors import RunnerError, Transient, Unauthorized
+from looprelay.wire.runner_api import MAX_AGENT_EVENTS, MAX_HELD_SESSIONS, Dispatch
 
 log = logging.getLogger("looprelay.agent")
 
@@ -93,12 +93,17 @@ class Agent:
     locks: list[StateLock] = field(default_factory=list)
     """Its state (and workspace) directories, held until it stops."""
     serving: list[str] = field(default_factory=list)
+    _released: list[dict[str, str]] = field(default_factory=list, init=False)
+    """Sessions stopped because they moved away, to be reported on the next heartbeat."""
+    _plain_heartbeats: bool = field(default=False, init=False)
+    """The server refused the failover fields (it is older): heartbeats go without them."""
 
     def run(self) -> int:
         """Run until drained or stopped; returns the exit code (1: credentials refused)."""
         log.info("runner agent started", extra={"runner_id": self.client.runner_id})
         for line in self.serving:
             log.info("serving %s", line)
+        self._greet()
         threads = [threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")]
         threads += [
             threading.Thread(target=self._work_loop, daemon=True, name=f"worker-{i}")
@@ -122,19 +127,122 @@ class Agent:
         log.info("runner agent stopped", extra={"runner_id": self.client.runner_id})
         return 1 if self.state.counts.get("refused") else 0
 
-    def _heartbeat_loop(self) -> None:
-        while not self.stop.is_set():
+    def _greet(self) -> None:
+        """Send this process's first heartbeat, flagged ``restarted``, before any worker polls.
+
+        The server then offers again at once the leases this runner's previous process held
+        (it was killed, or stopped hard), instead of after they lapse; a lease this process
+        took itself must not be among them, hence before the first poll. Retries with the
+        poll's backoff (doubling from 1 s to ``MAX_BACKOFF_SECONDS``, jittered) until answered,
+        drained, stopped or refused.
+        """
+        backoff = 1.0
+        while not (self.drain.is_set() or self.stop.is_set()):
             try:
-                hints = self.client.heartbeat(self.describe())
-                self.heartbeat_seconds = float(
-                    hints.get("heartbeat_seconds", self.heartbeat_seconds)
-                )
+                self._beat(restarted=True)
+                return
+            except Transient as exc:
+                log.warning("first heartbeat failed, retrying in about %.0fs: %s", backoff, exc)
+                self.stop.wait(backoff * random.uniform(*BACKOFF_JITTER))  # noqa: S311 - jitter only
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+            except Unauthorized as exc:
+                self._refused(exc)
+                return
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(self.heartbeat_seconds):
+            try:
+                self._beat()
             except Transient as exc:
                 log.warning("heartbeat failed: %s", exc)
             except Unauthorized as exc:
                 self._refused(exc)
                 return
-            self.stop.wait(self.heartbeat_seconds)
+
+    def _beat(self, *, restarted: bool = False, follow_up: bool = True) -> None:
+        """One heartbeat: what the agent is and hosts; sessions the answer says moved to
+        another runner are stopped, and reported at once on one more heartbeat.
+
+        A server older than these fields refuses them (400): from then on heartbeats go
+        without them, so the runner stays live there. Raises ``Transient`` or
+        ``Unauthorized`` as the client does.
+        """
+        status = dict(self.describe())
+        released, self._released = self._released, []
+        if not self._plain_heartbeats:
+            status |= self._failover_fields(restarted=restarted, released=released)
+        try:
+            hints = self.client.heartbeat(status)
+        except BadRequest as exc:
+            if self._plain_heartbeats:
+                raise
+            log.warning(
+                "the server refused this agent's failover report (%s); heartbeats go without "
+                "it, so leases of a restart lapse on their own and moved sessions are not "
+                "stopped here",
+                exc,
+            )
+            self._plain_heartbeats = True
+            hints = self.client.heartbeat(dict(self.describe()))
+        except Transient:
+            self._released = released + self._released  # said on the next one instead
+            raise
+        self.heartbeat_seconds = float(hints.get("heartbeat_seconds", self.heartbeat_seconds))
+        if hints.get("released_leases"):
+            log.info(
+                "the server offers again the %s lease(s) this runner's previous process held",
+                hints["released_leases"],
+            )
+        if self._let_go(hints.get("moved") or []) and follow_up:
+            self._beat(follow_up=False)
+
+    def _failover_fields(
+        self, *, restarted: bool, released: list[dict[str, str]]
+    ) -> dict[str, object]:
+        """What a heartbeat adds for failover, each only when it has something to say."""
+        fields: dict[str, object] = {"restarted": True} if restarted else {}
+        held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
+        if held:
+            fields["held"] = [
+                {"work_item": s.work_item, "endpoint": s.endpoint, "session_name": s.session_name}
+                for s in held
+            ]
+        if released:
+            fields["released"] = released
+        return fields
+
+    def _let_go(self, moved: list[dict[str, str]]) -> bool:
+        """Stop each session the server says moved to another runner; whether any was."""
+        for entry in moved:
+            local = self.applier.ledger.session(entry.get("session_name", ""))
+            if local is None:
+                continue
+            try:
+                outcome = self.applier.let_go(local)
+            except RunnerError as exc:
+                log.warning(
+                    "%s moved to runner %s, but stopping it here failed (tried again on the "
+                    "next heartbeat): %s",
+                    local.endpoint,
+                    entry.get("runner_id"),
+                    exc,
+                )
+                continue
+            log.warning(
+                "%s moved to runner %s while this runner was away; stopped here: %s",
+                local.endpoint,
+                entry.get("runner_id"),
+                outcome,
+            )
+            self._released.append(
+                {
+                    "work_item": local.work_item,
+                    "endpoint": local.endpoint,
+                    "session_name": local.session_name,
+                    "outcome": outcome[:300],
+                }
+            )
+        return bool(self._released)
 
     def _work_loop(self) -> None:
         backoff = 1.0

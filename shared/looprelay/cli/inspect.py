@@ -9,10 +9,15 @@ import time
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from looprelay.cli.common import data_path, emit, load, state_options, table
+
+if TYPE_CHECKING:
+    from looprelay.core.model import DispatchRecord
+    from looprelay.ports import WorkItemStore
 
 FOLLOW_POLL_SECONDS = 1.0
 _EVENT_COLUMNS = ("at", "name", "delivery_id", "work_item", "data")
@@ -26,6 +31,7 @@ _DISPATCH_COLUMNS = (
     "waiting",
     "created_at",
     "result",
+    "resend",
     "detail",
 )
 DETAIL_SHOWN_CHARS = 200
@@ -270,7 +276,9 @@ def dispatches(
     as_json: bool,
 ) -> None:
     """List dispatches; an open one no runner may take says why it waits, a settled one what
-    its runner reported (result, and the detail: a failed turn's message first)."""
+    its runner reported (result, and the detail: a failed turn's message first). Interrupted
+    ones (an agent stopped while applying them) are listed too, with the command that sends
+    them again until it is run: nothing is ever pasted twice on its own."""
     ctx.obj = (config_path, data_dir)
     if ctx.invoked_subcommand is not None:
         return
@@ -278,6 +286,7 @@ def dispatches(
 
     from looprelay.app.adapters import open_runner_registry, open_work_item_store
     from looprelay.core.model import DISPATCH_OPEN
+    from looprelay.core.resend import is_interrupted, resend_id
     from looprelay.core.scheduling import is_live
     from looprelay.core.status import explain_waits
     from looprelay.service.lease_desk import leasable_heads
@@ -288,11 +297,24 @@ def dispatches(
     now = datetime.now(UTC)
     lost_after = timedelta(seconds=config.runners.lost_after_seconds)
     live = [r.runner_id for r in runners if is_live(r, now=now, lost_after=lost_after)]
-    rows = items.list_dispatches(statuses=() if show_all else DISPATCH_OPEN)
+    if show_all:
+        rows = items.list_dispatches(statuses=())
+    else:
+        # Interrupted and not sent again yet: waiting for an operator's decision.
+        interrupted = [
+            d
+            for d in items.list_dispatches(statuses=("failed",))
+            if is_interrupted(d) and items.get_dispatch(resend_id(d.dispatch_id)) is None
+        ]
+        rows = sorted(
+            [*items.list_dispatches(statuses=DISPATCH_OPEN), *interrupted],
+            key=lambda d: (d.created_at, d.seq),
+        )
     open_rows = [d for d in rows if d.status in DISPATCH_OPEN]
     holding = {runner_id: items.held_sessions(runner_id) for runner_id in live}
     heads = leasable_heads(items, now=now)
     waiting = explain_waits(open_rows, heads, runners, live=live, holding=holding)
+    state = _state_args(config_path, data_dir)
     shown = []
     for dispatch in rows:
         why = waiting.get(dispatch.dispatch_id)
@@ -306,6 +328,7 @@ def dispatches(
             "waiting": why,
             "created_at": dispatch.created_at.isoformat(),
             "result": dispatch.result or None,
+            "resend": _resend_hint(items, dispatch, state),
             "detail": dispatch.detail or None,
         }
         if as_json:
@@ -316,35 +339,6 @@ def dispatches(
             shown.append(row)
     if not as_json:
         table(shown, tuple(_DISPATCH_COLUMNS))
-
-
-@dispatches.command("retry")
-@click.argument("dispatch_id")
-@state_options
-@click.pass_obj
-def dispatches_retry(
-    obj: tuple[Path | None, Path | None],
-    dispatch_id: str,
-    config_path: Path | None,
-    data_dir: Path | None,
-) -> None:
-    """Queue an interrupted dispatch again, under a new id, after its work item's others.
-
-    A runner reports `interrupted` when it stopped half-way and cannot tell whether the
-    session got the text: attach to the session first, and retry only if it did not.
-    """
-    from looprelay.app.adapters import open_store, open_work_item_store
-    from looprelay.service.replay import retry_dispatch
-
-    config = load(config_path or obj[0])
-    data = data_path(data_dir or obj[1])
-    new_id = retry_dispatch(
-        open_work_item_store(config, data_dir=data),
-        open_store(config, data_dir=data),
-        dispatch_id=dispatch_id,
-        now=lambda: datetime.now(UTC),
-    )
-    click.echo(f"{dispatch_id}: queued again as {new_id}")
 
 
 @dispatches.command("replay")
@@ -365,3 +359,47 @@ def dispatches_replay(obj: tuple[Path | None, Path | None], dispatch_id: str) ->
             "(`looprelay dispatches --all` shows each one's status and result)"
         )
     click.echo(f"{dispatch_id}: offered to runners again")
+
+
+def _state_args(config_path: Path | None, data_dir: Path | None) -> str:
+    """The ``--config``/``--data`` a printed command needs to act on the same state."""
+    import shlex
+
+    parts = [("--config", config_path), ("--data", data_dir)]
+    return "".join(f" {flag} {shlex.quote(str(path))}" for flag, path in parts if path)
+
+
+def _resend_hint(items: WorkItemStore, dispatch: DispatchRecord, state: str) -> str | None:
+    """For an interrupted dispatch: the command that sends it again, or which dispatch
+    already did. None for every other dispatch."""
+    from looprelay.core.resend import RESEND_COMMAND, is_interrupted, resend_id
+
+    if not is_interrupted(dispatch):
+        return None
+    sent = items.get_dispatch(resend_id(dispatch.dispatch_id))
+    if sent is not None:
+        return f"sent again as {sent.dispatch_id}"
+    return f"{RESEND_COMMAND} {dispatch.dispatch_id}{state}"
+
+
+@dispatches.command("resend")
+@state_options
+@click.argument("dispatch_id")
+@click.pass_obj
+def dispatches_resend(
+    obj: tuple[Path | None, Path | None],
+    config_path: Path | None,
+    data_dir: Path | None,
+    dispatch_id: str,
+) -> None:
+    """Send an interrupted dispatch again: its prompt goes to its session once more, after
+    whatever its work item has queued. The agent may have pasted it before it stopped; only
+    an operator can tell, so this is never done on its own."""
+    from looprelay.app.adapters import open_stores
+    from looprelay.service.replay import resend_dispatch
+
+    stores = open_stores(load(config_path or obj[0]), data_dir=data_path(data_dir or obj[1]))
+    again = resend_dispatch(
+        stores.work_items, stores.store, dispatch_id=dispatch_id, now=datetime.now(UTC)
+    )
+    click.echo(f"{dispatch_id}: sent again as {again.dispatch_id} (seq {again.seq})")

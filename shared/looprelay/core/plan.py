@@ -234,37 +234,3 @@ class Plan:
         source = self.templates.spawn_prompt if spawn else self.templates.event_prompt
         sandboxed = self.templates.sandboxed_spawn if spawn else self.templates.sandboxed_event
         return render_prompt(source, context, sandboxed=sandboxed)
-
-
-def retry_dispatch(
-    item: WorkItemRecord, dispatch: DispatchRecord, *, now: datetime
-) -> tuple[WorkItemRecord, DispatchRecord]:
-    """Return ``item`` and a new dispatch doing what the interrupted ``dispatch`` did, at the
-    end of the work item's line under a new id (a runner applies an id at most once).
-
-    An operator asks for it after looking at the session: the runner could not tell whether it
-    had applied the dispatch. Raises ``ValueError`` when ``dispatch`` was not interrupted or
-    its session has ended.
-    """
-    if dispatch.status != "failed" or dispatch.result != "interrupted":
-        raise ValueError(f"{dispatch.dispatch_id} was not interrupted; only those are retried")
-    session = item.sessions.get(dispatch.endpoint)
-    if session is None or session.status in {"terminated", "cleaned"}:
-        raise ValueError(f"the session of {dispatch.endpoint} has ended; nothing to retry into")
-    seq = item.next_seq
-    retried = dispatch.model_copy(
-        update={
-            "dispatch_id": dispatch_id(dispatch.dispatch_id, dispatch.endpoint, f"retry-{seq}"),
-            "seq": seq,
-            "status": "pending",
-            "runner_id": session.runner_id or dispatch.runner_id,
-            "lease_holder": None,
-            "lease_expires_at": None,
-            "attempts": 0,
-            "result": "",
-            "detail": "",
-            "created_at": now,
-            "updated_at": None,
-        }
-    )
-    return item.model_copy(update={"next_seq": seq + 1}), retried

@@ -308,7 +308,7 @@ def _interrupted_row(dispatch: DispatchRecord, args: Sequence[str]) -> ReplayRow
         subject=dispatch.work_item,
         at=dispatch.updated_at or dispatch.created_at,
         detail=_short(dispatch.detail),
-        command=_command(["dispatches", "retry", dispatch.dispatch_id], args),
+        command=_command(["dispatches", "resend", dispatch.dispatch_id], args),
     )
 
 

@@ -212,6 +212,11 @@ class LeaseDesk:
                 time.sleep(self.pause_seconds(remaining))
 
     @property
+    def work_items(self) -> WorkItemStore:
+        """The store of work items and dispatches the desk leases from."""
+        return self._items
+
+    @property
     def waker(self) -> DispatchWaker | None:
         """The in-process signal a poll waits on, or None (look every
         ``CLOUD_POLL_INTERVAL_SECONDS``)."""

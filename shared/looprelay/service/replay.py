@@ -3,11 +3,10 @@ settled), or an interrupted dispatch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
-from looprelay.core.model import RECEIVED, EventRecord
-from looprelay.core.plan import retry_dispatch as plan_retry
+from looprelay.core.model import RECEIVED, DispatchRecord, EventRecord
+from looprelay.core.resend import is_interrupted, resend, resend_id
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import ConfigError
 from looprelay.ports import Queue, Store, Task, WorkItemStore
@@ -38,40 +37,52 @@ def replay_delivery(
     queue.enqueue(Task(name=name, body=record.envelope.encode()))
 
 
-RETRY_ROUNDS = 8
-"""Compare-and-set rounds on a contended work item before a retry gives up."""
+MAX_RESEND_ROUNDS = 8
+"""Compare-and-set rounds against a work item the router is writing at the same time."""
+RESENT_EVENT = "dispatch.resent"
 
 
-def retry_dispatch(
-    items: WorkItemStore, store: Store, *, dispatch_id: str, now: Callable[[], datetime]
-) -> str:
-    """Queue an interrupted dispatch again under a new id, last in its work item's line;
-    return the new id. Runners see it on their next poll.
+def resend_dispatch(
+    items: WorkItemStore, store: Store, *, dispatch_id: str, now: datetime
+) -> DispatchRecord:
+    """Send the interrupted dispatch ``dispatch_id`` again: a new pending dispatch with its
+    prompt, saved with its work item in one compare-and-set, and a ``dispatch.resent`` event.
+    Returns the new dispatch.
 
-    Raises ``ConfigError`` when the dispatch is unknown, was not interrupted, its session has
-    ended, or its work item stayed contended.
+    Raises ``ConfigError`` when the dispatch is unknown, was not interrupted, was sent again
+    already, its session has ended, or its work item kept changing.
     """
-    dispatch = items.get_dispatch(dispatch_id)
-    if dispatch is None:
+    original = items.get_dispatch(dispatch_id)
+    if original is None:
         raise ConfigError(f"no dispatch {dispatch_id}; `looprelay dispatches --all` lists them")
-    for _ in range(RETRY_ROUNDS):
-        item = items.get_work_item(dispatch.work_item)
+    if not is_interrupted(original):
+        raise ConfigError(
+            f"dispatch {dispatch_id} is {original.status} ({original.result or 'no result'}); "
+            "only interrupted ones are sent again"
+        )
+    for _ in range(MAX_RESEND_ROUNDS):
+        sent = items.get_dispatch(resend_id(dispatch_id))
+        if sent is not None:
+            raise ConfigError(
+                f"dispatch {dispatch_id} was sent again already as {sent.dispatch_id} "
+                f"({sent.status})"
+            )
+        item = items.get_work_item(original.work_item)
         if item is None:
-            raise ConfigError(f"the work item {dispatch.work_item} of {dispatch_id} is gone")
-        at = now()
+            raise ConfigError(f"the work item {original.work_item} of {dispatch_id} is gone")
         try:
-            updated, retried = plan_retry(item, dispatch, now=at)
+            updated, again = resend(original, item, now=now)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        if items.save_work_item(updated, expected_version=item.version, dispatches=[retried]):
+        if items.save_work_item(updated, expected_version=item.version, dispatches=[again]):
             store.append_event(
                 EventRecord(
-                    name="dispatch.retried",
-                    at=at,
-                    delivery_id=dispatch.delivery_id,
-                    work_item=dispatch.work_item,
-                    data={"dispatch_id": dispatch_id, "retry": retried.dispatch_id},
+                    name=RESENT_EVENT,
+                    at=now,
+                    delivery_id=original.delivery_id,
+                    work_item=original.work_item,
+                    data={"dispatch_id": dispatch_id, "sent_as": again.dispatch_id},
                 )
             )
-            return retried.dispatch_id
-    raise ConfigError(f"the work item {dispatch.work_item} kept changing; try again")
+            return again
+    raise ConfigError(f"the work item {original.work_item} kept changing; try again")

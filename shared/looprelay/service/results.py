@@ -1,6 +1,7 @@
 """What a runner's result means outside the dispatch: the session's record, the event log,
-and progress on GitHub (🎉 delivered, 😕 failed, one attach comment after a first spawn, and a
-headless turn's answer or failure note as a reply on the work item or its pull request)."""
+and progress on GitHub (🎉 delivered, 😕 failed, an attach comment after a first spawn and after
+a respawn on another runner, and a headless turn's answer or failure note as a reply on the
+work item or its pull request)."""
 
 from __future__ import annotations
 
@@ -106,14 +107,17 @@ class Progress:
     def _update_session(
         self, dispatch: DispatchRecord, runner: RunnerRecord, result: ResultBody, final: str
     ) -> bool:
-        """Record where the session now lives; True when this was its first announceable
-        spawn (not yet announced, not a respawn)."""
+        """Record where the session now lives; True when its spawn is to be announced: the
+        first (not yet announced, not a respawn), or one on another runner than before
+        (failover: the old attach comment names a runner the session left)."""
         for _ in range(MAX_SAVE_ROUNDS):
             item = self._items.get_work_item(dispatch.work_item)
             session = item.sessions.get(dispatch.endpoint) if item else None
             if item is None or session is None or session.status in {"cleaned", "terminated"}:
                 return False
-            announce = result.status == "spawned" and not session.announced and not result.resumed
+            first = not session.announced and not result.resumed
+            moved = session.runner_id not in (None, runner.runner_id)
+            announce = result.status == "spawned" and (first or moved)
             if final == "failed" and dispatch.kind in {"spawn", "deliver"}:
                 changes: dict[str, object] = {"status": "lost"}
             elif result.status in {"spawned", "delivered"}:

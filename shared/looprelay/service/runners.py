@@ -18,6 +18,7 @@ from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
 from looprelay.errors import BadDelivery, Conflict, NotFound, Transient, Unauthorized
+from looprelay.failover import Failover
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.lease_desk import LeaseDesk
@@ -78,6 +79,11 @@ class RunnerApi:
         """``desk`` serves poll/renew/results; without it only registration is served."""
         self._registry = registry
         self._desk = desk
+        self._failover = (
+            Failover(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
+            if desk is not None
+            else None
+        )
         self._store = store
         self._clock = clock
         self._config = config
@@ -190,9 +196,16 @@ class RunnerApi:
             runner.runner_id, at=self._clock.now(), status=status
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        released, moved = 0, []
+        if self._failover is not None:
+            self._failover.note_released(runner, body.released)
+            released = self._failover.release_leases(runner) if body.restarted else 0
+            moved = self._failover.moved(runner, body.held)
         hints = HeartbeatHints(
             heartbeat_seconds=self._config.heartbeat_seconds,
             lost_after_seconds=self._config.lost_after_seconds,
+            moved=moved,
+            released_leases=released,
         )
         return json_response(200, hints.model_dump())
 

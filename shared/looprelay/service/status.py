@@ -15,6 +15,7 @@ from jinja2 import Environment, Template
 
 from looprelay.config.templates import bundled_template
 from looprelay.core.model import DISPATCH_OPEN
+from looprelay.core.resend import is_interrupted, resend_id
 from looprelay.core.status import StatusInputs, StatusView, build_status
 from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.lease_desk import leasable_heads
@@ -55,7 +56,12 @@ class StatusReader:
         """The view as of now. Raises ``Transient`` when a store cannot be read."""
         now = self._clock.now()
         failed = self._items.list_dispatches(statuses=("failed",), limit=FAILED_DISPATCHES_READ)
-        interrupted = [d for d in failed if d.result == "interrupted"][-INTERRUPTED_SHOWN:]
+        # Interrupted and not sent again yet: what waits for an operator's decision.
+        interrupted = [
+            d
+            for d in failed
+            if is_interrupted(d) and self._items.get_dispatch(resend_id(d.dispatch_id)) is None
+        ][-INTERRUPTED_SHOWN:]
         runners = self._runners.list_runners()
         inputs = StatusInputs(
             runners=runners,

@@ -88,6 +88,25 @@ class RegisterBody(_Body):
         return labels
 
 
+_SESSION_NAME_PATTERN = r"^loop-[A-Za-z0-9_-]{1,80}$"
+MAX_HELD_SESSIONS = 1_000
+"""Most sessions one heartbeat may name (held, or released after they moved away)."""
+
+
+class HeldSession(_Body):
+    """A session the runner hosts, as its local ledger knows it."""
+
+    work_item: str = Field(min_length=1, max_length=300)
+    endpoint: str = Field(min_length=1, max_length=300)
+    session_name: str = Field(pattern=_SESSION_NAME_PATTERN)
+
+
+class ReleasedSession(HeldSession):
+    """A session the runner stopped because it had moved to another runner, and how."""
+
+    outcome: str = Field(default="", max_length=300)
+
+
 class HeartbeatBody(_Body):
     """What an agent reports about itself on every heartbeat."""
 
@@ -100,6 +119,22 @@ class HeartbeatBody(_Body):
     )
     workspace: bool = False
     sessions: _Whole = Field(default=0, ge=0, le=10_000)
+    restarted: bool = Field(
+        default=False,
+        description="True on an agent process's first heartbeat: the leases this runner "
+        "holds belong to a process that is gone, so the server offers them again at once.",
+    )
+    held: list[HeldSession] = Field(
+        default_factory=list,
+        max_length=MAX_HELD_SESSIONS,
+        description="The sessions the runner hosts; the answer names those that moved away.",
+    )
+    released: list[ReleasedSession] = Field(
+        default_factory=list,
+        max_length=MAX_HELD_SESSIONS,
+        description="Sessions the runner stopped since its last heartbeat because the "
+        "server said they moved to another runner.",
+    )
 
     @field_validator("repositories")
     @classmethod
@@ -180,11 +215,26 @@ class Registered(BaseModel):
     name: str
 
 
+class MovedSession(BaseModel):
+    """A session the runner still hosts that now lives on another runner (it was declared
+    lost meanwhile): its harness must stop."""
+
+    work_item: str
+    endpoint: str
+    session_name: str
+    runner_id: str
+    """The runner the session lives on now."""
+
+
 class HeartbeatHints(BaseModel):
-    """How often the server wants to hear from the runner."""
+    """How often the server wants to hear from the runner, and what changed while it was
+    away."""
 
     heartbeat_seconds: int
     lost_after_seconds: int
+    moved: list[MovedSession] = Field(default_factory=list)
+    released_leases: int = 0
+    """Leases of a restarted runner's earlier process offered again by this heartbeat."""
 
 
 class Rotated(BaseModel):
