@@ -304,3 +304,13 @@ class TestStatus:
             "",
             "no sessions",
         ]
+
+
+class TestHelp:
+    def test_runner_and_runners_point_to_each_other(self) -> None:
+        runner = _looprelay("runner", "-h").output
+        runners = _looprelay("runners", "-h").output
+        assert "`looprelay runners -h`" in runner
+        assert "`looprelay runner -h`" in runners
+        for command in ("register", "run", "status", "rotate", "remove"):
+            assert f"  {command} " in runner

@@ -36,7 +36,8 @@ def _duration_seconds(text: str) -> int:
 def runners_group() -> None:
     """Operator view of runner agents: tokens, list, revoke, rotate.
 
-    On the machine that runs sessions, see `looprelay runner -h` (register, run, status)."""
+    On the machine that runs sessions, see `looprelay runner -h` (register, run, status,
+    rotate, remove)."""
 
 
 @runners_group.command("token")
