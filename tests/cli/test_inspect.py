@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.cli.root import cli
-from looprelay.core.model import EventRecord
+from looprelay.core.model import DeliveryRecord, EventRecord, RunnerRecord
 from looprelay.datadir import STORE_FILE
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.rigs import T0
@@ -142,11 +143,13 @@ class TestInterruptedDispatches:
         assert "no dispatch dp-9" in unknown.output
 
 
-def _log(data_dir: Path, names: list[str], *, at: datetime = T0) -> None:
+def _log(
+    data_dir: Path, names: list[str], *, at: datetime = T0, work_item: str | None = None
+) -> None:
     store = SqliteStore(data_dir / STORE_FILE)
     try:
         for name in names:
-            store.append_event(EventRecord(name=name, at=at))
+            store.append_event(EventRecord(name=name, at=at, work_item=work_item))
     finally:
         store.close()
 
@@ -197,6 +200,87 @@ class TestEvents:
 
         assert first.startswith("marker-")  # nothing from before it started
         assert [name for name in lines if name.startswith("burst-")] == burst
+
+    def test_a_work_item_filter_matches_in_any_case(self, tmp_path: Path) -> None:
+        _log(tmp_path, ["one"], work_item="github:octo/repo#1")
+        _log(tmp_path, ["other"], work_item="github:octo/repo#11")
+        for given in ("github:Octo/Repo#1", "GitHub:OCTO/repo#1", " github:octo/repo#1"):
+            listed = CliRunner().invoke(
+                cli, ["events", "--data", str(tmp_path), "--work-item", given, "--json"]
+            )
+            assert listed.exit_code == 0, listed.output
+            assert [json.loads(line)["name"] for line in listed.output.splitlines()] == ["one"]
+
+    def test_a_work_item_filter_that_names_none_is_refused(self, tmp_path: Path) -> None:
+        listed = CliRunner().invoke(
+            cli, ["events", "--data", str(tmp_path), "--work-item", "octo/repo#1"]
+        )
+        assert listed.exit_code == 2
+        assert "error: Invalid value for --work-item: 'octo/repo#1'" in listed.output
+        assert "expected github:owner/repo#N" in listed.output
+
+
+class TestOptionsEitherSideOfTheArgument:
+    """`--data` (and every option) works before or after a command's argument, and on the
+    group for `deliveries` and `dispatches`: it is the state that is acted on."""
+
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ["deliveries", "replay", "d-dead", "--data", "{data}"],
+            ["deliveries", "replay", "--data", "{data}", "d-dead"],
+            ["deliveries", "--data", "{data}", "replay", "d-dead"],
+        ],
+    )
+    def test_deliveries_replay(self, tmp_path: Path, args: list[str]) -> None:
+        store = SqliteStore(tmp_path / STORE_FILE)
+        store.begin_delivery(
+            DeliveryRecord(delivery_id="d-dead", event="issue_comment", action="created",
+                           received_at=T0, envelope="{}")
+        )  # fmt: skip
+        store.settle_delivery("d-dead", outcome="failed", detail="boom", at=T0)
+        store.close()
+        replayed = CliRunner().invoke(cli, [arg.format(data=tmp_path) for arg in args])
+        assert replayed.exit_code == 0, replayed.output
+        assert replayed.output == "d-dead: queued again\n"
+
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ["runners", "revoke", "r-0000000000000001", "--data", "{data}"],
+            ["runners", "revoke", "--data", "{data}", "r-0000000000000001"],
+        ],
+    )
+    def test_runners_revoke(self, tmp_path: Path, args: list[str]) -> None:
+        registry = SqliteRunnerRegistry(tmp_path / STORE_FILE)
+        registry.add_runner(
+            RunnerRecord(runner_id="r-0000000000000001", name="box", secret_hash="0" * 64,
+                         registered_at=T0)
+        )  # fmt: skip
+        revoked = CliRunner().invoke(cli, [arg.format(data=tmp_path) for arg in args])
+        assert revoked.exit_code == 0, revoked.output
+        stored = registry.get_runner("r-0000000000000001")
+        registry.close()
+        assert stored is not None and stored.revoked
+
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ["dispatches", "resend", "dp-none", "--data", "{data}"],
+            ["dispatches", "resend", "--data", "{data}", "dp-none"],
+            ["dispatches", "--data", "{data}", "resend", "dp-none"],
+            ["queue", "retry", "t-none", "--data", "{data}"],
+            ["queue", "retry", "--data", "{data}", "t-none"],
+        ],
+    )
+    def test_a_missing_id_is_the_same_answer_in_either_order(
+        self, tmp_path: Path, args: list[str]
+    ) -> None:
+        refused = CliRunner().invoke(cli, [arg.format(data=tmp_path) for arg in args])
+        assert refused.exit_code == 1, refused.output
+        assert refused.output.startswith("error: ")
+        assert "none" in refused.output and "Usage" not in refused.output
+        assert any(tmp_path.iterdir())  # the state opened is the one given
 
 
 class TestFiltersRefuseUnknownValues:

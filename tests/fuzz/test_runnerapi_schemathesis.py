@@ -35,8 +35,9 @@ from tests.fuzz.budget import examples
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "schema" / "runner-api.openapi.json"
 SCHEMA = schemathesis.openapi.from_path(DOCUMENT)
-# Rotation retires the secret every later request signs with; it is exercised once, last.
-KEEPS_CREDENTIALS = SCHEMA.exclude(operation_id="rotate")
+# Rotation retires the secret every later request signs with, and deregistering the runner
+# itself: rotation is exercised once, last; deregistering in tests/cli/test_runner_lifecycle.py.
+KEEPS_CREDENTIALS = SCHEMA.exclude(operation_id=["rotate", "deregister"])
 REPOSITORY = "codertocat/hello-world"
 AnyCase = Case[Any]
 

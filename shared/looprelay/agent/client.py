@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from pathlib import Path
 from typing import Any
 
 import requests
 
-from looprelay.agent.credentials import Credentials
-from looprelay.errors import Transient, Unauthorized
-from looprelay.wire.runner_api import Dispatch, runner_bearer
+from looprelay.agent.credentials import Credentials, credentials_lock, read_credentials
+from looprelay.errors import ConfigError, Transient, Unauthorized
+from looprelay.wire.runner_api import Deregistered, Dispatch, Rotated, runner_bearer
+
+log = logging.getLogger("looprelay.agent.client")
 
 CALL_TIMEOUT_SECONDS = 15.0
 """Budget of every call but the long poll, which gets its wait plus this."""
@@ -23,11 +28,19 @@ class BadRequest(Transient):
 
 
 class RunnerClient:
-    """Calls ``/runner/v1/...`` with this runner's credentials; thread-safe per call."""
+    """Calls ``/runner/v1/...`` with this runner's credentials; thread-safe per call.
 
-    def __init__(self, credentials: Credentials) -> None:
+    Given the credentials file it read them from (``source``), a refused call reads the file
+    again and is retried once with a new secret found there: ``looprelay runner rotate`` writes
+    it while the agent runs, and the agent goes on without a restart.
+    """
+
+    def __init__(self, credentials: Credentials, *, source: Path | None = None) -> None:
+        self._credentials = credentials
         self._base = credentials.server.rstrip("/") + "/runner/v1/"
         self._auth = runner_bearer(credentials.runner_id, credentials.secret)
+        self._source = source
+        self._reload_lock = threading.Lock()
         self.runner_id = credentials.runner_id
 
     def heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
@@ -51,15 +64,21 @@ class RunnerClient:
         """Report a result; raises ``LeaseLost`` when it no longer counts."""
         self._call("results", {"dispatch_id": dispatch_id, **result})
 
+    def rotate(self) -> str:
+        """Ask for a new secret; the current one stops working as the server answers."""
+        return Rotated.model_validate(self._call("rotate", {}).json()).secret
+
+    def deregister(self) -> None:
+        """Remove this runner at the server: these credentials stop working."""
+        Deregistered.model_validate(self._call("deregister", {}).json())
+
     def _call(
         self, path: str, body: dict[str, Any], *, timeout: float = CALL_TIMEOUT_SECONDS
     ) -> requests.Response:
-        try:
-            response = requests.post(
-                self._base + path, json=body, timeout=timeout, headers={"Authorization": self._auth}
-            )
-        except requests.RequestException as exc:
-            raise Transient(f"runner API unreachable: {type(exc).__name__}") from exc
+        auth = self._auth
+        response = self._post(path, body, timeout, auth)
+        if response.status_code == 401 and self._reload(refused=auth):
+            response = self._post(path, body, timeout, self._auth)
         if response.status_code == 401:
             raise Unauthorized(_error(response))
         if response.status_code == 409:
@@ -71,6 +90,39 @@ class RunnerClient:
         if response.status_code >= 400:
             raise Transient(f"runner API refused {path}: {_error(response)}")
         return response
+
+    def _post(
+        self, path: str, body: dict[str, Any], timeout: float, auth: str
+    ) -> requests.Response:
+        try:
+            return requests.post(
+                self._base + path, json=body, timeout=timeout, headers={"Authorization": auth}
+            )
+        except requests.RequestException as exc:
+            raise Transient(f"runner API unreachable: {type(exc).__name__}") from exc
+
+    def _reload(self, *, refused: str) -> bool:
+        """After ``refused`` got a 401: take a new secret for this same runner from the
+        credentials file, if it holds one (a rotation). True when there is one to retry with."""
+        if self._source is None:
+            return False
+        with self._reload_lock:
+            if self._auth != refused:
+                return True  # another thread found it first
+            try:
+                with credentials_lock(self._source, exclusive=False):
+                    fresh = read_credentials(self._source)
+            except (ConfigError, OSError):
+                return False
+            if (fresh.runner_id, fresh.server) != (
+                self._credentials.runner_id,
+                self._credentials.server,
+            ) or fresh.secret == self._credentials.secret:
+                return False  # another registration, or no rotation: the refusal stands
+            self._credentials = fresh
+            self._auth = runner_bearer(fresh.runner_id, fresh.secret)
+            log.info("using the new secret in %s (rotated)", self._source)
+            return True
 
 
 def _error(response: requests.Response) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -37,6 +40,28 @@ def write_credentials(path: Path, credentials: Credentials) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(credentials.model_dump_json(indent=2) + "\n")
     os.replace(temporary, path)
+
+
+@contextmanager
+def credentials_lock(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold the lock beside the credentials at ``path`` (``runner.json.lock``).
+
+    ``runner rotate`` holds it exclusively from asking the server for a new secret until the
+    file holds it; a running agent refused meanwhile takes it shared before it reads the file
+    again, so it waits for the new secret instead of reading the retired one and stopping.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file beside the credentials at ``path``."""
+    return path.with_name(path.name + ".lock")
 
 
 def read_credentials(path: Path) -> Credentials:

@@ -117,7 +117,7 @@ def _assemble(
         }
 
     return Agent(
-        client=RunnerClient(credentials),
+        client=RunnerClient(credentials, source=options.credentials_path),
         applier=Applier(
             terminal,
             ledger,

@@ -50,6 +50,23 @@ def _outcome(value: str | None) -> str | None:
     )
 
 
+def _work_item(value: str | None) -> str | None:
+    """A work-item filter in the form the stores keep: GitHub treats owner, repository and
+    host case-insensitively and looprelay keeps them lower case, so ``github:Octo/Repo#1``
+    finds ``github:octo/repo#1`` in either store."""
+    from looprelay.core.workitems import PROVIDER, parse_ref
+
+    if value is None:
+        return None
+    text = value.strip()
+    if text[: len(PROVIDER) + 1].lower() == f"{PROVIDER}:":
+        text = f"{PROVIDER}:{text[len(PROVIDER) + 1 :]}"
+    try:
+        return parse_ref(text).format()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--work-item") from None
+
+
 @click.group("deliveries", invoke_without_command=True)
 @state_options
 @click.option(
@@ -157,7 +174,12 @@ def deliveries_sweep(
 @click.command()
 @state_options
 @click.option("--delivery", default=None, help="Only this delivery id.")
-@click.option("--work-item", default=None, help="Only this work item, e.g. github:o/r#1.")
+@click.option(
+    "--work-item",
+    default=None,
+    callback=lambda ctx, param, value: _work_item(value),
+    help="Only this work item, e.g. github:o/r#1 (in any case).",
+)
 @click.option("--name", default=None, help="Only this event name, e.g. delivery.settled.")
 @click.option(
     "--limit",

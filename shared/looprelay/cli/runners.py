@@ -6,8 +6,10 @@ import json
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 import click
 
@@ -15,6 +17,7 @@ from looprelay.cli.common import data_path, load, log_options, state_options, ta
 from looprelay.core.model import RunnerRecord
 from looprelay.logs import LogFormat
 
+F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -33,7 +36,8 @@ def _duration_seconds(text: str) -> int:
 def runners_group() -> None:
     """Operator view of runner agents: tokens, list, revoke, rotate.
 
-    On the machine that runs sessions, see `looprelay runner -h` (register, run, status)."""
+    On the machine that runs sessions, see `looprelay runner -h` (register, run, status,
+    rotate, remove)."""
 
 
 @runners_group.command("token")
@@ -126,7 +130,8 @@ def runners_revoke(config_path: Path | None, data_dir: Path | None, runner_id: s
 @click.argument("runner_id")
 def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: str) -> None:
     """Give a runner a new secret; prints it once. Put it in the runner's credentials file
-    (the "secret" field of runner.json): until then the runner is refused."""
+    (the "secret" field of runner.json): until then the runner is refused. On the runner's
+    own machine `looprelay runner rotate` does both, and its running agent goes on."""
     from looprelay.app.adapters import open_runner_registry
     from looprelay.service.runner_secrets import hash_credential, new_runner_secret
 
@@ -139,7 +144,7 @@ def runners_rotate(config_path: Path | None, data_dir: Path | None, runner_id: s
 
 @click.group("runner")
 def runner_group() -> None:
-    """This machine as a runner agent: register, run, status.
+    """This machine as a runner agent: register, run, status, rotate, remove.
 
     The operator's view of every runner (tokens, list, revoke, rotate) is
     `looprelay runners -h`."""
@@ -166,6 +171,18 @@ def _warn_if_plain_http(server: str) -> None:
         )
 
 
+def _credentials_option(help_text: str) -> Callable[[F], F]:
+    """``--credentials``: the runner's credentials file, ``~/.config/looprelay/runner.json``
+    unless given."""
+    return click.option(
+        "--credentials",
+        "credentials_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help=f"{help_text} [default: ~/.config/looprelay/runner.json].",
+    )
+
+
 def _labels(values: tuple[str, ...]) -> dict[str, str]:
     labels = {}
     for value in values:
@@ -188,13 +205,7 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Sessions this runner may hold at once.",
 )
-@click.option(
-    "--credentials",
-    "credentials_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where to write the credentials [default: ~/.config/looprelay/runner.json].",
-)
+@_credentials_option("Where to write the credentials")
 @click.option(
     "--replace",
     is_flag=True,
@@ -237,13 +248,7 @@ def runner_register(
 
 
 @runner_group.command("run")
-@click.option(
-    "--credentials",
-    "credentials_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Credentials from `runner register` [default: ~/.config/looprelay/runner.json].",
-)
+@_credentials_option("Credentials from `runner register`")
 @click.option(
     "--checkout",
     "checkouts",
@@ -383,14 +388,7 @@ def runner_run(
 
 
 @runner_group.command("status")
-@click.option(
-    "--credentials",
-    "credentials_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The runner's credentials, which name its state "
-    "[default: ~/.config/looprelay/runner.json].",
-)
+@_credentials_option("The runner's credentials, which name its state")
 @click.option(
     "--state",
     "state_dir",
@@ -436,8 +434,128 @@ def runner_status(
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
-    click.echo(f"agent: {status['note']}; counts: {status['counts']}")
-    for dispatch_id, what in status["holding"].items():
-        click.echo(f"  holding {dispatch_id}: {what}")
-    for session in status["sessions"]:
-        click.echo(f"  {session['endpoint']}: {session['attach'] or session['checkout']}")
+    counts = ", ".join(f"{name} {count}" for name, count in sorted(status["counts"].items()))
+    click.echo(f"agent: {status['note']}; {counts or 'nothing applied yet'}")
+    held = [{"dispatch_id": d, "holding": what} for d, what in status["holding"].items()]
+    if held:
+        click.echo("")
+        table(held, ("dispatch_id", "holding"))
+    click.echo("")
+    if not status["sessions"]:
+        click.echo("no sessions")
+    table(status["sessions"], ("endpoint", "work_item", "session", "checkout", "attach"))
+
+
+@runner_group.command("rotate")
+@_credentials_option("The runner's credentials, rewritten with the new secret")
+def runner_rotate(credentials_path: Path | None) -> None:
+    """Give this runner a new secret and write it to its credentials file (0600).
+
+    A running agent picks the new secret up at its next refused call: no restart."""
+    from looprelay.agent.client import RunnerClient
+    from looprelay.agent.credentials import (
+        credentials_lock,
+        default_credentials_path,
+        read_credentials,
+        write_credentials,
+    )
+    from looprelay.errors import Transient, Unauthorized
+
+    path = credentials_path or default_credentials_path()
+    credentials = read_credentials(path)
+    # Held until the file has the new secret: an agent refused meanwhile waits for it.
+    with credentials_lock(path, exclusive=True):
+        try:
+            secret = RunnerClient(credentials).rotate()
+        except Transient as exc:
+            raise click.ClickException(
+                f"cannot rotate at {credentials.server} ({exc}); the secret is unchanged, "
+                "try again when the server answers"
+            ) from None
+        except Unauthorized:
+            raise click.ClickException(
+                _refused(credentials.runner_id, credentials.server)
+            ) from None
+        try:
+            write_credentials(path, credentials.model_copy(update={"secret": secret}))
+        except OSError as exc:
+            raise click.ClickException(
+                f"{credentials.server} retired the old secret but {path} could not be written "
+                f"({exc.strerror}); fix that, then ask an operator for another secret with "
+                f"`looprelay runners rotate {credentials.runner_id}`"
+            ) from None
+    click.echo(
+        f"rotated the secret of {credentials.name} ({credentials.runner_id}); new one in {path}"
+    )
+
+
+@runner_group.command("remove")
+@_credentials_option("The runner's credentials, deleted once it is deregistered")
+@click.option(
+    "--local-only",
+    is_flag=True,
+    help="Delete the credentials file without telling the server (it is gone for good); the "
+    "runner stays registered until an operator runs `looprelay runners revoke`.",
+)
+def runner_remove(credentials_path: Path | None, local_only: bool) -> None:
+    """Deregister this runner at its server, then delete its credentials file.
+
+    A running agent is refused at its next call and stops; its sessions and state directory
+    are left as they are."""
+    from looprelay.agent.client import RunnerClient
+    from looprelay.agent.credentials import (
+        credentials_lock,
+        default_credentials_path,
+        lock_path,
+        read_credentials,
+    )
+    from looprelay.errors import ConfigError, Transient, Unauthorized
+
+    path = credentials_path or default_credentials_path()
+    if local_only:
+        if not path.exists():
+            raise click.ClickException(f"{path} does not exist; nothing to remove")
+        try:
+            credentials = read_credentials(path)
+            who = f"{credentials.name} ({credentials.runner_id})"
+            after = (
+                f"; it stays registered until `looprelay runners revoke {credentials.runner_id}`"
+            )
+        except ConfigError:
+            who, after = "a runner", ""
+        _delete(path, lock_path(path))
+        click.echo(f"deleted {path}, the credentials of {who}{after}")
+        return
+    credentials = read_credentials(path)
+    with credentials_lock(path, exclusive=True):
+        try:
+            RunnerClient(credentials).deregister()
+        except Transient as exc:
+            raise click.ClickException(
+                f"cannot deregister at {credentials.server} ({exc}); nothing was changed: try "
+                "again when the server answers, or pass --local-only to delete the credentials "
+                f"anyway (then an operator runs `looprelay runners revoke {credentials.runner_id}`)"
+            ) from None
+        except Unauthorized:
+            raise click.ClickException(
+                _refused(credentials.runner_id, credentials.server)
+                + "; pass --local-only to delete them"
+            ) from None
+        _delete(path)
+    _delete(lock_path(path))
+    click.echo(
+        f"deregistered {credentials.name} ({credentials.runner_id}) at {credentials.server}; "
+        f"deleted {path}"
+    )
+
+
+def _refused(runner_id: str, server: str) -> str:
+    return (
+        f"{server} no longer accepts the credentials of {runner_id} (revoked, unknown there, "
+        "or its secret replaced by an operator's `looprelay runners rotate`)"
+    )
+
+
+def _delete(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from looprelay.wire.runner_api import (
     API_PREFIX,
     ENDPOINTS,
     MAX_BODY_BYTES,
+    Deregistered,
     Dispatch,
     EmptyBody,
     HeartbeatBody,
@@ -92,6 +93,7 @@ class RunnerApi:
             "register": self._register,
             "heartbeat": self._heartbeat,
             "rotate": self._rotate,
+            "deregister": self._deregister,
             "poll": self._poll,
             "renew": self._renew,
             "results": self._results,
@@ -219,6 +221,17 @@ class RunnerApi:
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         self._event("runner.rotated", runner, {"by": "runner"})
         return json_response(200, Rotated(runner_id=runner.runner_id, secret=secret).model_dump())
+
+    def _deregister(self, request: Request) -> Response:
+        """The runner removes itself (``looprelay runner remove``): revoked as an operator's
+        ``runners revoke`` would, so a copy of its credentials left anywhere is worthless."""
+        runner = self._authenticate(request)
+        _parse(request, EmptyBody)
+        if not self._registry.revoke_runner(runner.runner_id, at=self._clock.now()):
+            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        self._event("runner.deregistered", runner, {"name": runner.name})
+        log.info("runner %s deregistered", runner.name, extra={"runner_id": runner.runner_id})
+        return json_response(200, Deregistered(runner_id=runner.runner_id).model_dump())
 
     def _work_desk(self) -> LeaseDesk:
         if self._desk is None:

@@ -244,6 +244,12 @@ class Rotated(BaseModel):
     secret: str
 
 
+class Deregistered(BaseModel):
+    """A runner removed at its own request: its credentials stop working now."""
+
+    runner_id: str
+
+
 class Dispatch(BaseModel):
     """One thing a runner must do for one session, as the runner receives it.
 
@@ -331,6 +337,11 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         {200: HeartbeatHints},
     ),
     "rotate": Endpoint("Replace this runner's secret.", EmptyBody, {200: Rotated}),
+    "deregister": Endpoint(
+        "Remove this runner: its credentials stop working, as if an operator revoked it.",
+        EmptyBody,
+        {200: Deregistered},
+    ),
     "poll": Endpoint(
         "Long-poll for the next dispatch this runner may take; leases it.",
         PollBody,
