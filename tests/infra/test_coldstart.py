@@ -31,6 +31,32 @@ NEVER_FOR_THE_WEBHOOK = (
     "jwt",  # the webhook verifies HMAC; GitHub App auth is the worker's
 )
 LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.worker")
+LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
+    # The worker's, the runner API's and the sweeper's parts, and every store and GitHub
+    # adapter: the webhook verifies, enqueues and answers.
+    "looprelay.router",
+    "looprelay.core.decide",
+    "looprelay.runnerapi",
+    "looprelay.leases",
+    "looprelay.sweeper",
+    "looprelay.wiring",
+    "looprelay.stores",
+    "looprelay.app.longpoll",
+    "looprelay.app.webhook",  # up's webhook (the embedded queue's durable ack)
+    "looprelay.adapters.embedded_queue",
+    "looprelay.adapters.enqueue_committer",
+    *(f"looprelay.adapters.sqlite_{name}" for name in ("common", "store", "work_items", "runners")),
+    *(
+        f"looprelay.adapters.firestore_{name}"
+        for name in ("common", "store", "work_items", "runners")
+    ),
+    "looprelay.adapters.github_rest",
+    "looprelay.adapters.github_auth",
+    "looprelay.adapters.github_app_hooks",
+    "looprelay.adapters.oidc_auth",
+    "looprelay.adapters.worker_connection",
+    "libtmux",
+)
 _PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
 
 
@@ -105,3 +131,4 @@ class TestTheWebhookBuilder:
         assert "google.auth.transport.requests" in modules
         assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
         assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
+        assert _matching(modules, LOOPRELAY_NEVER_FOR_THE_WEBHOOK) == []
