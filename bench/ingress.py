@@ -54,17 +54,17 @@ LOOPRELAY = ROOT / ".venv" / "bin" / "looprelay"
 FLOOR, DURABLE, PEER = "floor", "durable", "the-loop"
 STACK_FSYNC, STACK_SQLITE = "asgi-fsync", "asgi-sqlite"
 OURS, UNSYNCED, GRANIAN = "looprelay", "unsynced", "granian"
-NODISPATCH, SWITCH = "nodispatch", "switch"
+NODISPATCH, EAGER = "nodispatch", "eager"
 RECEIVERS = (
     *(FLOOR, DURABLE, STACK_FSYNC, STACK_SQLITE, PEER),
-    *(OURS, UNSYNCED, NODISPATCH, SWITCH, GRANIAN),
+    *(OURS, UNSYNCED, NODISPATCH, EAGER, GRANIAN),
 )
 STACK_FLOORS = {STACK_FSYNC: "--journal", STACK_SQLITE: "--sqlite"}
 """``bench/bare_asgi.py``'s two durable floors on uvicorn, and the flag that picks each."""
-LOOPRELAYS = (OURS, UNSYNCED, NODISPATCH, SWITCH, GRANIAN)
-"""``looprelay up`` as shipped, without the enqueue's fsync, without a worker, with a shorter
-thread switch interval, and on granian; all get ratios."""
-VARIANTS = {name: BENCH / name for name in (UNSYNCED, NODISPATCH, SWITCH, GRANIAN)}
+LOOPRELAYS = (OURS, UNSYNCED, NODISPATCH, EAGER, GRANIAN)
+"""``looprelay up`` as shipped, without the enqueue's fsync, without a worker, with the worker
+not deferred to bursts, and on granian; all get ratios."""
+VARIANTS = {name: BENCH / name for name in (UNSYNCED, NODISPATCH, EAGER, GRANIAN)}
 """The folder each variant of ``looprelay up`` puts first on ``PYTHONPATH``."""
 SHAPES = ((1, 1), (2, 8))  # (wrk threads, connections)
 ACK_STATUS = 202  # looprelay's and bare_receiver.py's
@@ -90,10 +90,10 @@ NODISPATCH_NOTE = (
     "same durable acks with no worker beside them; the gap to looprelay is what the worker, "
     "in the same process on the same cores, costs the webhook."
 )
-SWITCH_NOTE = (
-    "switch is looprelay up with the interpreter's thread switch interval at 0.5 ms instead "
-    "of 5 ms (a benchmark-only patch): how long the event loop waits for the GIL behind the "
-    "worker's threads."
+EAGER_NOTE = (
+    "eager is looprelay up whose queue dispatches as soon as no webhook is in flight, not "
+    "once the webhook has been idle for IDLE_GRACE_SECONDS (a benchmark-only patch: the "
+    "behaviour before): the gap to looprelay is what deferring the worker during a burst buys."
 )
 GRANIAN_NOTE = (
     "granian is looprelay up's application served by granian (Rust HTTP, the same uvloop and "
@@ -392,7 +392,7 @@ def _ratios(runs: list[Run]) -> list[Ratio]:
         UNSYNCED: (PEER, DURABLE, OURS),
         GRANIAN: (PEER, DURABLE, OURS),
         NODISPATCH: (DURABLE, STACK_SQLITE, OURS),
-        SWITCH: (PEER, DURABLE, OURS),
+        EAGER: (PEER, DURABLE, OURS),
     }
     for receiver in LOOPRELAYS:
         for versus in compared[receiver]:
@@ -450,7 +450,7 @@ def _notes(runs: list[Run]) -> list[str]:
         (UNSYNCED, UNSYNCED_NOTE),
         (GRANIAN, GRANIAN_NOTE),
         (NODISPATCH, NODISPATCH_NOTE),
-        (SWITCH, SWITCH_NOTE),
+        (EAGER, EAGER_NOTE),
         (DURABLE, DURABLE_NOTE),
         (STACK_FSYNC, STACK_NOTE),
         (STACK_SQLITE, STACK_NOTE),
