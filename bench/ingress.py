@@ -6,6 +6,10 @@ In one invocation, one after the other, wrk and ``bench/webhook.lua`` (one signe
 - ``floor``: ``bench/bare_receiver.py``, a stdlib receiver that checks the HMAC and answers;
 - ``durable``: the same with ``--journal``: each body synced to a preallocated file before
   its ack (group commit), the floor for a durable ack on this disk;
+- ``asgi-fsync``, ``asgi-sqlite``: ``bench/bare_asgi.py``, a bare ASGI app on uvicorn
+  (httptools, uvloop) as ``looprelay up`` serves it, syncing each body before its ack, to the
+  durable floor's journal or as a row of a fully synced SQLite WAL database: the best case of
+  this server stack, and of this stack with looprelay's kind of commit;
 - ``the-loop``: the predecessor's receiver, ``the-loopy-one`` from ``bench/.peer`` (``peer.py``);
 - ``looprelay``: ``looprelay up``, whose queue is drained and counted after each shape;
 - ``unsynced``: the same, but its enqueues commit without fsync
@@ -48,11 +52,19 @@ FIXTURE = ROOT / "tests" / "fixtures" / "github" / "issue_comment.created.json"
 EVENT = "issue_comment"
 LOOPRELAY = ROOT / ".venv" / "bin" / "looprelay"
 FLOOR, DURABLE, PEER = "floor", "durable", "the-loop"
+STACK_FSYNC, STACK_SQLITE = "asgi-fsync", "asgi-sqlite"
 OURS, UNSYNCED, GRANIAN = "looprelay", "unsynced", "granian"
-RECEIVERS = (FLOOR, DURABLE, PEER, OURS, UNSYNCED, GRANIAN)
-LOOPRELAYS = (OURS, UNSYNCED, GRANIAN)
-"""``looprelay up`` as shipped, without the enqueue's fsync, and on granian; all get ratios."""
-VARIANTS = {UNSYNCED: BENCH / "unsynced", GRANIAN: BENCH / "granian"}
+NODISPATCH, EAGER = "nodispatch", "eager"
+RECEIVERS = (
+    *(FLOOR, DURABLE, STACK_FSYNC, STACK_SQLITE, PEER),
+    *(OURS, UNSYNCED, NODISPATCH, EAGER, GRANIAN),
+)
+STACK_FLOORS = {STACK_FSYNC: "--journal", STACK_SQLITE: "--sqlite"}
+"""``bench/bare_asgi.py``'s two durable floors on uvicorn, and the flag that picks each."""
+LOOPRELAYS = (OURS, UNSYNCED, NODISPATCH, EAGER, GRANIAN)
+"""``looprelay up`` as shipped, without the enqueue's fsync, without a worker, with the worker
+not deferred to bursts, and on granian; all get ratios."""
+VARIANTS = {name: BENCH / name for name in (UNSYNCED, NODISPATCH, EAGER, GRANIAN)}
 """The folder each variant of ``looprelay up`` puts first on ``PYTHONPATH``."""
 SHAPES = ((1, 1), (2, 8))  # (wrk threads, connections)
 ACK_STATUS = 202  # looprelay's and bare_receiver.py's
@@ -73,9 +85,25 @@ UNSYNCED_NOTE = (
     "patch; its ack is not durable): the gap to looprelay is what the durable ack costs. "
     "The targets are judged on looprelay."
 )
+NODISPATCH_NOTE = (
+    "nodispatch is looprelay up whose queue never dispatches (a benchmark-only patch): the "
+    "same durable acks with no worker beside them; the gap to looprelay is what the worker, "
+    "in the same process on the same cores, costs the webhook."
+)
+EAGER_NOTE = (
+    "eager is looprelay up whose queue dispatches as soon as no webhook is in flight, not "
+    "once the webhook has been idle for IDLE_GRACE_SECONDS (a benchmark-only patch: the "
+    "behaviour before): the gap to looprelay is what deferring the worker during a burst buys."
+)
 GRANIAN_NOTE = (
     "granian is looprelay up's application served by granian (Rust HTTP, the same uvloop and "
     "the same app) instead of uvicorn: the candidate server (docs/decisions/0007)."
+)
+STACK_NOTE = (
+    "asgi-fsync and asgi-sqlite are a bare ASGI app on uvicorn (httptools, uvloop), the "
+    "server looprelay up runs, syncing each body before its 202 to durable's journal or to a "
+    "fully synced SQLite WAL table (one committing thread, group commit): the least this "
+    "stack can do for a durable ack, without an application, a queue or a worker."
 )
 DURABLE_NOTE = (
     "durable is the floor syncing each body to a preallocated journal before its 202 (group "
@@ -296,6 +324,9 @@ def _bench_floor(tmp: Path, seconds: int, name: str) -> list[Run]:
     cmd += ["--secret-file", str(secret_file)]
     if name == DURABLE:
         cmd += ["--journal", str(tmp / "durable.journal")]
+    if name in STACK_FLOORS:
+        cmd[1] = str(BENCH / "bare_asgi.py")
+        cmd += [STACK_FLOORS[name], str(tmp / f"{name}.journal")]
     with _serving(cmd, tmp / f"{name}.log", port):
         url = f"http://127.0.0.1:{port}/webhook"
         target = Target(name, url, _sign(secret), ACK_STATUS)
@@ -333,7 +364,8 @@ def _bench_looprelay(tmp: Path, seconds: int, name: str) -> tuple[list[Run], Led
         for shape in SHAPES:
             runs += _measure(target, *shape, seconds)
             acked = sum(run.requests for run in runs)
-            drains[f"c{shape[1]}"] = _drain(data / "looprelay.db", acked)
+            if name != NODISPATCH:  # its tasks stay queued
+                drains[f"c{shape[1]}"] = _drain(data / "looprelay.db", acked)
         return runs, Ledger(acked, _settled(data / "looprelay.db"), drains)
 
 
@@ -356,9 +388,11 @@ def _ratios(runs: list[Run]) -> list[Ratio]:
     ratios = []
     # The variants are there to be set against the floors, and against looprelay itself.
     compared = {
-        OURS: (PEER, FLOOR, DURABLE),
+        OURS: (PEER, FLOOR, DURABLE, STACK_FSYNC, STACK_SQLITE),
         UNSYNCED: (PEER, DURABLE, OURS),
         GRANIAN: (PEER, DURABLE, OURS),
+        NODISPATCH: (DURABLE, STACK_SQLITE, OURS),
+        EAGER: (PEER, DURABLE, OURS),
     }
     for receiver in LOOPRELAYS:
         for versus in compared[receiver]:
@@ -415,10 +449,14 @@ def _notes(runs: list[Run]) -> list[str]:
         (OURS, QUEUE_NOTE),
         (UNSYNCED, UNSYNCED_NOTE),
         (GRANIAN, GRANIAN_NOTE),
+        (NODISPATCH, NODISPATCH_NOTE),
+        (EAGER, EAGER_NOTE),
         (DURABLE, DURABLE_NOTE),
+        (STACK_FSYNC, STACK_NOTE),
+        (STACK_SQLITE, STACK_NOTE),
         (PEER, PEER_NOTE),
     )
-    return [note for name, note in notes if name in names]
+    return list(dict.fromkeys(note for name, note in notes if name in names))
 
 
 def _report(

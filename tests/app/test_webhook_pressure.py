@@ -9,6 +9,7 @@ import time
 import pytest
 
 from looprelay.app.messages import Request, Response, json_response
+from looprelay.app import webhook
 from looprelay.app.webhook import WebhookPressure
 
 REQUEST = Request(method="POST", path="/webhook", headers={})
@@ -73,3 +74,21 @@ def test_the_wait_is_bounded_and_a_failing_handler_still_counts_out() -> None:
         serving.cancel()
 
     asyncio.run(never_answered())
+
+
+def test_queued_work_waits_until_the_webhook_has_been_idle_a_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Between two deliveries of a burst the webhook is idle for a moment only: work started
+    # then would hold the interpreter when the next one arrives. (0.5 s: long enough to see.)
+    monkeypatch.setattr(webhook, "IDLE_GRACE_SECONDS", 0.5)
+    pressure = WebhookPressure()
+
+    async def answered(request: Request) -> Response:
+        return json_response(202, {})
+
+    asyncio.run(pressure.tracking(answered)(REQUEST))
+    after_answer = time.monotonic()
+    pressure.wait_until_idle(30)
+
+    assert time.monotonic() - after_answer >= 0.4

@@ -1,7 +1,8 @@
 """The benchmark's reference receivers do what ``bench/ingress.py`` says they do.
 
-``bare_receiver.py --journal`` (the durable floor) acks only what it has written to its journal
-and refuses a bad signature without writing it; ``bench/unsynced`` turns off the fsync of the
+``bare_receiver.py --journal`` (the durable floor) and ``bare_asgi.py`` (the same on uvicorn,
+to a journal or to SQLite) ack only what they have written and refuse a bad signature without
+writing it; ``bench/unsynced`` turns off the fsync of the
 embedded queue's enqueue writer and of nothing else.
 """
 
@@ -13,6 +14,7 @@ import http.client
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -33,12 +35,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def durable_receiver(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+DURABLE_RECEIVERS = {
+    "stdlib-journal": ("bare_receiver.py", "--journal"),
+    "asgi-journal": ("bare_asgi.py", "--journal"),
+    "asgi-sqlite": ("bare_asgi.py", "--sqlite"),
+}
+
+
+@pytest.fixture(params=sorted(DURABLE_RECEIVERS))
+def durable_receiver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[int, Path]]:
+    script, flag = DURABLE_RECEIVERS[request.param]
     secret_file, journal, port = tmp_path / "secret", tmp_path / "journal", _free_port()
     secret_file.write_text(SECRET + "\n", encoding="ascii")
-    cmd = [sys.executable, str(BENCH / "bare_receiver.py"), "--port", str(port)]
-    cmd += ["--secret-file", str(secret_file), "--journal", str(journal)]
+    cmd = [sys.executable, str(BENCH / script), "--port", str(port)]
+    cmd += ["--secret-file", str(secret_file), flag, str(journal)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -77,10 +87,19 @@ def test_the_durable_floor_acks_only_what_its_journal_holds(
 
     assert statuses == [202] * len(bodies)
     assert refused == 401
-    written = journal.read_bytes()
+    written = _written(journal)
     for delivery, body in bodies.items():
         assert b"%d %s\n" % (len(body), delivery.encode()) + body in written
     assert b"forged" not in written
+
+
+def _written(journal: Path) -> bytes:
+    """What a durable receiver wrote, as ``<length> <delivery>\\n<body>`` records."""
+    if journal.read_bytes()[:16] != b"SQLite format 3\x00":
+        return journal.read_bytes()
+    with sqlite3.connect(journal) as db:
+        rows = db.execute("SELECT name, body FROM tasks").fetchall()
+    return b"".join(b"%d %s\n" % (len(body), name) + body for name, body in rows)
 
 
 def _synchronous(what: str, tmp_path: Path, *, unsynced: bool) -> int:

@@ -31,6 +31,30 @@ NEVER_FOR_THE_WEBHOOK = (
     "jwt",  # the webhook verifies HMAC; GitHub App auth is the worker's
 )
 LOOPRELAY_NEVER_ON_IMPORT = ("looprelay.core.render", "looprelay.agent", "looprelay.service.worker")
+LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
+    # The worker's, the runner API's and the sweeper's parts, and every store and GitHub
+    # adapter: the webhook verifies, enqueues and answers.
+    "looprelay.service.route",
+    "looprelay.core.decide",
+    "looprelay.service.runners",
+    "looprelay.service.lease_desk",
+    "looprelay.service.sweeper",
+    "looprelay.app.services",
+    "looprelay.app.longpoll",
+    "looprelay.app.webhook",  # up's webhook (the embedded queue's durable ack)
+    *(
+        f"looprelay.adapters.sqlite.{name}"
+        for name in ("database", "store", "work_items", "runners", "queue", "enqueue_committer")
+    ),
+    "looprelay.adapters.sqlite.worker_connection",
+    *(
+        f"looprelay.adapters.firestore.{name}"
+        for name in ("common", "store", "work_items", "runners", "dispatch_feed")
+    ),
+    *(f"looprelay.adapters.github.{name}" for name in ("rest", "auth", "app_hooks")),
+    "looprelay.adapters.gcp.oidc",
+    "libtmux",
+)
 _PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
 
 
@@ -105,3 +129,4 @@ class TestTheWebhookBuilder:
         assert "google.auth.transport.requests" in modules
         assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
         assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
+        assert _matching(modules, LOOPRELAY_NEVER_FOR_THE_WEBHOOK) == []
