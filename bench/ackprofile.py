@@ -50,7 +50,7 @@ from bare_receiver import Journal  # noqa: E402
 
 from looprelay.app.compose import WEBHOOK_PATH, LocalApp, build_app  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
-from looprelay.app.messages import Request  # noqa: E402
+from looprelay.service.ingress import Admission  # noqa: E402
 
 FIXTURE = BENCH.parent / "tests" / "fixtures" / "github" / "issue_comment.created.json"
 WARMUP = 40
@@ -165,18 +165,14 @@ def measure(count: int, *, unsynced: bool) -> dict[str, dict[str, float]]:
                 results["admit"] = _percentiles(
                     _timed(
                         count,
-                        lambda: local.ingress.admit(
-                            Request("POST", WEBHOOK_PATH, _headers(secret, body), body)
-                        ),
+                        lambda: local.ingress.admit("POST", _headers(secret, body), body),
                     )
                 )
 
                 def commit() -> None:
-                    admitted = local.ingress.admit(
-                        Request("POST", WEBHOOK_PATH, _headers(secret, body), body)
-                    )
-                    assert not hasattr(admitted, "status")
-                    local.queue.enqueue_soon(admitted.task).result()  # type: ignore[union-attr]
+                    admitted = local.ingress.admit("POST", _headers(secret, body), body)
+                    assert isinstance(admitted, Admission)
+                    local.queue.enqueue_soon(admitted.task).result()
 
                 results["admit + commit"] = _percentiles(_timed(count, commit))
             spans = uvloop.run(_app_spans(local, secret, body, count))

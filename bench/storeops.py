@@ -40,6 +40,8 @@ from storecount import OpCounts, install  # noqa: E402
 
 from looprelay.app.adapters import open_runner_registry  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
+from looprelay.app.webhook import webhook_handler  # noqa: E402
+from looprelay.app.worker import worker_handler  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
@@ -84,7 +86,7 @@ class Harness:
             "x-github-delivery": delivery_id,
             "x-hub-signature-256": sign_body(body, self.secret),
         }
-        acked = self.stack.ingress.handle(Request("POST", "/webhook", headers, body))
+        acked = webhook_handler(self.stack.ingress)(Request("POST", "/webhook", headers, body))
         assert acked.status == 202, acked.body
         return self.work(self.task_body(delivery_id))
 
@@ -99,7 +101,7 @@ class Harness:
 
     def work(self, body: bytes) -> str:
         auth = {"authorization": f"Bearer {self.worker_token}", "content-type": "application/json"}
-        answer = self.stack.worker.handle(Request("POST", "/worker", auth, body))
+        answer = worker_handler(self.stack.worker)(Request("POST", "/worker", auth, body))
         assert answer.status == 200, answer.body
         return str(json.loads(answer.body).get("outcome"))
 

@@ -24,6 +24,7 @@ from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.messages import Request
 from looprelay.app.services import build_router
+from looprelay.app.worker import worker_handler
 from looprelay.config.model import Config, RoutingConfig
 from looprelay.core.envelope import project_envelope
 from looprelay.service.worker import Worker, handler_budget
@@ -51,7 +52,7 @@ class Rig:
             max_text_chars=65_536,
         )
         started = time.monotonic()
-        answer = self.worker.handle(
+        answer = worker_handler(self.worker)(
             Request(
                 "POST",
                 "/worker",

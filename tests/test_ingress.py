@@ -23,6 +23,7 @@ from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.local import LocalStack
 from looprelay.app.messages import Request
 from looprelay.app.server import LocalServer
+from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import (
     Config,
     EmbeddedQueueConfig,
@@ -440,7 +441,7 @@ class TestTaskSize:
         body_dict["comment"]["body"] = "\u0001" * 200_000  # six bytes each once JSON-escaped
         body = json.dumps(body_dict).encode()
         headers = {k.lower(): v for k, v in _headers(body, delivery="d-huge").items()}
-        response = ingress.handle(
+        response = webhook_handler(ingress)(
             Request(method="POST", path="/webhook", headers=headers, body=body)
         )
         assert response.status == 202

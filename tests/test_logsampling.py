@@ -13,6 +13,7 @@ import pytest
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.app.messages import Request
+from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.logsampling import LogSampler, Sample
 from looprelay.service.ingress import Ingress
@@ -116,18 +117,20 @@ class TestWebhookRejections:
         )
 
         with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
-            statuses = {ingress.handle(_unsigned(f"forged-{n}")).status for n in range(500)}
+            statuses = {
+                webhook_handler(ingress)(_unsigned(f"forged-{n}")).status for n in range(500)
+            }
             flood = [r.getMessage() for r in caplog.records]
             caplog.clear()
             clock.now += WINDOW
-            ingress.handle(_unsigned("forged-after"))
+            webhook_handler(ingress)(_unsigned("forged-after"))
             after = [r.getMessage() for r in caplog.records]
 
         assert statuses == {401}  # every request still gets its answer
         assert len(flood) == LIMIT
         assert all(line.startswith("webhook rejected: signature") for line in flood)
         assert after[0] == (
-            f"{500 - LIMIT} more webhook rejections with status 401 were not logged "
+            f"{500 - LIMIT} more webhook rejections of kind bad-signature were not logged "
             f"(at most {LIMIT} every 60 s are)"
         )
         assert after[1].startswith("webhook rejected: signature")
@@ -144,8 +147,8 @@ class TestWebhookRejections:
         )
         with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
             for n in range(50):
-                ingress.handle(_unsigned(f"forged-{n}"))
-            response = ingress.handle(_signed_but_not_json("broken-1"))
+                webhook_handler(ingress)(_unsigned(f"forged-{n}"))
+            response = webhook_handler(ingress)(_signed_but_not_json("broken-1"))
 
         assert response.status == 400
         assert caplog.records[-1].getMessage() == "webhook rejected: body is not valid JSON"
@@ -156,5 +159,5 @@ class TestWebhookRejections:
         ingress = Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig())
         with caplog.at_level(logging.WARNING, logger="looprelay.service.ingress"):
             for n in range(100):
-                ingress.handle(_unsigned(f"forged-{n}"))
+                webhook_handler(ingress)(_unsigned(f"forged-{n}"))
         assert len(caplog.records) == 10

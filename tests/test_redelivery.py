@@ -19,6 +19,8 @@ from looprelay.adapters.gcp.cloud_tasks import CloudTasksQueue
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.messages import Request
+from looprelay.app.webhook import webhook_handler
+from looprelay.app.worker import worker_handler
 from looprelay.config.model import Config, QueueConfig, WebhookConfig
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import task_name_prefix
@@ -84,7 +86,7 @@ class Rig:
             "x-github-delivery": DELIVERY,
             "x-hub-signature-256": sign_body(COMMENT, SECRET),
         }
-        response = self.ingress.handle(Request("POST", "/webhook", headers, COMMENT))
+        response = webhook_handler(self.ingress)(Request("POST", "/webhook", headers, COMMENT))
         assert response.status == 202
         return dict(json.loads(response.body))
 
@@ -92,7 +94,7 @@ class Rig:
         """The queue dispatches task ``name`` to the worker; returns the worker's answer."""
         body = self.recorder.held()[name]
         headers = {"authorization": f"Bearer {WORKER_TOKEN}"}
-        response = self.worker.handle(Request("POST", "/worker", headers, body))
+        response = worker_handler(self.worker)(Request("POST", "/worker", headers, body))
         return response.status, dict(json.loads(response.body))
 
     def tasks(self) -> list[str]:

@@ -14,6 +14,7 @@ import requests
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.messages import Request
+from looprelay.app.worker import worker_handler
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord
 from looprelay.errors import Transient, Unauthorized
@@ -103,7 +104,7 @@ def deploy(tmp_path: Path) -> Iterator[Deploy]:
             clock=clock,
             handler=handler,
         )
-        server = AppServer(exact={"/worker": worker.handle}, max_body_bytes=1_000_000)
+        server = AppServer(exact={"/worker": worker_handler(worker)}, max_body_bytes=1_000_000)
         server.start()
         started.append((server, store))
         host, port = server.address
@@ -429,7 +430,7 @@ class TestDeliveriesNotRouted:
             body=body,
         )
 
-        assert worker.handle(request).status == 200
+        assert worker_handler(worker)(request).status == 200
 
         record = store.get_delivery(DELIVERY_ID)
         assert record is not None and (record.event, record.outcome) == (event, outcome)

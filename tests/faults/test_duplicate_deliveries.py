@@ -30,6 +30,8 @@ from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.services import build_router
+from looprelay.app.webhook import webhook_handler
+from looprelay.app.worker import worker_handler
 from looprelay.cli.sender import post_delivery
 from looprelay.config.model import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
 from looprelay.service.ingress import Ingress
@@ -143,7 +145,8 @@ class TestCopiesSpreadOverTime:
         )
         ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=config.webhook)
         server = AppServer(
-            exact={"/webhook": ingress.handle, "/worker": worker.handle}, max_body_bytes=1_000_000
+            exact={"/webhook": webhook_handler(ingress), "/worker": worker_handler(worker)},
+            max_body_bytes=1_000_000,
         )
         server.start()
         host, port = server.address

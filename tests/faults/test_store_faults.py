@@ -37,6 +37,7 @@ from looprelay.adapters.firestore.store import FirestoreStore
 from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.app.messages import Request
+from looprelay.app.worker import worker_handler
 from looprelay.config.model import RoutingConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import project_envelope
@@ -227,7 +228,7 @@ def _until_2xx(worker: Worker, item: Delivery, attempts: int = 100) -> list[int]
     )
     statuses = []
     for _ in range(attempts):
-        statuses.append(worker.handle(request).status)
+        statuses.append(worker_handler(worker)(request).status)
         if 200 <= statuses[-1] < 300:
             return statuses
     raise AssertionError(f"{item.delivery_id} never answered 2xx: {statuses}")

@@ -1,4 +1,4 @@
-"""Property-based tests of the webhook (``Ingress.handle``) with a real embedded queue.
+"""Property-based tests of the webhook (``app.webhook`` over ``Ingress``), real embedded queue.
 
 Whatever arrives (headers in any case, missing or odd; any bytes; any size around the cap;
 signed or not), the webhook answers: 202/200 for what it takes, a 4xx with a small JSON error
@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.app.messages import Request, Response, lower_headers
+from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.core.envelope import NAME_CAP, TITLE_CAP, Envelope
 from looprelay.core.signature import sign_body
@@ -73,7 +74,7 @@ def _send(config: WebhookConfig, *requests: Request) -> list[Outcome]:
     outcomes = []
     with _ingress(config) as (ingress, queue):
         for request in requests:
-            response = ingress.handle(request)
+            response = webhook_handler(ingress)(request)
             tasks = {task.name: task.body for task in queue.list_tasks()}
             outcomes.append(Outcome(response, tasks))
     return outcomes
@@ -228,7 +229,7 @@ class TestQueueFailures:
         error = Transient("queue down") if transient else Permanent("no such queue")
         queue = _FailingQueue(error)
         ingress = Ingress(secrets=SECRETS, queue=queue, config=WebhookConfig())
-        response = ingress.handle(_request(body, delivery="d-fail", event=event))
+        response = webhook_handler(ingress)(_request(body, delivery="d-fail", event=event))
         assert queue.calls == 1
         assert response.status == (503 if transient else 500)
         assert set(json.loads(response.body)) == {"error"}
@@ -374,7 +375,8 @@ def _has_surrogate(text: str) -> bool:
 
 
 class TestIngressRegressions:
-    """Inputs the fuzzing found that escape ``handle`` (service/ingress.py is the lead's to fix)."""
+    """Inputs the fuzzing found that escape ``Ingress.receive`` (service/ingress.py is the
+    lead's to fix)."""
 
     def test_an_integer_of_5000_digits_is_400_not_an_exception(self) -> None:
         body = b'{"action": "created", "n": ' + b"1" * 5_000 + b"}"

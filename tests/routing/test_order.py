@@ -33,6 +33,8 @@ from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.app.messages import Request
+from looprelay.app.webhook import webhook_handler
+from looprelay.app.worker import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import Envelope
@@ -79,7 +81,7 @@ class Ordered:
         data = comment_payload(body, comment_id=comment_id)
         data["comment"]["created_at"] = created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         delivery_id = f"order-{index:04d}"
-        answer = self.ingress.handle(_signed(data, delivery_id))
+        answer = webhook_handler(self.ingress)(_signed(data, delivery_id))
         assert answer.status == 202, answer.body
         return comment_id, delivery_id
 
@@ -177,7 +179,7 @@ def ordered(
             clock=clock,
             handler=_poisoned(router, poison),
         )
-        url = switchboard.mount(worker.handle)
+        url = switchboard.mount(worker_handler(worker))
         queue = SqliteQueue(
             tmp_path / f"queue-{len(opened)}.db",
             retry=RetryConfig(min_backoff_seconds=0.05, max_backoff_seconds=0.2, max_attempts=500),

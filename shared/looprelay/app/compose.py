@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, overload
 
 from starlette.applications import Starlette
 
-from looprelay.app.asgi import Blocking, Endpoint, Refusal, build_asgi, too_large
+from looprelay.app.asgi import Blocking, Endpoint, build_asgi
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import Config
 from looprelay.errors import ConfigError
@@ -163,19 +163,20 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
         handler = runner_api_handler(cloud.build_runner_api(config, environ), blocking)
         return build_asgi([Endpoint(RUNNER_PREFIX, handler, _runner_max_body_bytes())])
     if function == "webhook":
+        from looprelay.app.webhook import size_refusal, webhook_handler
+
         ingress = cloud.build_ingress(config, environ)
         cap = config.webhook.max_body_bytes
         endpoints = [
-            Endpoint(path, blocking(ingress.handle), cap, _size_refusal(ingress))
+            Endpoint(path, blocking(webhook_handler(ingress)), cap, size_refusal(ingress))
             for path in ("/", WEBHOOK_PATH)
         ]
     elif function == "worker":
+        from looprelay.app.worker import worker_handler
         from looprelay.ports import MAX_TASK_BYTES
 
-        worker = cloud.build_worker(config, environ)
-        endpoints = [
-            Endpoint(path, blocking(worker.handle), MAX_TASK_BYTES) for path in ("/", WORKER_PATH)
-        ]
+        worker = blocking(worker_handler(cloud.build_worker(config, environ)))
+        endpoints = [Endpoint(path, worker, MAX_TASK_BYTES) for path in ("/", WORKER_PATH)]
     else:
         from looprelay.app.status import STATUS_PATH, status_handler
         from looprelay.app.sweep import SweepHandler
@@ -222,7 +223,8 @@ def _open_local(
     from looprelay.app.longpoll import runner_api_handler
     from looprelay.app.services import build_router, build_runner_api
     from looprelay.app.status import STATUS_PATH, status_handler, to_status
-    from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
+    from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable, size_refusal
+    from looprelay.app.worker import worker_handler
     from looprelay.config.secrets import operator_token_from_env
     from looprelay.datadir import WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ports import MAX_TASK_BYTES
@@ -282,8 +284,8 @@ def _open_local(
     cap = config.webhook.max_body_bytes
     app = build_asgi(
         [
-            Endpoint(WEBHOOK_PATH, webhook, cap, _size_refusal(ingress)),
-            Endpoint(WORKER_PATH, blocking(worker.handle), MAX_TASK_BYTES),
+            Endpoint(WEBHOOK_PATH, webhook, cap, size_refusal(ingress)),
+            Endpoint(WORKER_PATH, blocking(worker_handler(worker)), MAX_TASK_BYTES),
             Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
             Endpoint(
                 STATUS_PATH,
@@ -337,18 +339,6 @@ def _runner_max_body_bytes() -> int:
     from looprelay.wire.runner_api import MAX_BODY_BYTES
 
     return MAX_BODY_BYTES
-
-
-def _size_refusal(ingress: Ingress) -> Refusal:
-    """The webhook's 413 as ingress gives it (logged with the delivery id): ingress judges
-    the request by a Content-Length past the cap, its body never read."""
-
-    def refuse(request: Request, cap: int) -> Response:
-        oversized = {**request.headers, "content-length": str(cap + 1)}
-        answer = ingress.admit(replace(request, headers=oversized))
-        return answer if isinstance(answer, Response) else too_large(request, cap)
-
-    return refuse
 
 
 async def _health(request: Request) -> Response:

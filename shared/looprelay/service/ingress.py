@@ -1,6 +1,7 @@
-"""The webhook: raw HTTP in, a verified slim envelope on the queue, 202 out.
+"""The webhook's stage: a request's parts in, a verified slim envelope on the queue, and an
+``Acknowledgement`` or a ``Refusal`` out (``app/webhook.py`` gives each its HTTP answer).
 
-Checks run cheapest first and each failure has one status code. Nothing here runs
+Checks run cheapest first and each failure has one refusal kind. Nothing here runs
 policy; it must answer well inside GitHub's 10-second budget.
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from secrets import token_hex
 from typing import Any
 from urllib.parse import parse_qs
@@ -18,7 +20,6 @@ from urllib.parse import parse_qs
 from pydantic_core import from_json
 
 from looprelay.adapters.clock import SystemClock
-from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import WebhookConfig
 from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.order import order_group
@@ -37,6 +38,37 @@ JSON_TYPE = "application/json"
 FORM_TYPE = "application/x-www-form-urlencoded"
 _DELIVERY_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _EVENT_NAME = re.compile(r"^[a-z0-9_]{1,64}$")  # projects_v2_item has digits
+
+
+class RefusalKind(StrEnum):
+    """Why a delivery was not taken: who must act, and the one answer it earns."""
+
+    METHOD_NOT_ALLOWED = "method-not-allowed"
+    TOO_LARGE = "too-large"
+    UNSUPPORTED_MEDIA = "unsupported-media"
+    BAD_REQUEST = "bad-request"
+    BAD_SIGNATURE = "bad-signature"
+    QUEUE_UNAVAILABLE = "queue-unavailable"
+    """The queue failed for now; GitHub records a failed delivery the sweeper redelivers."""
+    QUEUE_MISCONFIGURED = "queue-misconfigured"
+    """The queue refused the task: our configuration or grants, never the sender's request."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A delivery not taken: its kind and a one-line message safe to send back."""
+
+    kind: RefusalKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """A delivery taken: ``status`` is the admission's (``queued``, ``ignored``, ``pong``) or
+    ``duplicate`` when the queue already had its task (a ping stays ``pong``)."""
+
+    delivery_id: str
+    status: str
 
 
 @dataclass(frozen=True)
@@ -84,31 +116,36 @@ class Ingress:
         self._clock = clock or SystemClock()
         self._new_attempt = new_attempt
 
-    def handle(self, request: Request) -> Response:
-        """Answer one webhook request, enqueueing it through the queue port; never raises."""
-        admitted = self.admit(request)
-        if isinstance(admitted, Response):
+    def receive(
+        self, method: str, headers: Mapping[str, str], body: bytes
+    ) -> Acknowledgement | Refusal:
+        """Take one delivery (``headers`` with lower-case names), enqueueing it through the
+        queue port; never raises."""
+        admitted = self.admit(method, headers, body)
+        if isinstance(admitted, Refusal):
             return admitted
-        return self.answer(admitted, lambda: self._queue.enqueue(admitted.task))
+        return self.acknowledge(admitted, lambda: self._queue.enqueue(admitted.task))
 
-    def admit(self, request: Request) -> Response | Admission:
-        """Check one webhook request: the final answer when it is refused, else the task to
-        enqueue (an ignored event's and a ping's too: the worker records them). Never raises.
+    def admit(self, method: str, headers: Mapping[str, str], body: bytes) -> Admission | Refusal:
+        """Check one delivery: why it is refused (logged, sampled), else the task to enqueue
+        (an ignored event's and a ping's too: the worker records them). Never raises.
 
-        With :meth:`answer` it lets a server that must not block (``looprelay up``) enqueue
-        the task without waiting, and answer when the enqueue is durable.
+        With :meth:`acknowledge` it lets a server that must not block (``looprelay up``)
+        enqueue the task without waiting, and answer when the enqueue is durable.
         """
-        try:
-            return self._admit(request)
-        except BadDelivery as exc:
-            return self._refused(exc, request.headers.get(DELIVERY_HEADER, ""))
+        admitted = self._admit(method, headers, body)
+        if isinstance(admitted, Refusal):
+            self._log_refusal(admitted, headers.get(DELIVERY_HEADER, ""))
+        return admitted
 
-    def answer(self, admission: Admission, enqueued: Callable[[], bool]) -> Response:
-        """The answer for an admitted delivery once ``enqueued()`` says whether the queue took
+    def acknowledge(
+        self, admission: Admission, enqueued: Callable[[], bool]
+    ) -> Acknowledgement | Refusal:
+        """The outcome for an admitted delivery once ``enqueued()`` says whether the queue took
         it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
-        ``Transient`` becomes 503 and ``Permanent`` (the queue refused: our configuration or
-        permissions are wrong, never the sender's request) 500; GitHub records either as a
-        failed delivery, which the sweeper redelivers once the cause is fixed.
+        ``Transient`` is ``queue-unavailable`` and ``Permanent`` ``queue-misconfigured``;
+        GitHub records either as a failed delivery, which the sweeper redelivers once the cause
+        is fixed.
         """
         delivery_id = admission.delivery_id
         try:
@@ -120,14 +157,16 @@ class Ingress:
                 exc,
                 extra={"delivery_id": delivery_id},
             )
-            return json_response(500, {"error": "the queue refused the delivery; see the log"})
+            return Refusal(
+                RefusalKind.QUEUE_MISCONFIGURED, "the queue refused the delivery; see the log"
+            )
         except Transient as exc:
             log.error(
                 "enqueue failed, GitHub will record a failed delivery: %s",
                 exc,
                 extra={"delivery_id": delivery_id},
             )
-            return json_response(503, {"error": "queue unavailable; redeliver later"})
+            return Refusal(RefusalKind.QUEUE_UNAVAILABLE, "queue unavailable; redeliver later")
         log.info(
             "delivery %s",
             "queued" if queued else "duplicate",
@@ -136,38 +175,38 @@ class Ingress:
                 "fields": {"event": admission.event, "action": admission.action},
             },
         )
-        if admission.status == "pong":
-            return json_response(200, {"status": "pong"})
-        status = admission.status if queued else "duplicate"
-        return json_response(202, {"status": status, "delivery": delivery_id})
+        unchanged = queued or admission.status == "pong"
+        return Acknowledgement(delivery_id, admission.status if unchanged else "duplicate")
 
-    def _refused(self, exc: BadDelivery, delivery_id: str) -> Response:
+    def _log_refusal(self, refusal: Refusal, delivery_id: str) -> None:
         # Anyone can send refused requests: the log takes a sample, so noise cannot fill a disk.
         self._rejections.warning(
             log,
-            exc.status,
+            refusal.kind,
             "webhook rejected: %s",
-            exc,
-            kind=f"webhook rejections with status {exc.status}",
-            extra={"delivery_id": _loggable(delivery_id), "fields": {"status": exc.status}},
+            refusal.message,
+            kind=f"webhook rejections of kind {refusal.kind}",
+            extra={"delivery_id": _loggable(delivery_id), "fields": {"refusal": refusal.kind}},
         )
-        return json_response(exc.status, {"error": str(exc)})
 
-    def _admit(self, request: Request) -> Response | Admission:
-        if request.method != "POST":
-            raise BadDelivery("only POST is accepted here", status=405)
-        self._check_size(request)
-        media_type = _media_type(request.headers.get("content-type", ""))
-        if media_type not in (JSON_TYPE, FORM_TYPE):
-            raise BadDelivery(f"content type must be {JSON_TYPE} or {FORM_TYPE}", status=415)
-        event = request.headers.get(EVENT_HEADER, "")
-        delivery_id = request.headers.get(DELIVERY_HEADER, "")
-        if not _EVENT_NAME.match(event):
-            raise BadDelivery("missing or malformed X-GitHub-Event header")
-        if not _DELIVERY_ID.match(delivery_id):
-            raise BadDelivery("missing or malformed X-GitHub-Delivery header")
-        self._check_signature(request)
-        payload = _decode(request.body, media_type)
+    def _admit(self, method: str, headers: Mapping[str, str], body: bytes) -> Admission | Refusal:
+        if method != "POST":
+            return Refusal(RefusalKind.METHOD_NOT_ALLOWED, "only POST is accepted here")
+        media_type = _media_type(headers.get("content-type", ""))
+        event = headers.get(EVENT_HEADER, "")
+        delivery_id = headers.get(DELIVERY_HEADER, "")
+        refused = (
+            self._check_size(headers, body)
+            or _check_media_type(media_type)
+            or _check_names(event, delivery_id)
+            or self._check_signature(headers, body)
+        )
+        if refused is not None:
+            return refused
+        try:
+            payload = _decode(body, media_type)
+        except BadDelivery as exc:
+            return Refusal(RefusalKind.BAD_REQUEST, str(exc))
         status = "pong" if event == "ping" else "queued" if event in self._allowed else "ignored"
         if status == "ignored":
             log.info(
@@ -188,33 +227,39 @@ class Ingress:
             task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
         )
 
-    def _check_size(self, request: Request) -> None:
-        declared = request.headers.get("content-length")
+    def _check_size(self, headers: Mapping[str, str], body: bytes) -> Refusal | None:
+        declared = headers.get("content-length")
         length = _decimal(declared) if declared is not None else None
         limit = self._config.max_body_bytes
-        if len(request.body) > limit or (length is not None and length > limit):
-            raise BadDelivery(f"body larger than {limit} bytes", status=413)
-        if declared is not None and length != len(request.body):
-            raise BadDelivery("body length does not match Content-Length (truncated?)")
+        if len(body) > limit or (length is not None and length > limit):
+            return Refusal(RefusalKind.TOO_LARGE, f"body larger than {limit} bytes")
+        if declared is not None and length != len(body):
+            return Refusal(
+                RefusalKind.BAD_REQUEST, "body length does not match Content-Length (truncated?)"
+            )
+        return None
 
-    def _check_signature(self, request: Request) -> None:
+    def _check_signature(self, headers: Mapping[str, str], body: bytes) -> Refusal | None:
         if not self._verify:
             log.warning(
                 "SIGNATURE NOT VERIFIED: started with --insecure-no-verify; "
                 "never expose this server"
             )
-            return
-        header = request.headers.get(SIGNATURE_HEADER)
+            return None
+        header = headers.get(SIGNATURE_HEADER)
         if header is None:
-            legacy = "x-hub-signature" in request.headers
-            raise BadDelivery(
+            legacy = "x-hub-signature" in headers
+            return Refusal(
+                RefusalKind.BAD_SIGNATURE,
                 "SHA-1 X-Hub-Signature is not accepted; send X-Hub-Signature-256"
                 if legacy
                 else "missing X-Hub-Signature-256 header",
-                status=401,
             )
-        if not verify_signature(request.body, header, self._secrets):
-            raise BadDelivery("signature does not match any configured secret", status=401)
+        if not verify_signature(body, header, self._secrets):
+            return Refusal(
+                RefusalKind.BAD_SIGNATURE, "signature does not match any configured secret"
+            )
+        return None
 
     def _project(
         self, event: str, delivery_id: str, payload: dict[str, Any]
@@ -240,6 +285,22 @@ class Ingress:
 
 def _media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
+
+
+def _check_media_type(media_type: str) -> Refusal | None:
+    if media_type in (JSON_TYPE, FORM_TYPE):
+        return None
+    return Refusal(
+        RefusalKind.UNSUPPORTED_MEDIA, f"content type must be {JSON_TYPE} or {FORM_TYPE}"
+    )
+
+
+def _check_names(event: str, delivery_id: str) -> Refusal | None:
+    if not _EVENT_NAME.match(event):
+        return Refusal(RefusalKind.BAD_REQUEST, "missing or malformed X-GitHub-Event header")
+    if not _DELIVERY_ID.match(delivery_id):
+        return Refusal(RefusalKind.BAD_REQUEST, "missing or malformed X-GitHub-Delivery header")
+    return None
 
 
 def _decode(body: bytes, media_type: str) -> dict[str, Any]:

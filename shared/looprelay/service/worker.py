@@ -1,18 +1,19 @@
-"""The worker: a queue task in, the delivery ledger settled exactly once, 2xx or 5xx out.
+"""The worker: a queue task in, the delivery ledger settled exactly once, a ``Settlement`` out
+(``app/worker.py`` gives it, and the errors raised here, their HTTP answers).
 
 Scenario the ledger is built for: Cloud Tasks delivers at least once and in any order, and a
 worker can die anywhere. So (1) ``begin_delivery`` creates the record or finds it; (2) a settled
 record is a no-op; (3) the handler runs and must itself be idempotent, since a crash before
 settling runs it again; (4) ``settle_delivery`` is a compare-and-set, so only one run records
-the outcome. A ``Transient`` error answers 503 and leaves the record open for the retry;
-anything else is permanent: the delivery is settled ``failed`` (a dead letter to replay) and the
-queue gets 200 so it stops retrying.
+the outcome. A ``Transient`` error is raised (the queue retries) and leaves the record open;
+anything else is permanent: the delivery is settled ``failed`` (a dead letter to replay) and
+the queue is told it is done so it stops retrying.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,7 +21,6 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from looprelay import deadlines
-from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import (
     IGNORED_EVENT,
@@ -31,7 +31,7 @@ from looprelay.core.model import (
     is_valid_outcome,
 )
 from looprelay.core.order import order_group
-from looprelay.errors import Transient, Unauthorized
+from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
 
@@ -47,6 +47,16 @@ def handler_budget(dispatch_deadline_seconds: float) -> float:
     deadline: all but a reserve for the settle, at most a quarter of the deadline."""
     reserve = min(SETTLE_RESERVE_SECONDS, dispatch_deadline_seconds / 4)
     return dispatch_deadline_seconds - reserve
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """Where a delivery's ledger record stands once this attempt is over: settled with
+    ``outcome`` by this attempt, or (``already``) by an earlier or a racing one (its outcome,
+    None if the record went missing since)."""
+
+    outcome: str | None
+    already: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,37 +107,45 @@ class Worker:
         self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
 
-    def handle(self, request: Request) -> Response:
-        """Answer one task request; never raises."""
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
+    def settle(self, headers: Mapping[str, str], body: bytes) -> Settlement:
+        """Settle the delivery of one queue task: ``headers`` (lower-case names) prove the
+        caller is the queue, ``body`` is the envelope ingress wrote.
+
+        Raises ``Unauthorized`` for a caller that is not the queue (logged, sampled),
+        ``BadDelivery`` for a body that is no envelope, and ``Transient`` (its message safe to
+        send back) when the queue should retry: authentication, the store or the handler is
+        unavailable for now, the record left open.
+        """
+        self._authenticate(headers)
         try:
-            self._auth.authenticate(request.headers)
-        except Unauthorized as exc:
-            self._refusals.warning(
-                log, exc.status, "worker request refused: %s", exc, kind="worker refusals"
-            )
-            return json_response(exc.status, {"error": str(exc)})
-        except Transient as exc:
-            log.error("cannot authenticate the queue now: %s", exc)
-            return json_response(503, {"error": "authentication unavailable; retry"})
-        try:
-            envelope = Envelope.model_validate_json(request.body)
+            envelope = Envelope.model_validate_json(body)
         except ValidationError as exc:
             # Only our own ingress writes tasks, so this is a bug; the queue keeps the body.
             log.error("task body is not an envelope: %s", exc.errors(include_input=False)[:3])
-            return json_response(400, {"error": "task body is not a delivery envelope"})
+            raise BadDelivery("task body is not a delivery envelope") from exc
         try:
-            return self._process(envelope, request)
+            return self._process(envelope, body, retries=headers.get(RETRY_COUNT_HEADER))
         except Transient as exc:
             log.warning(
                 "transient failure, the queue will retry: %s",
                 exc,
                 extra={"delivery_id": envelope.delivery_id},
             )
-            return json_response(503, {"error": "transient failure; retry"})
+            raise Transient("transient failure; retry") from exc
 
-    def _process(self, envelope: Envelope, request: Request) -> Response:
+    def _authenticate(self, headers: Mapping[str, str]) -> None:
+        try:
+            self._auth.authenticate(headers)
+        except Unauthorized as exc:
+            self._refusals.warning(
+                log, exc.status, "worker request refused: %s", exc, kind="worker refusals"
+            )
+            raise
+        except Transient as exc:
+            log.error("cannot authenticate the queue now: %s", exc)
+            raise Transient("authentication unavailable; retry") from exc
+
+    def _process(self, envelope: Envelope, body: bytes, *, retries: str | None) -> Settlement:
         delivery_id = envelope.delivery_id
         now = self._clock.now()
         received = EventRecord(
@@ -143,7 +161,7 @@ class Worker:
                 event=envelope.event,
                 action=envelope.action,
                 received_at=now,
-                envelope=request.body.decode(),
+                envelope=body.decode(),
                 order_group=order_group(envelope),
                 order_key=envelope.order_key,
             ),
@@ -155,7 +173,7 @@ class Worker:
                 record.outcome,
                 extra={"delivery_id": delivery_id},
             )
-            return json_response(200, {"status": "already-settled", "outcome": record.outcome})
+            return Settlement(record.outcome, already=True)
         outcome = self._run_handler(envelope, record)
         now = self._clock.now()
         settled = EventRecord(
@@ -167,7 +185,7 @@ class Worker:
                 "outcome": outcome.outcome,
                 "detail": outcome.detail,
                 "attempts": record.attempts,
-                "queue_retries": request.headers.get(RETRY_COUNT_HEADER),
+                "queue_retries": retries,
             },
         )
         # The event rides in the settle's own write: a crash cannot keep one without the other.
@@ -176,14 +194,13 @@ class Worker:
         ):
             # Another attempt settled it meanwhile: answer with the one outcome on record.
             stored = self._store.get_delivery(delivery_id)
-            answer = {"status": "already-settled", "outcome": stored.outcome if stored else None}
-            return json_response(200, answer)
+            return Settlement(stored.outcome if stored else None, already=True)
         log.info(
             "delivery settled as %s",
             outcome.outcome,
             extra={"delivery_id": delivery_id, "fields": {"detail": outcome.detail}},
         )
-        return json_response(200, {"status": "settled", "outcome": outcome.outcome})
+        return Settlement(outcome.outcome)
 
     def _run_handler(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
         if envelope.event == "ping":
