@@ -39,9 +39,9 @@ from loadrun import FIXTURE  # noqa: E402
 from storecount import OpCounts, install  # noqa: E402
 
 from looprelay.app.adapters import open_runner_registry  # noqa: E402
+from looprelay.app.ingress_http import webhook_handler  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
-from looprelay.app.webhook import webhook_handler  # noqa: E402
-from looprelay.app.worker import worker_handler  # noqa: E402
+from looprelay.app.worker_http import worker_handler  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402

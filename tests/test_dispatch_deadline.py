@@ -24,7 +24,7 @@ from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.messages import Request
 from looprelay.app.services import build_router
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import Config, RoutingConfig
 from looprelay.core.envelope import project_envelope
 from looprelay.service.worker import Worker, handler_budget

@@ -20,10 +20,10 @@ import requests
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.local import LocalStack
 from looprelay.app.messages import Request
 from looprelay.app.server import LocalServer
-from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import (
     Config,
     EmbeddedQueueConfig,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
-from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.logsampling import LogSampler, Sample
 from looprelay.service.ingress import Ingress

@@ -18,9 +18,9 @@ import pytest
 from looprelay.adapters.gcp.cloud_tasks import CloudTasksQueue
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
-from looprelay.app.webhook import webhook_handler
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import Config, QueueConfig, WebhookConfig
 from looprelay.core.signature import sign_body
 from looprelay.core.tasknames import task_name_prefix

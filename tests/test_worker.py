@@ -14,7 +14,7 @@ import requests
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.app.messages import Request
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord
 from looprelay.errors import Transient, Unauthorized

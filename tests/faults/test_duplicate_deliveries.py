@@ -29,9 +29,9 @@ from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.services import build_router
-from looprelay.app.webhook import webhook_handler
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.cli.sender import post_delivery
 from looprelay.config.model import Config, EmbeddedQueueConfig, RetryConfig, RoutingConfig
 from looprelay.service.ingress import Ingress

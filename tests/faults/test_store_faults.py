@@ -37,7 +37,7 @@ from looprelay.adapters.firestore.store import FirestoreStore
 from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.app.messages import Request
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import RoutingConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import project_envelope

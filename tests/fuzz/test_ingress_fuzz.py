@@ -1,4 +1,4 @@
-"""Property-based tests of the webhook (``app.webhook`` over ``Ingress``), real embedded queue.
+"""Property-based tests of the webhook (``app.ingress_http`` over ``Ingress``), real embedded queue.
 
 Whatever arrives (headers in any case, missing or odd; any bytes; any size around the cap;
 signed or not), the webhook answers: 202/200 for what it takes, a 4xx with a small JSON error
@@ -23,8 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request, Response, lower_headers
-from looprelay.app.webhook import webhook_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, WebhookConfig
 from looprelay.core.envelope import NAME_CAP, TITLE_CAP, Envelope
 from looprelay.core.signature import sign_body

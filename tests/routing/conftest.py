@@ -36,7 +36,7 @@ from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.services import build_router
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import Config, RoutingConfig, SqliteConfig, StoreConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import project_envelope
@@ -466,7 +466,7 @@ class _Switchboard:
     """One HTTP server for the session; each deployment's worker gets a path of its own.
 
     Starting and stopping a server per test would add its start-up to every test; the
-    requests still travel over real HTTP to the worker (``app.worker``).
+    requests still travel over real HTTP to the worker (``app.worker_http``).
     """
 
     def __init__(self) -> None:

@@ -32,9 +32,9 @@ from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
-from looprelay.app.webhook import webhook_handler
-from looprelay.app.worker import worker_handler
+from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import Envelope

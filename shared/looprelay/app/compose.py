@@ -163,7 +163,7 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
         handler = runner_api_handler(cloud.build_runner_api(config, environ), blocking)
         return build_asgi([Endpoint(RUNNER_PREFIX, handler, _runner_max_body_bytes())])
     if function == "webhook":
-        from looprelay.app.webhook import size_refusal, webhook_handler
+        from looprelay.app.ingress_http import size_refusal, webhook_handler
 
         ingress = cloud.build_ingress(config, environ)
         cap = config.webhook.max_body_bytes
@@ -172,7 +172,7 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             for path in ("/", WEBHOOK_PATH)
         ]
     elif function == "worker":
-        from looprelay.app.worker import worker_handler
+        from looprelay.app.worker_http import worker_handler
         from looprelay.ports import MAX_TASK_BYTES
 
         worker = blocking(worker_handler(cloud.build_worker(config, environ)))
@@ -220,11 +220,12 @@ def _open_local(
         open_stores,
         system_clock,
     )
+    from looprelay.app.ingress_http import size_refusal
     from looprelay.app.longpoll import runner_api_handler
     from looprelay.app.services import build_router, build_runner_api
     from looprelay.app.status import STATUS_PATH, status_handler, to_status
-    from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable, size_refusal
-    from looprelay.app.worker import worker_handler
+    from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
+    from looprelay.app.worker_http import worker_handler
     from looprelay.config.secrets import operator_token_from_env
     from looprelay.datadir import WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ports import MAX_TASK_BYTES

@@ -1,6 +1,5 @@
-"""The webhook's HTTP face: ingress's outcomes as status codes and JSON bodies; in the cloud a
-blocking handler, in ``looprelay up`` an async one acked once its enqueue is durable, ahead of
-the queue's own work."""
+"""The webhook of ``looprelay up`` as an async handler: acked once its enqueue is durable,
+ahead of the queue's own work."""
 
 from __future__ import annotations
 
@@ -8,14 +7,14 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 
-from looprelay.app.asgi import AsyncHandler, Handler, too_large
-from looprelay.app.asgi import Refusal as BodyRefusal
-from looprelay.app.messages import Request, Response, json_response
+from looprelay.app.asgi import AsyncHandler
+from looprelay.app.ingress_http import webhook_answer
+from looprelay.app.messages import Request, Response
 from looprelay.ports import Task
-from looprelay.service.ingress import Acknowledgement, Ingress, Refusal, RefusalKind
+from looprelay.service.ingress import Ingress, Refusal
 
 log = logging.getLogger("looprelay.up")
 
@@ -24,18 +23,6 @@ IDLE_GRACE_SECONDS = 0.002
 deliveries of a burst the webhook is idle for a fraction of a millisecond; work started in
 that gap holds the interpreter when the next request arrives (a third of the acks per second
 at 8 connections in ``bench/ingress.py``). Outside bursts it delays routing by this much."""
-
-REFUSAL_STATUS: Mapping[RefusalKind, int] = {
-    RefusalKind.METHOD_NOT_ALLOWED: 405,
-    RefusalKind.TOO_LARGE: 413,
-    RefusalKind.UNSUPPORTED_MEDIA: 415,
-    RefusalKind.BAD_REQUEST: 400,
-    RefusalKind.BAD_SIGNATURE: 401,
-    RefusalKind.QUEUE_UNAVAILABLE: 503,
-    RefusalKind.QUEUE_MISCONFIGURED: 500,
-}
-"""Each refusal's status code. GitHub records a 5xx as a failed delivery, which the sweeper
-redelivers once the queue is back or fixed."""
 
 EnqueueSoon = Callable[[Task], "Future[bool]"]
 """Start a durable enqueue; the future resolves once it is on disk (``Queue.enqueue``'s
@@ -109,37 +96,3 @@ def acknowledge_when_durable(ingress: Ingress, enqueue_soon: EnqueueSoon) -> Asy
 
 def _raise(exc: Exception) -> bool:
     raise exc
-
-
-def webhook_handler(ingress: Ingress) -> Handler:
-    """The webhook as a blocking handler: checks, then enqueues through the queue port and
-    waits for it (the cloud's webhook). Never raises."""
-
-    def handle(request: Request) -> Response:
-        return webhook_answer(ingress.receive(request.method, request.headers, request.body))
-
-    return handle
-
-
-def webhook_answer(outcome: Acknowledgement | Refusal) -> Response:
-    """The HTTP answer to one delivery's outcome: 202 with its status and id (200 for GitHub's
-    ping), or the refusal's status code with its message."""
-    if isinstance(outcome, Refusal):
-        return json_response(REFUSAL_STATUS[outcome.kind], {"error": outcome.message})
-    if outcome.status == "pong":
-        return json_response(200, {"status": "pong"})
-    return json_response(202, {"status": outcome.status, "delivery": outcome.delivery_id})
-
-
-def size_refusal(ingress: Ingress) -> BodyRefusal:
-    """The webhook's 413 as ingress gives it (logged with the delivery id): ingress judges
-    the request by a Content-Length past the cap, its body never read."""
-
-    def refuse(request: Request, cap: int) -> Response:
-        oversized = {**request.headers, "content-length": str(cap + 1)}
-        admitted = ingress.admit(request.method, oversized, request.body)
-        return (
-            webhook_answer(admitted) if isinstance(admitted, Refusal) else too_large(request, cap)
-        )
-
-    return refuse

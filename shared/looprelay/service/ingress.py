@@ -1,5 +1,5 @@
 """The webhook's stage: a request's parts in, a verified slim envelope on the queue, and an
-``Acknowledgement`` or a ``Refusal`` out (``app/webhook.py`` gives each its HTTP answer).
+``Acknowledgement`` or a ``Refusal`` out (``app/ingress_http.py`` gives each its HTTP answer).
 
 Checks run cheapest first and each failure has one refusal kind. Nothing here runs
 policy; it must answer well inside GitHub's 10-second budget.

@@ -1,5 +1,5 @@
 """The worker: a queue task in, the delivery ledger settled exactly once, a ``Settlement`` out
-(``app/worker.py`` gives it, and the errors raised here, their HTTP answers).
+(``app/worker_http.py`` gives it, and the errors raised here, their HTTP answers).
 
 Scenario the ledger is built for: Cloud Tasks delivers at least once and in any order, and a
 worker can die anywhere. So (1) ``begin_delivery`` creates the record or finds it; (2) a settled
