@@ -42,6 +42,7 @@ from looprelay.app.adapters import open_runner_registry  # noqa: E402
 from looprelay.app.ingress_http import webhook_handler  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
 from looprelay.app.worker_http import worker_handler  # noqa: E402
+from looprelay.app.runner_http import RunnerHttp  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
@@ -108,7 +109,7 @@ class Harness:
     def runner(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"authorization": self.runner_auth, "content-type": "application/json"}
         request = Request("POST", f"/runner/v1/{path}", headers, json.dumps(body).encode())
-        answer = self.stack.runner_api.handle(request)
+        answer = RunnerHttp(self.stack.runner_api).handle(request)
         assert answer.status in (200, 201, 204), (path, answer.status, answer.body)
         return json.loads(answer.body) if answer.body else {}
 

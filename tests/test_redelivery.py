@@ -12,12 +12,14 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from secrets import token_hex
 
 import pytest
 
 from looprelay.adapters.gcp.cloud_tasks import CloudTasksQueue
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.store import SqliteStore
+from looprelay.app.adapters import open_queue, open_store
 from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
 from looprelay.app.worker_http import worker_handler
@@ -163,7 +165,7 @@ class TestReplay:
         rig.recorder.end(first)
         rig.handler.failing = False
 
-        replay_delivery(config, data_dir=tmp_path, delivery_id=DELIVERY)
+        _replay(config, tmp_path)
 
         [again] = rig.tasks()
         assert again != first and again.startswith(task_name_prefix(DELIVERY) + "replay-")
@@ -179,7 +181,7 @@ class TestReplay:
         rig.recorder.end(first)
         rig.handler.broken = False
 
-        replay_delivery(config, data_dir=tmp_path, delivery_id=DELIVERY)
+        _replay(config, tmp_path)
 
         [again] = rig.tasks()
         assert rig.queue_runs(again) == (200, {"status": "settled", "outcome": "dispatched"})
@@ -193,8 +195,19 @@ class TestReplay:
         rig.recorder.end(first)
 
         with pytest.raises(ConfigError, match="is dispatched; only failed ones and ones still"):
-            replay_delivery(config, data_dir=tmp_path, delivery_id=DELIVERY)
+            _replay(config, tmp_path)
         assert rig.tasks() == []
+
+
+def _replay(config: Config, data_dir: Path) -> None:
+    """``looprelay deliveries replay DELIVERY``, as the CLI wires it."""
+    replay_delivery(
+        open_store(config, data_dir=data_dir),
+        open_queue(config, data_dir=data_dir),
+        delivery_id=DELIVERY,
+        now=datetime.now(UTC),
+        attempt=token_hex(8),
+    )
 
 
 class TestTheRecorder:

@@ -47,6 +47,7 @@ from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.app.messages import Request, Response, json_response
+from looprelay.app.runner_http import RunnerHttp
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
@@ -139,6 +140,10 @@ class Relay:
     _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
+    _http: RunnerHttp = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._http = RunnerHttp(self.api)
 
     @property
     def url(self) -> str:
@@ -179,10 +184,10 @@ class Relay:
                 return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
-            return self.api.handle(request)
+            return self._http.handle(request)
         if not stall.after_lease and stall.take() and not stall.hold():
             return json_response(503, {"error": "dropped by the test"})
-        response = self.api.handle(request)
+        response = self._http.handle(request)
         if stall.after_lease and response.status == 200 and stall.take():
             stall.hold()
         return response

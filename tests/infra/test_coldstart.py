@@ -41,6 +41,7 @@ LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
     "looprelay.service.sweeper",
     "looprelay.app.services",
     "looprelay.app.longpoll",
+    "looprelay.app.runner_http",
     "looprelay.app.webhook",  # up's webhook (the embedded queue's durable ack)
     *(
         f"looprelay.adapters.sqlite.{name}"

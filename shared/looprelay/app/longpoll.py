@@ -15,10 +15,11 @@ import logging
 
 from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
+from looprelay.app.runner_http import NOTHING_TO_LEASE, RunnerHttp, lease_answer
 from looprelay.core.model import RunnerRecord
 from looprelay.errors import Transient
 from looprelay.service.lease_desk import LeaseDesk
-from looprelay.service.runners import NOTHING_TO_LEASE, RunnerApi, lease_answer
+from looprelay.service.runners import RunnerApi
 from looprelay.wire.runner_api import API_PREFIX, PollBody
 
 log = logging.getLogger("looprelay.service.runners")
@@ -28,13 +29,14 @@ POLL_PATH = API_PREFIX + "poll"
 
 def runner_api_handler(api: RunnerApi, blocking: Blocking) -> AsyncHandler:
     """``/runner/v1/...``: the poll waits on the loop, every other call runs on the pool."""
-    threaded = blocking(api.handle)
+    http = RunnerHttp(api)
+    threaded = blocking(http.handle)
 
     async def handle(request: Request) -> Response:
         desk = api.desk
         if request.path != POLL_PATH or desk is None:
             return await threaded(request)
-        admitted = await blocking.run(lambda: api.admit_poll(request))
+        admitted = await blocking.run(lambda: http.admit_poll(request))
         if isinstance(admitted, Response):
             return admitted
         runner, body = admitted

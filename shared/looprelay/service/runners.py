@@ -1,25 +1,21 @@
-"""The runner API (``/runner/v1/...``): how runner agents register and stay known.
+"""The runner API's service: how runner agents register, stay known and take work.
 
 Runners call out only (no inbound port on their side). Every call but ``register`` carries
-``Authorization: Bearer <runner_id>:<secret>``; an unknown, wrong or revoked credential gets 401
-with a message telling the operator to register again.
+``Authorization: Bearer <runner_id>:<secret>``; an unknown, wrong or revoked credential raises
+``Unauthorized`` with a message telling the operator to register again. One method per
+operation takes the parsed body (``wire.runner_api``) and returns the answer model; HTTP (the
+paths, the body parsing, the status codes) is ``app.runner_http``'s.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
-
-from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
-from looprelay.errors import BadDelivery, Conflict, NotFound, Transient, Unauthorized
-from looprelay.failover import Failover
-from looprelay.logsampling import LogSampler
+from looprelay.errors import NotFound, Unauthorized
+from looprelay.service.failover import Failover
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runner_secrets import (
@@ -31,12 +27,8 @@ from looprelay.service.runner_secrets import (
     parse_runner_bearer,
 )
 from looprelay.wire.runner_api import (
-    API_PREFIX,
-    ENDPOINTS,
-    MAX_BODY_BYTES,
     Deregistered,
     Dispatch,
-    EmptyBody,
     HeartbeatBody,
     HeartbeatHints,
     Leased,
@@ -53,20 +45,19 @@ from looprelay.wire.runner_api import (
 log = logging.getLogger("looprelay.service.runners")
 
 _REGISTER_AGAIN = "register it again with `looprelay runner register`"
-NOTHING_TO_LEASE = Response(status=204, body=b"")
-"""A poll's answer when nothing came within its wait."""
 
 
-def lease_answer(leased: DispatchRecord | None) -> Response:
-    """A poll's answer: 200 with the dispatch ``leased`` to the runner, 204 without one."""
-    if leased is None:
-        return NOTHING_TO_LEASE
-    answer = Leased(dispatch=Dispatch.from_record(leased))
-    return json_response(200, answer.model_dump(mode="json"))
+def leased(dispatch: DispatchRecord | None) -> Leased | None:
+    """A poll's answer: the dispatch leased to the runner, or None when none came."""
+    return None if dispatch is None else Leased(dispatch=Dispatch.from_record(dispatch))
 
 
 class RunnerApi:
-    """Serves ``/runner/v1/...``; one instance serves many requests and threads."""
+    """The runner API's operations; one instance serves many requests and threads.
+
+    Each raises ``Unauthorized``, ``NotFound``, ``Conflict`` or ``Transient`` (the store
+    failed: retry) instead of answering.
+    """
 
     def __init__(
         self,
@@ -88,77 +79,33 @@ class RunnerApi:
         self._store = store
         self._clock = clock
         self._config = config
-        self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
-        self._routes: dict[str, Callable[[Request], Response]] = {
-            "register": self._register,
-            "heartbeat": self._heartbeat,
-            "rotate": self._rotate,
-            "deregister": self._deregister,
-            "poll": self._poll,
-            "renew": self._renew,
-            "results": self._results,
-        }
-        # The documented table and the handlers must name the same endpoints.
-        assert self._routes.keys() == ENDPOINTS.keys()
-
-    def handle(self, request: Request) -> Response:
-        """Answer one runner API request; never raises."""
-        route = self._routes.get(request.path.removeprefix(API_PREFIX))
-        if not request.path.startswith(API_PREFIX) or route is None:
-            return json_response(404, {"error": "no such runner API path"})
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
-        return self._answer(lambda: route(request))
 
     @property
     def desk(self) -> LeaseDesk | None:
         """The lease desk serving poll, renew and results, if any."""
         return self._desk
 
-    def admit_poll(self, request: Request) -> Response | tuple[RunnerRecord, PollBody]:
-        """A poll's checks without its wait: the runner and body to poll for, or the final
-        answer (401, 404, 422, 503...) when it is refused. Never raises.
-
-        A server that waits without a thread (``app.longpoll``) uses it with
-        ``LeaseDesk.try_lease``; :meth:`handle` serves the same poll on one thread.
-        """
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
-        admitted: list[tuple[RunnerRecord, PollBody]] = []
-
-        def admit() -> Response:
-            runner = self._authenticate(request)
-            self._work_desk()
-            admitted.append((runner, _parse(request, PollBody)))
-            return NOTHING_TO_LEASE
-
-        refused = self._answer(admit)
-        return admitted[0] if admitted else refused
-
-    def _answer(self, route: Callable[[], Response]) -> Response:
-        try:
-            return route()
-        except BadDelivery as exc:
-            return json_response(exc.status, {"error": str(exc)})
-        except NotFound as exc:
-            return json_response(404, {"error": str(exc)})
-        except Conflict as exc:
-            return json_response(409, {"error": str(exc)})
-        except Unauthorized as exc:
-            self._refusals.warning(
-                log,
-                exc.status,
-                "runner API refused: %s",
-                exc,
-                kind=f"runner API refusals with status {exc.status}",
+    def authenticate(self, authorization: str) -> RunnerRecord:
+        """The runner an ``Authorization`` header value names and proves, for every call but
+        ``register``. Raises ``Unauthorized`` for a missing, unknown, wrong or revoked one."""
+        parsed = parse_runner_bearer(authorization)
+        runner = self._registry.get_runner(parsed[0]) if parsed else None
+        if (
+            parsed is None
+            or runner is None
+            or not credential_matches(parsed[1], runner.secret_hash)
+        ):
+            raise Unauthorized(
+                "unknown runner or wrong secret; if an operator ran `looprelay runners rotate`, "
+                "put the new secret in this runner's credentials file, else "
+                f"{_REGISTER_AGAIN}"
             )
-            return json_response(exc.status, {"error": str(exc)})
-        except Transient as exc:
-            log.error("runner API store failure: %s", exc)
-            return json_response(503, {"error": "temporarily unavailable; retry"})
+        if runner.revoked:
+            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
+        return runner
 
-    def _register(self, request: Request) -> Response:
-        body = _parse(request, RegisterBody)
+    def register(self, body: RegisterBody) -> Registered:
+        """Exchange a single-use registration token for a new runner's id and secret."""
         now = self._clock.now()
         if not self._registry.consume_registration_token(hash_credential(body.token), at=now):
             raise Unauthorized(
@@ -179,12 +126,11 @@ class RunnerApi:
         self._registry.add_runner(runner)
         self._event("runner.registered", runner, {"name": runner.name, "labels": runner.labels})
         log.info("runner %s registered", runner.name, extra={"runner_id": runner.runner_id})
-        answer = Registered(runner_id=runner.runner_id, secret=secret, name=runner.name)
-        return json_response(201, answer.model_dump())
+        return Registered(runner_id=runner.runner_id, secret=secret, name=runner.name)
 
-    def _heartbeat(self, request: Request) -> Response:
-        runner = self._authenticate(request)
-        body = _parse(request, HeartbeatBody)
+    def heartbeat(self, runner: RunnerRecord, body: HeartbeatBody) -> HeartbeatHints:
+        """Record that ``runner`` is alive and what it serves; settle the sessions it reports
+        released, held elsewhere or lost to a restart."""
         status = RunnerStatus(
             version=body.version,
             # Sessions the runner may hold are set at registration (`runner register
@@ -203,71 +149,51 @@ class RunnerApi:
             self._failover.note_released(runner, body.released)
             released = self._failover.release_leases(runner) if body.restarted else 0
             moved = self._failover.moved(runner, body.held)
-        hints = HeartbeatHints(
+        return HeartbeatHints(
             heartbeat_seconds=self._config.heartbeat_seconds,
             lost_after_seconds=self._config.lost_after_seconds,
             moved=moved,
             released_leases=released,
         )
-        return json_response(200, hints.model_dump())
 
-    def _rotate(self, request: Request) -> Response:
-        runner = self._authenticate(request)
-        _parse(request, EmptyBody)
+    def rotate(self, runner: RunnerRecord) -> Rotated:
+        """Replace ``runner``'s secret; the old one stops working."""
         secret = new_runner_secret()
         if not self._registry.rotate_runner_secret(
             runner.runner_id, secret_hash=hash_credential(secret)
         ):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         self._event("runner.rotated", runner, {"by": "runner"})
-        return json_response(200, Rotated(runner_id=runner.runner_id, secret=secret).model_dump())
+        return Rotated(runner_id=runner.runner_id, secret=secret)
 
-    def _deregister(self, request: Request) -> Response:
+    def deregister(self, runner: RunnerRecord) -> Deregistered:
         """The runner removes itself (``looprelay runner remove``): revoked as an operator's
         ``runners revoke`` would, so a copy of its credentials left anywhere is worthless."""
-        runner = self._authenticate(request)
-        _parse(request, EmptyBody)
         if not self._registry.revoke_runner(runner.runner_id, at=self._clock.now()):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         self._event("runner.deregistered", runner, {"name": runner.name})
         log.info("runner %s deregistered", runner.name, extra={"runner_id": runner.runner_id})
-        return json_response(200, Deregistered(runner_id=runner.runner_id).model_dump())
+        return Deregistered(runner_id=runner.runner_id)
 
-    def _work_desk(self) -> LeaseDesk:
+    def work_desk(self) -> LeaseDesk:
+        """The lease desk; ``NotFound`` on a server that hands out no work."""
         if self._desk is None:
-            raise BadDelivery("this server hands out no work", status=404)
+            raise NotFound("this server hands out no work")
         return self._desk
 
-    def _poll(self, request: Request) -> Response:
-        runner = self._authenticate(request)
-        return lease_answer(self._work_desk().poll(runner, _parse(request, PollBody)))
+    def poll(self, runner: RunnerRecord, body: PollBody) -> Leased | None:
+        """Lease the next dispatch ``runner`` may take, waiting on this thread; None when
+        nothing came within the wait (``app.longpoll`` waits without a thread instead)."""
+        return leased(self.work_desk().poll(runner, body))
 
-    def _renew(self, request: Request) -> Response:
-        runner = self._authenticate(request)
-        until = self._work_desk().renew(runner, _parse(request, RenewBody))
-        return json_response(200, Renewed(lease_expires_at=until.isoformat()).model_dump())
+    def renew(self, runner: RunnerRecord, body: RenewBody) -> Renewed:
+        """Extend the lease ``runner`` holds on a dispatch being applied."""
+        until = self.work_desk().renew(runner, body)
+        return Renewed(lease_expires_at=until.isoformat())
 
-    def _results(self, request: Request) -> Response:
-        runner = self._authenticate(request)
-        status = self._work_desk().report(runner, _parse(request, ResultBody))
-        return json_response(200, Reported(status=status).model_dump())
-
-    def _authenticate(self, request: Request) -> RunnerRecord:
-        parsed = parse_runner_bearer(request.headers.get("authorization", ""))
-        runner = self._registry.get_runner(parsed[0]) if parsed else None
-        if (
-            parsed is None
-            or runner is None
-            or not credential_matches(parsed[1], runner.secret_hash)
-        ):
-            raise Unauthorized(
-                "unknown runner or wrong secret; if an operator ran `looprelay runners rotate`, "
-                "put the new secret in this runner's credentials file, else "
-                f"{_REGISTER_AGAIN}"
-            )
-        if runner.revoked:
-            raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
-        return runner
+    def results(self, runner: RunnerRecord, body: ResultBody) -> Reported:
+        """Record what ``runner`` did with a dispatch it leased."""
+        return Reported(status=self.work_desk().report(runner, body))
 
     def _event(self, name: str, runner: RunnerRecord, data: dict[str, object]) -> None:
         self._store.append_event(
@@ -287,19 +213,3 @@ def mint_registration_token(registry: RunnerRegistry, *, now: datetime, ttl: tim
         RegistrationToken(token_hash=hash_credential(token), created_at=now, expires_at=now + ttl)
     )
     return token
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _parse(request: Request, model: type[_M]) -> _M:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise BadDelivery(f"body larger than {MAX_BODY_BYTES} bytes", status=413)
-    try:
-        return model.model_validate_json(request.body or b"{}")
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-            for e in exc.errors(include_input=False)[:5]
-        )
-        raise BadDelivery(f"invalid request body: {problems}") from exc

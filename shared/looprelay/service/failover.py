@@ -19,7 +19,7 @@ from looprelay.ports import Clock, Store, WorkItemStore
 from looprelay.service.lease_desk import DispatchWaker
 from looprelay.wire.runner_api import HeldSession, MovedSession, ReleasedSession
 
-log = logging.getLogger("looprelay.failover")
+log = logging.getLogger("looprelay.service.failover")
 
 MAX_RELEASED_LEASES = 500
 """Leased dispatches looked through for a restarted runner's own; far above any capacity."""
