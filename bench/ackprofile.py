@@ -49,8 +49,8 @@ sys.path.insert(0, str(BENCH))
 from bare_receiver import Journal  # noqa: E402
 
 from looprelay.app.compose import WEBHOOK_PATH, LocalApp, build_app  # noqa: E402
-from looprelay.config.model import Config  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
+from looprelay.config.model import Config  # noqa: E402
 
 FIXTURE = BENCH.parent / "tests" / "fixtures" / "github" / "issue_comment.created.json"
 WARMUP = 40

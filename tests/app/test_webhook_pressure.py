@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from looprelay.app.messages import Request, Response, json_response
 from looprelay.app import webhook
+from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.webhook import WebhookPressure
 
 REQUEST = Request(method="POST", path="/webhook", headers={})

@@ -12,18 +12,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from looprelay.core.checklist import Phase, parse_checklist, render_checklist
-from looprelay.core.control import Keywords
-from looprelay.core.decide import USER_ID_MISMATCH, decide
-from looprelay.core.decision import Decision, Situation
-from looprelay.core.envelope import Envelope, project_envelope
-from looprelay.core.interaction import ModeResolution
-from looprelay.core.markers import mark
-from looprelay.core.plan import RoutingPolicy, Templates
-from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
-from looprelay.core.prsessions import REASON_NO_SEPARATE_CHECKOUT, tmux_session_name
-from looprelay.core.workitems import parse_ref, work_items
-from looprelay.core.model import CommandLog, GraphRecord, SessionRecord, WorkItemRecord
 from looprelay.config.templates import (
     CHECKLIST_COMMENT,
     CONFIRMATION_COMMENT,
@@ -31,6 +19,18 @@ from looprelay.config.templates import (
     SPAWN_PROMPT,
     bundled_template,
 )
+from looprelay.core.checklist import Phase, parse_checklist, render_checklist
+from looprelay.core.control import Keywords
+from looprelay.core.decide import USER_ID_MISMATCH, decide
+from looprelay.core.decision import Decision, Situation
+from looprelay.core.envelope import Envelope, project_envelope
+from looprelay.core.interaction import ModeResolution
+from looprelay.core.markers import mark
+from looprelay.core.model import CommandLog, GraphRecord, SessionRecord, WorkItemRecord
+from looprelay.core.plan import RoutingPolicy, Templates
+from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
+from looprelay.core.prsessions import REASON_NO_SEPARATE_CHECKOUT, tmux_session_name
+from looprelay.core.workitems import parse_ref, work_items
 from tests.samples import AUTO_LABEL, payload
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
