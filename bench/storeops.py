@@ -41,8 +41,8 @@ from storecount import OpCounts, install  # noqa: E402
 from looprelay.app.adapters import open_runner_registry  # noqa: E402
 from looprelay.app.ingress_http import webhook_handler  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
-from looprelay.app.worker_http import worker_handler  # noqa: E402
 from looprelay.app.runner_http import RunnerHttp  # noqa: E402
+from looprelay.app.worker_http import worker_handler  # noqa: E402
 from looprelay.config.model import Config  # noqa: E402
 from looprelay.core.model import RunnerRecord  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402

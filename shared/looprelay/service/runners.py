@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
 from looprelay.errors import NotFound, Unauthorized
-from looprelay.service.failover import Failover
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
+from looprelay.service.failover import Failover
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runner_secrets import (
     credential_matches,
