@@ -119,8 +119,15 @@ class DispatchWaker:
             self._recent.append(opened)
             self._changed.notify_all()
             waiting = list(self._waiting.items())
-        # Judged outside the lock: each check is in memory, but there may be a thousand.
-        woken = [future for future, wants in waiting if _concerns(wants, opened)]
+        # Judged outside the lock: each check is in memory, but there may be a thousand; polls
+        # sharing one check (one runner's) are judged once.
+        judged: dict[Wants | None, bool] = {}
+        woken = []
+        for future, wants in waiting:
+            if wants not in judged:
+                judged[wants] = _concerns(wants, opened)
+            if judged[wants]:
+                woken.append(future)
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         with self._changed:
             for future in woken:
@@ -243,6 +250,7 @@ class LeaseDesk:
         self._runners = RunnerCache(
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
         )
+        self._wants: dict[str, tuple[RunnerRecord, Wants]] = {}
         # Expiring unserved work reads the runner list and the pending dispatches: with a feed
         # (the cloud) polls must cost no reads, so the scheduled sweeper runs it instead.
         self._expiry = (
@@ -292,6 +300,9 @@ class LeaseDesk:
         """The check a waiting poll of ``runner`` makes in memory when the waker rings: look
         at the store only for a dispatch it might take (``core.feed.may_take_any``, with the
         liveness of the runners last read) or when a slot was freed on it."""
+        known = self._wants.get(runner.runner_id)
+        if known is not None and known[0] == runner:
+            return known[1]  # one check for all of a runner's polls: the waker judges it once
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
 
         def worth_a_look(opened: Opened) -> bool:
@@ -305,6 +316,7 @@ class LeaseDesk:
             )
             return may_take_any(opened.dispatches, runner, live=live or ())
 
+        self._wants[runner.runner_id] = (runner, worth_a_look)
         return worth_a_look
 
     def pause_seconds(self, remaining: float) -> float:
