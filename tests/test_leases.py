@@ -6,12 +6,13 @@ with progress going to the loopback fake GitHub and time coming from a clock the
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ import requests
 from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
 from looprelay.config.model import RunnersConfig
-from looprelay.core.model import DispatchRecord, SessionRecord, WorkItemRecord
+from looprelay.core.model import DispatchRecord, RunnerRecord, SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.replies import (
     GITHUB_MAX_COMMENT_CHARS,
@@ -204,8 +205,10 @@ def _lease_desk(
     headless_replies: bool = True,
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
+    kind: type[LeaseDesk] = LeaseDesk,
 ) -> LeaseDesk:
-    """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``."""
+    """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``
+    (as ``kind``, which may count what it does)."""
     github.tokens[GITHUB_TOKEN] = APP_LOGIN
     client = GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1)
     progress = Progress(
@@ -216,7 +219,7 @@ def _lease_desk(
         bot_logins=(APP_LOGIN,),
         headless_replies=headless_replies,
     )
-    return LeaseDesk(
+    return kind(
         registry=stores.registry,
         work_items=stores.work_items,
         store=stores.events,
@@ -300,6 +303,33 @@ class TestDispatchWaker:
         started = time.monotonic()
         waker.wait(0.1)
         assert time.monotonic() - started >= 0.1
+
+    def test_a_ring_reaches_only_the_waits_it_concerns(self) -> None:
+        waker = DispatchWaker()
+        spawn = make_dispatch(repository=REPOSITORY, number=1, created_at=datetime.now(UTC))
+
+        async def both() -> tuple[bool, bool]:
+            seen = waker.generation()
+            concerned = asyncio.create_task(
+                waker.wait_async(HTTP_TIMEOUT, since=seen, wants=lambda _opened: True)
+            )
+            other = asyncio.create_task(
+                waker.wait_async(0.5, since=seen, wants=lambda _opened: False)
+            )
+            await asyncio.sleep(0)  # both are waiting now
+            threading.Thread(target=waker.notify, args=([spawn],)).start()
+            await asyncio.wait_for(concerned, HTTP_TIMEOUT)
+            return concerned.done(), other.done()
+
+        assert asyncio.run(both()) == (True, False)
+
+    def test_a_ring_that_says_nothing_of_what_opened_wakes_every_wait(self) -> None:
+        waker = DispatchWaker()
+        seen = waker.generation()
+        waker.notify()
+        started = time.monotonic()
+        waker.wait(10.0, since=seen, wants=lambda _opened: False)
+        assert time.monotonic() - started < 5.0
 
 
 class TestPoll:
@@ -810,6 +840,111 @@ class TestCapacity:
         assert desk.report(runner, "dp-21-2", status="done").status_code == 200
         # Its last heartbeat still counts #21; the server knows better, without a cleanup.
         assert desk.polled_id(runner) == "dp-22-1"
+
+
+@dataclass(frozen=True)
+class Polled:
+    leased: DispatchRecord | None
+    looks: int
+    seconds: float
+
+
+class _LookingDesk(LeaseDesk):
+    """The lease desk, counting its looks at the store; ``meanwhile`` runs right after the
+    first one leased nothing, before the poll waits."""
+
+    looks = 0
+    meanwhile: Callable[[], None] = staticmethod(lambda: None)
+
+    def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
+        self.looks += 1
+        leased = super().try_lease(runner)
+        if self.looks == 1 and leased is None:
+            self.meanwhile()
+        return leased
+
+
+def _poll_with(desk: Desk, runner: Runner, wait: float, meanwhile: Callable[[], None]) -> Polled:
+    """Poll as ``runner`` for up to ``wait`` s on a desk of its own (sharing ``desk``'s stores
+    and waker), running ``meanwhile`` after the first look and before the wait: what it
+    leased, how many looks at the store it made, how long it took."""
+    lease_desk = _lease_desk(
+        desk.stores, clock=desk.clock, waker=desk.waker, github=desk.github, kind=_LookingDesk
+    )
+    assert isinstance(lease_desk, _LookingDesk)
+    lease_desk.meanwhile = meanwhile
+    record = desk.stores.registry.get_runner(runner.runner_id)
+    assert record is not None
+    started = time.monotonic()
+    leased = lease_desk.poll(record, PollBody(wait_seconds=wait))
+    return Polled(leased, lease_desk.looks, time.monotonic() - started)
+
+
+class TestWakes:
+    """A ring wakes only the polls that might take what it opened, so a thousand idle polls
+    cost a delivery nothing; a poll that can take it is never left sleeping."""
+
+    @pytest.mark.parametrize("holder_lost", [False, True], ids=["holder-live", "holder-lost"])
+    def test_a_delivery_to_a_session_on_another_runner_wakes_a_poll_only_if_that_one_is_lost(
+        self, desk: Desk, holder_lost: bool
+    ) -> None:
+        holder = desk.runner("holder")
+        idle = desk.runner("idle")
+        # Work nobody here can take: the idle runner's first look reads who is live.
+        desk.seed(9, desk.dispatch(9, labels={"gpu": "yes"}))
+        if holder_lost:
+            desk.clock.advance(CONFIG.lost_after_seconds + 1)
+
+        def deliver() -> None:
+            comment = desk.dispatch(1, kind="deliver", runner_id=holder.runner_id)
+            desk.seed(1, comment, session_status="live", session_runner=holder.runner_id)
+            desk.waker.notify([comment])  # as the router rings
+
+        wait = 3.0
+        polled = _poll_with(desk, idle, wait, deliver)
+        if holder_lost:  # the session moves: the idle runner takes it at once
+            assert polled.leased is not None and polled.leased.dispatch_id == "dp-1-1"
+            assert polled.seconds < wait / 2, f"the poll slept {polled.seconds:.1f} s"
+        else:  # not its work: it kept waiting, and looked only once more, at the end
+            assert polled.leased is None
+            assert polled.looks == 2
+            assert desk.stored("dp-1-1").status == "pending"
+
+    def test_a_stopped_session_wakes_its_runners_poll_for_the_item_waiting_on_a_slot(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("laptop", capacity=1)
+        desk.seed(21, desk.dispatch(21))
+        assert desk.polled_id(runner) == "dp-21-1"
+        assert desk.report(runner, "dp-21-1", status="spawned").status_code == 200
+        stop = desk.dispatch(21, 2, kind="terminate", runner_id=runner.runner_id)
+        desk.seed(21, stop, session_status="terminated", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-21-2"
+        desk.seed(22, desk.dispatch(22))  # waits for #21's slot
+
+        def stopped() -> None:
+            assert desk.report(runner, "dp-21-2", status="done").status_code == 200
+
+        wait = 6.0
+        polled = _poll_with(desk, runner, wait, stopped)
+        assert polled.leased is not None and polled.leased.dispatch_id == "dp-22-1"
+        assert polled.seconds < wait / 2, f"the poll slept {polled.seconds:.1f} s through it"
+
+    def test_a_result_wakes_the_poll_for_the_next_dispatch_of_its_session(self, desk: Desk) -> None:
+        runner = desk.runner("laptop")
+        first, second = (
+            desk.dispatch(1, seq, kind="deliver", runner_id=runner.runner_id) for seq in (1, 2)
+        )
+        desk.seed(1, first, second, session_status="live", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-1-1"  # dp-1-2 waits behind it
+
+        def done() -> None:
+            assert desk.report(runner, "dp-1-1", status="done").status_code == 200
+
+        wait = 6.0
+        polled = _poll_with(desk, runner, wait, done)
+        assert polled.leased is not None and polled.leased.dispatch_id == "dp-1-2"
+        assert polled.seconds < wait / 2, f"the poll slept {polled.seconds:.1f} s through it"
 
 
 class TestPerEndpointLines:

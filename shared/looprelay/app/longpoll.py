@@ -2,10 +2,10 @@
 
 Scenario: a runner polls; its credentials and body are checked on a pool thread, then the
 poll looks for a dispatch (a pool thread again: the store blocks). Finding none, it waits on
-the loop until the ``DispatchWaker`` rings (a dispatch was saved or a result came back; in
-the cloud, the dispatch feed pushed a change) or a lease lapses; then it looks again, until
-its wait is over (204). A thousand waiting polls are a thousand small
-coroutines, not a thousand threads.
+the loop until the ``DispatchWaker`` rings with work it might take (a dispatch was saved or a
+result came back, checked in memory against the runner; in the cloud, the dispatch feed
+pushed a change) or a lease lapses; then it looks again, until its wait is over (204). A
+thousand waiting polls are a thousand small coroutines, not a thousand threads.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ async def long_poll(
     204 when nothing came, 503 when the store failed (the runner polls again)."""
     deadline = desk.monotonic() + desk.poll_seconds(body)
     waker = desk.waker
+    wants = desk.wants(runner)
     while True:
         # Read before looking: a dispatch saved after the look rings a later generation.
         seen = waker.generation() if waker is not None else 0
@@ -66,6 +67,7 @@ async def long_poll(
         if remaining <= 0:
             return NOTHING_TO_LEASE
         if waker is not None:
-            await waker.wait_async(desk.pause_seconds(remaining), since=seen)
+            # Woken only by a ring this runner might act on: the others cost it no look.
+            await waker.wait_async(desk.pause_seconds(remaining), since=seen, wants=wants)
         else:
             await asyncio.sleep(desk.pause_seconds(remaining))

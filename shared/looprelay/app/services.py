@@ -40,7 +40,7 @@ def build_router(
         policy=routing_policy(config.routing),
         templates=TemplateSource(config.routing),
         clock=clock,
-        on_dispatch=waker.notify if waker else lambda: None,
+        on_dispatch=waker.notify if waker else lambda _dispatches: None,
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
     )
 

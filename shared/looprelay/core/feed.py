@@ -5,11 +5,13 @@ Scenario: 200 runners wait on one instance of the runner API. A dispatch for
 memory: the three runners serving ``octo/app`` with the labels it asks for look at the store
 (the lease), the other 197 go back to waiting at no cost. A lease held by a runner that died
 lapses without any change to push, so a poll also wakes when the earliest lease lapses.
+In ``looprelay up`` the waker itself says what opened (a saved dispatch, the next one of a
+session whose result came back), and only the polls of runners that might take it wake.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from looprelay.core.model import DispatchRecord, RunnerRecord
@@ -26,6 +28,19 @@ def worth_a_look(
     """
     heads = heads_of_line(open_dispatches, now=now)
     return [d for d in heads if why_not(d, runner, live=()) is None]
+
+
+def may_take_any(
+    changed: Iterable[DispatchRecord], runner: RunnerRecord, *, live: Sequence[str]
+) -> bool:
+    """Whether ``runner`` might take one of ``changed``, so a waiting poll of it should look.
+
+    Expects ``live``, the ids of the runners known live: a dispatch that follows its session to
+    another live runner is not for this one. A superset otherwise: the runner is judged as
+    holding no session (the server's count of its slots is in the store, so the look decides
+    capacity), and head of line is left to the look too.
+    """
+    return any(why_not(d, runner, live=live, holding=()) is None for d in changed)
 
 
 def next_lapse(open_dispatches: Iterable[DispatchRecord], *, now: datetime) -> datetime | None:

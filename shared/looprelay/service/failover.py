@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from looprelay.core.failover import Held, moved_away
-from looprelay.core.model import EventRecord, RunnerRecord
+from looprelay.core.model import DispatchRecord, EventRecord, RunnerRecord
 from looprelay.ports import Clock, Store, WorkItemStore
 from looprelay.service.lease_desk import DispatchWaker
 from looprelay.wire.runner_api import HeldSession, MovedSession, ReleasedSession
@@ -49,7 +49,7 @@ class Failover:
             for d in self._items.list_dispatches(statuses=("leased",), limit=MAX_RELEASED_LEASES)
             if d.lease_holder == runner.runner_id
         ]
-        released = 0
+        released: list[DispatchRecord] = []
         for dispatch in held:
             # Back to pending without a result: the restarted agent's ledger will say what
             # became of it when it leases it again.
@@ -61,7 +61,7 @@ class Failover:
                 now=now,
                 detail="the runner's agent restarted while holding it; offered again",
             ):
-                released += 1
+                released.append(dispatch)
                 self._event(
                     "lease.released",
                     runner,
@@ -70,8 +70,8 @@ class Failover:
                     work_item=dispatch.work_item,
                 )
         if released and self._waker is not None:
-            self._waker.notify()
-        return released
+            self._waker.notify(released)
+        return len(released)
 
     def moved(self, runner: RunnerRecord, held: list[HeldSession]) -> list[MovedSession]:
         """Return the sessions of ``held`` that now live on another runner.

@@ -20,11 +20,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
-from looprelay.core.feed import next_lapse, worth_a_look
+from looprelay.core.feed import may_take_any, next_lapse, worth_a_look
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.core.scheduling import (
     choose_dispatch,
@@ -32,7 +34,7 @@ from looprelay.core.scheduling import (
     needs_session_pin,
     pin_to_sessions,
 )
-from looprelay.errors import Conflict, NotFound
+from looprelay.errors import Conflict, NotFound, Transient
 from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, SessionSlot, Store, WorkItemStore
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
@@ -58,63 +60,133 @@ LEASE_PASSED_ON = "this runner no longer holds that lease"
 """Why a renew or a result is refused (``Conflict``, 409) after the lease moved on."""
 
 
+RECENT_RINGS = 256
+"""Rings the waker remembers, so a poll that looked before some of them can tell whether they
+concern it; one that looked before more of them looks again."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What one ring of the waker says may have become leasable."""
+
+    dispatches: tuple[DispatchRecord, ...] | None
+    """The open dispatches that may be leasable now; None: anything may have changed (the
+    dispatch feed pushed, or it is not known what opened), so every waiting poll looks."""
+    runners: frozenset[str] = frozenset()
+    """Runners whose polls look whatever ``dispatches`` are (a session slot was freed)."""
+
+
+Wants = Callable[[Opened], bool]
+"""A waiting poll's in-memory check: whether what opened is worth a look at the store for it."""
+
+
+def _concerns(wants: Wants | None, opened: Opened) -> bool:
+    return opened.dispatches is None or wants is None or wants(opened)
+
+
 class DispatchWaker:
     """Wakes long polls when a dispatch may have become available (in-process only).
 
-    Each :meth:`notify` counts a generation, so a ring between a poll's look and its wait
-    (read :meth:`generation` before looking, pass it to a wait) is not lost. A poll waits on
-    a thread (:meth:`wait`) or, holding none, on its event loop (:meth:`wait_async`): a
-    notify from any thread reaches each loop once, through ``call_soon_threadsafe``.
+    Scenario: 1,000 polls of runners that hold no session wait on one ``looprelay up``; a
+    comment is routed to the session on runner A. The ring carries that dispatch, each poll's
+    ``wants`` check (:meth:`LeaseDesk.wants`) says in memory that only A's poll may take it,
+    and only that one looks at the store: the other 999 keep waiting, at no cost.
+
+    Each :meth:`notify` counts a generation and is remembered (``RECENT_RINGS``), so a ring
+    between a poll's look and its wait (read :meth:`generation` before looking, pass it to a
+    wait) is not lost: the wait returns at once if one concerns it. A poll waits on a thread
+    (:meth:`wait`) or, holding none, on its event loop (:meth:`wait_async`): a notify from any
+    thread reaches each loop once, through ``call_soon_threadsafe``.
     """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._generation = 0
-        self._loops: dict[asyncio.AbstractEventLoop, set[asyncio.Future[None]]] = {}
+        self._recent: deque[Opened] = deque(maxlen=RECENT_RINGS)
+        self._waiting: dict[asyncio.Future[None], Wants | None] = {}
 
-    def notify(self) -> None:
-        """Something changed: wake every waiting poll."""
+    def notify(
+        self, dispatches: Iterable[DispatchRecord] | None = None, *, runners: Iterable[str] = ()
+    ) -> None:
+        """``dispatches`` may be leasable now (None: anything may have changed), or a slot was
+        freed on ``runners``: wake the waiting polls that might take one."""
+        opened = Opened(
+            None if dispatches is None else tuple(_slim(d) for d in dispatches),
+            frozenset(runners),
+        )
         with self._changed:
             self._generation += 1
+            self._recent.append(opened)
             self._changed.notify_all()
-            loops, self._loops = self._loops, {}
-        for loop, waiters in loops.items():
+            waiting = list(self._waiting.items())
+        # Judged outside the lock: each check is in memory, but there may be a thousand; polls
+        # sharing one check (one runner's) are judged once.
+        judged: dict[Wants | None, bool] = {}
+        woken = []
+        for future, wants in waiting:
+            if wants not in judged:
+                judged[wants] = _concerns(wants, opened)
+            if judged[wants]:
+                woken.append(future)
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        with self._changed:
+            for future in woken:
+                if future in self._waiting:  # else its wait ended meanwhile
+                    del self._waiting[future]
+                    by_loop.setdefault(future.get_loop(), []).append(future)
+        for loop, futures in by_loop.items():
             # One hand-off per loop however many polls wait on it; a closed loop has no polls.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake_all, waiters)
+                loop.call_soon_threadsafe(_wake_all, futures)
 
     def generation(self) -> int:
         """How many times :meth:`notify` has been called so far."""
         with self._changed:
             return self._generation
 
-    def wait(self, seconds: float, *, since: int | None = None) -> None:
+    def wait(self, seconds: float, *, since: int | None = None, wants: Wants | None = None) -> None:
         """Wait up to ``seconds`` for a :meth:`notify` after generation ``since`` (default:
-        after this call starts); returns at once if one already came."""
+        after this call starts) that ``wants`` (default: any); returns at once if one already
+        came."""
         with self._changed:
             seen = self._generation if since is None else since
-            self._changed.wait_for(lambda: self._generation != seen, seconds)
+            self._changed.wait_for(lambda: self._news(seen, wants), seconds)
 
-    async def wait_async(self, seconds: float, *, since: int) -> None:
+    async def wait_async(self, seconds: float, *, since: int, wants: Wants | None = None) -> None:
         """:meth:`wait` without a thread: return after a :meth:`notify` past generation
-        ``since``, or after ``seconds``; at once if one already came. Must run on an event
-        loop; cancelling it leaves nothing behind."""
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
+        ``since`` that ``wants``, or after ``seconds``; at once if one already came. Must run
+        on an event loop; cancelling it leaves nothing behind."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._changed:
-            if self._generation != since:
+            if self._news(since, wants):
                 return
-            self._loops.setdefault(loop, set()).add(woken)
+            self._waiting[woken] = wants
         try:
             await asyncio.wait_for(woken, seconds)
         except TimeoutError:
             pass
         finally:
             with self._changed:
-                self._loops.get(loop, set()).discard(woken)
+                self._waiting.pop(woken, None)
+
+    def _news(self, since: int, wants: Wants | None) -> bool:
+        """Whether a ring after generation ``since`` concerns ``wants``; true when more rings
+        came than are remembered. Expects the lock held."""
+        missed = self._generation - since
+        if missed <= 0:
+            return False
+        if missed > len(self._recent):
+            return True
+        return any(_concerns(wants, self._recent[-back]) for back in range(1, missed + 1))
 
 
-def _wake_all(waiters: set[asyncio.Future[None]]) -> None:
+def _slim(dispatch: DispatchRecord) -> DispatchRecord:
+    # The waker keeps what scheduling needs of its recent rings, not their prompts (up to
+    # 60,000 characters each).
+    return dispatch.model_copy(update={"prompt": "", "result": "", "detail": ""})
+
+
+def _wake_all(waiters: list[asyncio.Future[None]]) -> None:
     for woken in waiters:
         if not woken.done():
             woken.set_result(None)
@@ -178,6 +250,7 @@ class LeaseDesk:
         self._runners = RunnerCache(
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
         )
+        self._wants: dict[str, tuple[RunnerRecord, Wants]] = {}
         # Expiring unserved work reads the runner list and the pending dispatches: with a feed
         # (the cloud) polls must cost no reads, so the scheduled sweeper runs it instead.
         self._expiry = (
@@ -197,6 +270,7 @@ class LeaseDesk:
         :meth:`try_lease` calls.
         """
         deadline = self._monotonic() + self.poll_seconds(body)
+        wants = self.wants(runner)
         while True:
             # Read before looking: a dispatch saved after the look rings a later generation.
             seen = self._waker.generation() if self._waker is not None else 0
@@ -207,7 +281,7 @@ class LeaseDesk:
             if remaining <= 0:
                 return None
             if self._waker is not None:
-                self._waker.wait(self.pause_seconds(remaining), since=seen)
+                self._waker.wait(self.pause_seconds(remaining), since=seen, wants=wants)
             else:
                 time.sleep(self.pause_seconds(remaining))
 
@@ -221,6 +295,29 @@ class LeaseDesk:
         """The in-process signal a poll waits on, or None (look every
         ``CLOUD_POLL_INTERVAL_SECONDS``)."""
         return self._waker
+
+    def wants(self, runner: RunnerRecord) -> Wants:
+        """The check a waiting poll of ``runner`` makes in memory when the waker rings: look
+        at the store only for a dispatch it might take (``core.feed.may_take_any``, with the
+        liveness of the runners last read) or when a slot was freed on it."""
+        known = self._wants.get(runner.runner_id)
+        if known is not None and known[0] == runner:
+            return known[1]  # one check for all of a runner's polls: the waker judges it once
+        lost_after = timedelta(seconds=self._config.lost_after_seconds)
+
+        def worth_a_look(opened: Opened) -> bool:
+            if opened.dispatches is None or runner.runner_id in opened.runners:
+                return True
+            others = {d.runner_id for d in opened.dispatches if d.runner_id} - {runner.runner_id}
+            live = (
+                self._runners.known_live(others, now=self._clock.now(), lost_after=lost_after)
+                if others
+                else []
+            )
+            return may_take_any(opened.dispatches, runner, live=live or ())
+
+        self._wants[runner.runner_id] = (runner, worth_a_look)
+        return worth_a_look
 
     def pause_seconds(self, remaining: float) -> float:
         """How long a poll that found nothing, with ``remaining`` seconds left, waits before
@@ -357,11 +454,33 @@ class LeaseDesk:
         ):
             raise Conflict(LEASE_PASSED_ON)
         self._progress.record(dispatch, runner, body, final_status=status)
-        if _ends_session(dispatch, status):
+        freed = _ends_session(dispatch, status)
+        if freed:
             self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)
-        if self._waker is not None:
-            self._waker.notify()
+        self._ring_after_result(dispatch, runner, freed_slot=freed)
         return status
+
+    def _ring_after_result(
+        self, dispatch: DispatchRecord, runner: RunnerRecord, *, freed_slot: bool
+    ) -> None:
+        """Wake the polls a settled ``dispatch`` may have opened work for: those that might
+        take its work item's next dispatches (one read, instead of one per waiting poll), and
+        ``runner``'s when its session slot was freed. With a feed, every poll: each checks the
+        feed's open dispatches in memory, and the feed rings again once it has the change."""
+        if self._waker is None:
+            return
+        if self._feed is not None:
+            self._waker.notify()
+            return
+        try:
+            line = self._items.list_dispatches(statuses=DISPATCH_OPEN, work_item=dispatch.work_item)
+            heads = _pinned(self._items, heads_of_line(line, now=self._clock.now()))
+        except Transient as exc:
+            # The result is recorded; not knowing what it opened, let every poll look.
+            log.warning("could not read what a result opened, waking every poll: %s", exc)
+            self._waker.notify()
+            return
+        self._waker.notify(heads, runners=(runner.runner_id,) if freed_slot else ())
 
     @staticmethod
     def _final_status(dispatch: DispatchRecord, body: ResultBody) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from looprelay.config.routing import TemplateSource
@@ -24,6 +24,7 @@ from looprelay.core.model import (
     MAX_DETAIL_CHARS,
     AppliedDelivery,
     DeliveryRecord,
+    DispatchRecord,
     EventRecord,
     WorkItemRecord,
 )
@@ -64,7 +65,7 @@ class Router:
         policy: RoutingPolicy,
         templates: TemplateSource,
         clock: Clock,
-        on_dispatch: Callable[[], None] = lambda: None,
+        on_dispatch: Callable[[Sequence[DispatchRecord]], None] = lambda _dispatches: None,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
     ) -> None:
         self._order_wait = order_wait
@@ -96,7 +97,7 @@ class Router:
         if decision.outcome == USER_ID_MISMATCH:
             log.warning("refused: %s", decision.detail, extra={"delivery_id": envelope.delivery_id})
         if decision.dispatches:
-            self._on_dispatch()
+            self._on_dispatch(decision.dispatches)
         if decision.work_item is not None:
             self._tell_github(envelope, decision.work_item, decision)
         return Outcome(decision.outcome, decision.detail)
@@ -278,7 +279,7 @@ class Router:
             found for key in applied.dispatch_ids if (found := self._items.get_dispatch(key))
         )
         if dispatches:
-            self._on_dispatch()
+            self._on_dispatch(dispatches)
         decision = Decision(applied.outcome, applied.detail, item, dispatches)
         self._tell_github(envelope, item, decision)
         return Outcome(applied.outcome, applied.detail)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from looprelay.core.model import RunnerRecord
@@ -35,11 +35,27 @@ class RunnerCache:
         self._lock = threading.Lock()
         self._runners: list[RunnerRecord] = []
         self._read_at: float | None = None
+        self._by_id: dict[str, RunnerRecord] | None = None
 
     def live_ids(self, *, now: datetime, lost_after: timedelta) -> list[str]:
         """Return the ids of the runners live at ``now``. Raises ``Transient`` when the list
         must be read again and the store fails."""
         return [r.runner_id for r in self._current() if is_live(r, now=now, lost_after=lost_after)]
+
+    def known_live(
+        self, runner_ids: Iterable[str], *, now: datetime, lost_after: timedelta
+    ) -> list[str] | None:
+        """Return which of ``runner_ids`` were live at ``now`` as of the list last read,
+        without reading it (a waiting poll's in-memory check); None when it was never read."""
+        by_id = self._by_id  # replaced whole on each read: no lock needed to look at it
+        if by_id is None:
+            return None
+        return [
+            runner_id
+            for runner_id in runner_ids
+            if (runner := by_id.get(runner_id)) is not None
+            and is_live(runner, now=now, lost_after=lost_after)
+        ]
 
     def _current(self) -> list[RunnerRecord]:
         # One reader at a time: the polls that find the list stale together wait for one read.
@@ -47,5 +63,6 @@ class RunnerCache:
             at = self._monotonic()
             if self._read_at is None or at - self._read_at >= self._max_age:
                 self._runners = self._registry.list_runners(include_revoked=False)
+                self._by_id = {r.runner_id: r for r in self._runners}
                 self._read_at = at
             return self._runners
