@@ -215,8 +215,10 @@ class Deployment:
         """Run ``looprelay *args --config ... --data ...`` against this deployment's state."""
         return run_cli(*args, "--config", str(self.config_path), "--data", str(self.stack.data_dir))
 
-    def register(self, name: str) -> RunnerAgent:
-        """Mint a token and register runner ``name`` as an operator does; not started yet."""
+    def register(self, name: str, *, capacity: int = 4) -> RunnerAgent:
+        """Mint a token and register runner ``name`` as an operator does; not started yet.
+        ``capacity``: the sessions it may hold (the server counts them; 4 leaves room for
+        every session one test starts)."""
         minted = self.cli("runners", "token")
         assert minted.returncode == 0, minted.stderr
         credentials = self.directory / f"{name}.json"
@@ -231,6 +233,8 @@ class Deployment:
             name,
             "--credentials",
             str(credentials),
+            "--capacity",
+            str(capacity),
         )
         assert registered.returncode == 0, registered.stderr
         runner = RunnerAgent(
