@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import requests
@@ -28,7 +28,7 @@ from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
-from looprelay.ports import DispatchFeed
+from looprelay.ports import DispatchFeed, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
@@ -273,6 +273,41 @@ def desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
 def quiet_desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
     """The desk of an operator who turned headless replies off (``routing.headlessReplies``)."""
     yield from serve_desk(stores, fake_github, headless_replies=False)
+
+
+class _PollOnSettle:
+    """The work-item store, but each time a dispatch settles, ``then`` runs at once (before
+    whoever settled it goes on) and what it leased is kept: a poll racing a result."""
+
+    def __init__(self, inner: WorkItemStore) -> None:
+        self._inner = inner
+        self.then: Callable[[], DispatchRecord | None] = lambda: None
+        self.leased: list[DispatchRecord | None] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def finish_dispatch(self, dispatch_id: str, **changes: Any) -> bool:
+        settled = self._inner.finish_dispatch(dispatch_id, **changes)
+        if settled:
+            self.leased.append(self.then())
+        return settled
+
+
+@pytest.fixture
+def settling(stores: Stores) -> _PollOnSettle:
+    return _PollOnSettle(stores.work_items)
+
+
+@pytest.fixture
+def watched_desk(
+    stores: Stores, fake_github: FakeGitHub, settling: _PollOnSettle
+) -> Iterator[Desk]:
+    """The runner API whose results settle dispatches through ``settling``; the test's own
+    reads and seeds go to the stores themselves."""
+    watched = Stores(stores.registry, cast(WorkItemStore, settling), stores.events)
+    for served in serve_desk(watched, fake_github):
+        yield Desk(served.url, stores, served.clock, served.waker, served.github)
 
 
 def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requests.Response]]:
@@ -799,6 +834,23 @@ class TestOrderAndAffinity:
         assert desk.report(spawner, "dp-1-1", status="spawned").status_code == 200
         assert desk.session(1).runner_id == spawner.runner_id
         assert desk.polled_id(other) is None
+        assert desk.polled_id(spawner) == "dp-1-2"
+
+    def test_a_poll_the_moment_the_spawn_settles_already_finds_the_session_placed(
+        self, watched_desk: Desk, settling: _PollOnSettle
+    ) -> None:
+        desk = watched_desk
+        spawner, other = desk.runner("spawner"), desk.runner("other")
+        # Routed while the session was pending: once the spawn settles, the deliver heads the
+        # session's line, and a poll of another runner may come at that very moment.
+        desk.seed(1, desk.dispatch(1, 1), desk.dispatch(1, 2, kind="deliver"))
+        assert desk.polled_id(spawner) == "dp-1-1"
+        other_desk = _lease_desk(desk.stores, clock=desk.clock, waker=None, github=desk.github)
+        other_record = desk.stores.registry.get_runner(other.runner_id)
+        assert other_record is not None
+        settling.then = lambda: other_desk.try_lease(other_record)
+        assert desk.report(spawner, "dp-1-1", status="spawned").status_code == 200
+        assert settling.leased == [None]  # not a second harness on the other runner
         assert desk.polled_id(spawner) == "dp-1-2"
 
 

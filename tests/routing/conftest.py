@@ -402,12 +402,9 @@ class Relay:
             github=None,
             clock=self.clock,
         )
-        progress.record(
-            spawn[-1],
-            runner,
-            ResultBody(dispatch_id=spawn[-1].dispatch_id, status="spawned"),
-            final_status="succeeded",
-        )
+        spawned = ResultBody(dispatch_id=spawn[-1].dispatch_id, status="spawned")
+        announce = progress.place_session(spawn[-1], runner, spawned, "succeeded")
+        progress.record(spawn[-1], runner, spawned, final_status="succeeded", announce=announce)
         stored = self.backend.runners.get_runner(runner.runner_id)
         assert stored is not None
         return stored

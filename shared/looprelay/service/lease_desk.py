@@ -443,7 +443,14 @@ class LeaseDesk:
         dispatch = self._items.get_dispatch(body.dispatch_id)
         if dispatch is None:
             raise NotFound("no such dispatch")
+        if (dispatch.status, dispatch.lease_holder) != ("leased", runner.runner_id):
+            raise Conflict(LEASE_PASSED_ON)
         status = self._final_status(dispatch, body)
+        # Where the session lives is written before the dispatch settles: settling opens the
+        # session's next dispatch, which, routed while the spawn was pending, names no runner
+        # and follows the session's record. Written after, a poll in between could give it to
+        # any runner, and that one would start a second harness of the session.
+        announce = self._progress.place_session(dispatch, runner, body, status)
         if not self._items.finish_dispatch(
             body.dispatch_id,
             runner_id=runner.runner_id,
@@ -453,7 +460,7 @@ class LeaseDesk:
             detail=body.detail[:MAX_KEPT_DETAIL_CHARS],
         ):
             raise Conflict(LEASE_PASSED_ON)
-        self._progress.record(dispatch, runner, body, final_status=status)
+        self._progress.record(dispatch, runner, body, final_status=status, announce=announce)
         freed = _ends_session(dispatch, status)
         if freed:
             self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)

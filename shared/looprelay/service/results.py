@@ -21,6 +21,7 @@ from looprelay.core.replies import (
     reply_body,
 )
 from looprelay.core.workitems import parse_ref
+from looprelay.errors import Transient
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
 from looprelay.service.besteffort import best_effort
 from looprelay.service.comments import post_once
@@ -64,9 +65,10 @@ class Progress:
         result: ResultBody,
         *,
         final_status: str,
+        announce: bool,
     ) -> None:
-        """Apply one accepted result; never raises for GitHub trouble."""
-        first_spawn = self._update_session(dispatch, runner, result, final_status)
+        """Log one accepted result and tell GitHub (after :meth:`place_session` and the
+        dispatch's settle); never raises for GitHub trouble."""
         name = "dispatch.succeeded" if final_status == "succeeded" else "dispatch.failed"
         self._event(
             name,
@@ -102,14 +104,17 @@ class Progress:
             )
         if final_status == "pending":
             return
-        self._github_progress(dispatch, runner, result, final_status, announce=first_spawn)
+        self._github_progress(dispatch, runner, result, final_status, announce=announce)
 
-    def _update_session(
+    def place_session(
         self, dispatch: DispatchRecord, runner: RunnerRecord, result: ResultBody, final: str
     ) -> bool:
-        """Record where the session now lives; True when its spawn is to be announced: the
-        first (not yet announced, not a respawn), or one on another runner than before
-        (failover: the old attach comment names a runner the session left)."""
+        """Record where ``dispatch``'s session lives after ``result`` (the lease holder's, before
+        its dispatch settles); True when its spawn is to be announced (pass it on to
+        :meth:`record`): the first (not yet announced, not a respawn), or one on another runner
+        than before (failover: the old attach comment names a runner the session left). Raises
+        ``Transient`` when the store fails or the work item stays contended (the runner reports
+        again; the dispatch is not settled)."""
         for _ in range(MAX_SAVE_ROUNDS):
             item = self._items.get_work_item(dispatch.work_item)
             session = item.sessions.get(dispatch.endpoint) if item else None
@@ -137,8 +142,8 @@ class Progress:
             updated = item.model_copy(update={"sessions": sessions})
             if self._items.save_work_item(updated, expected_version=item.version):
                 return announce
-        log.warning("session record of %s stayed contended; left as it was", dispatch.endpoint)
-        return False
+        # Nothing settles with its session unplaced: the runner reports again.
+        raise Transient(f"the session record of {dispatch.endpoint} stayed contended")
 
     def _github_progress(
         self,
