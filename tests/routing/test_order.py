@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import random
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from looprelay.service.route import WENT_AHEAD, Router
 from looprelay.service.worker import Outcome, Worker
 from looprelay.wire.runner_api import ResultBody
 from tests.fake_github import FakeGitHub
+from tests.fake_harness import wait_until
 from tests.routing.conftest import (
     REPO,
     SECRET,
@@ -86,14 +86,15 @@ class Ordered:
         return comment_id, delivery_id
 
     def wait_settled(self, delivery_ids: list[str]) -> dict[str, DeliveryRecord]:
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while True:
+        def settled() -> dict[str, DeliveryRecord] | None:
             records = {d: self.relay.backend.store.get_delivery(d) for d in delivery_ids}
-            settled = {d: r for d, r in records.items() if r is not None and r.settled}
-            if len(settled) == len(delivery_ids):
-                return settled
-            assert time.monotonic() < deadline, f"unsettled: {sorted(set(records) - set(settled))}"
-            time.sleep(0.05)
+            done = {d: r for d, r in records.items() if r is not None and r.settled}
+            return done if len(done) == len(delivery_ids) else None
+
+        found: dict[str, DeliveryRecord] = wait_until(
+            settled, seconds=DEADLINE_SECONDS, what=f"{len(delivery_ids)} deliveries settled"
+        )
+        return found
 
     def pasted(self, runner: RunnerRecord) -> list[int]:
         """What ``runner`` receives, in order: the comment of each delivery into its session
