@@ -13,6 +13,7 @@ from looprelay.core.prsessions import (
     REASON_NEVER,
     REASON_NO_PULL_REQUEST,
     REASON_NO_SEPARATE_CHECKOUT,
+    REASON_NOT_TAKEN,
     REASON_OWN_SESSION,
     REASON_PULL_REQUEST_IS_WORK_ITEM,
     REASON_SAME_REPOSITORY,
@@ -162,6 +163,18 @@ class TestChooseEndpoint:
     ) -> None:
         choice = _choose(mode, _pr_envelope("fork/Hello-World"), pr_checkout_available=False)
         assert choice == EndpointChoice("work-item", WORK_ITEM, REASON_NO_SEPARATE_CHECKOUT, True)
+
+    def test_a_candidate_whose_own_session_no_runner_took_falls_back_to_the_work_item(
+        self,
+    ) -> None:
+        choice = _choose("always", _pr_envelope(), pr_session_stuck=True)
+        assert choice == EndpointChoice("work-item", WORK_ITEM, REASON_NOT_TAKEN, True)
+        no_checkout = _choose(
+            "always", _pr_envelope(), pr_session_stuck=True, pr_checkout_available=False
+        )
+        assert no_checkout.reason == REASON_NO_SEPARATE_CHECKOUT
+        never = _choose("never", _pr_envelope(), pr_session_stuck=True)
+        assert (never.reason, never.declined) == (REASON_NEVER, False)
 
     def test_a_non_candidate_is_never_declined_even_without_a_checkout(self) -> None:
         choice = _choose("cross-repository", _pr_envelope(), pr_checkout_available=False)
