@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.embedded_queue_harness",
     "tests.fake_github",
     "tests.fake_harness",
+    "tests.cloud_rig",
 ]
 
 FUZZ_FACTOR = 20

@@ -28,7 +28,7 @@ from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
-from looprelay.ports import DispatchFeed, WorkItemStore
+from looprelay.ports import DispatchFeed, RunnerDirectory, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
@@ -206,6 +206,7 @@ def _lease_desk(
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
     kind: type[LeaseDesk] = LeaseDesk,
+    directory: RunnerDirectory | None = None,
 ) -> LeaseDesk:
     """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``
     (as ``kind``, which may count what it does)."""
@@ -230,6 +231,7 @@ def _lease_desk(
         feed=feed,
         monotonic=monotonic,
         expire_unserved=feed is None,
+        directory=directory,
     )
 
 
@@ -241,9 +243,10 @@ def serve_desk(
     waker: DispatchWaker | None = None,
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
+    directory: RunnerDirectory | None = None,
 ) -> Iterator[Desk]:
     """Serve the runner API over real HTTP on ``stores``, progress going to ``github``;
-    ``feed`` (ringing ``waker``) as the cloud wires it."""
+    ``feed`` (ringing ``waker``) and ``directory`` as the cloud wires them."""
     clock = SteppingClock()
     waker = waker or DispatchWaker()
     lease_desk = _lease_desk(
@@ -254,9 +257,15 @@ def serve_desk(
         headless_replies=headless_replies,
         feed=feed,
         config=config,
+        directory=directory,
     )
     runner_api = RunnerApi(
-        registry=stores.registry, store=stores.events, clock=clock, config=config, desk=lease_desk
+        registry=stores.registry,
+        store=stores.events,
+        clock=clock,
+        config=config,
+        desk=lease_desk,
+        directory=directory,
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()

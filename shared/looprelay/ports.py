@@ -324,12 +324,21 @@ class RunnerRegistry(Protocol):
         ...
 
     def get_runner(self, runner_id: str) -> RunnerRecord | None:
-        """Return the runner, or None."""
+        """Return the runner, or None; ``last_seen_at`` is its latest heartbeat, whichever
+        way it was recorded."""
         ...
 
     def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """Return every runner (without the revoked ones if ``include_revoked`` is False),
-        oldest registration first."""
+        oldest registration first, each as ``get_runner`` returns it."""
+        ...
+
+    def list_last_seen(self) -> dict[str, datetime]:
+        """Return when runners were last heard from, by runner id: for every runner added
+        with a ``last_seen_at`` or heard from through this port, what ``get_runner`` says.
+        It may hold revoked runners, and leave out runners last heard from by an older
+        version: callers keep the later of it and the record they hold
+        (``core.scheduling.with_last_seen``)."""
         ...
 
     def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:
@@ -342,6 +351,33 @@ class RunnerRegistry(Protocol):
 
     def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """Note that the runner is alive and what it reports; False if unknown or revoked."""
+        ...
+
+    def record_alive(self, runner_id: str, *, at: datetime) -> None:
+        """Note that the runner, authenticated just now and reporting the status its record
+        holds, is alive at ``at``. It reads nothing, so it cannot tell whether the runner was
+        revoked meanwhile (authentication refuses revoked runners); it never makes an unknown
+        runner known nor a revoked one unrevoked."""
+        ...
+
+
+class RunnerDirectory(Protocol):
+    """The runners not revoked as the store last pushed them: one listener per process, so
+    authenticating a runner and choosing among runners read no runner record."""
+
+    def find(self, runner_id: str) -> RunnerRecord | None:
+        """Return the runner as last pushed; None when the directory cannot vouch for it (not
+        listening, or not pushed a runner of that id, or pushed it revoked): the caller then
+        asks the ``RunnerRegistry``. Its ``last_seen_at`` may be older than the registry's."""
+        ...
+
+    def runners(self) -> Sequence[RunnerRecord] | None:
+        """Return every runner not revoked as last pushed (``last_seen_at`` as ``find``
+        says), oldest registration first; None while the directory is not live."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening; :meth:`find` and :meth:`runners` answer None from then on."""
         ...
 
 

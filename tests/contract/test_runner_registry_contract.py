@@ -143,3 +143,73 @@ class TestRunners:
         assert not runner_registry.rotate_runner_secret(unknown, secret_hash="x")
         assert not runner_registry.record_heartbeat(unknown, at=T0, status=RunnerStatus())
         assert runner_registry.list_runners() == []
+
+
+class TestLiveness:
+    """A heartbeat that reports nothing new records only that the runner is alive
+    (``record_alive``); every read of a runner says when it was last heard from."""
+
+    def test_alive_moves_last_seen_and_nothing_else(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner())
+        later = T0 + timedelta(seconds=30)
+        runner_registry.record_alive("r-0000000000000001", at=later)
+        expected = _runner().model_copy(update={"last_seen_at": later})
+        assert runner_registry.get_runner("r-0000000000000001") == expected
+        assert runner_registry.list_runners() == [expected]
+        assert runner_registry.list_runners(include_revoked=False) == [expected]
+        assert runner_registry.list_last_seen() == {"r-0000000000000001": later}
+
+    def test_the_latest_heartbeat_wins_whichever_way_it_came(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner())
+        status = RunnerStatus(version="0.2.0", capacity=2, sessions=1)
+        runner_registry.record_alive("r-0000000000000001", at=T0 + timedelta(seconds=30))
+        assert runner_registry.record_heartbeat(
+            "r-0000000000000001", at=T0 + timedelta(seconds=60), status=status
+        )
+        runner_registry.record_alive("r-0000000000000001", at=T0 + timedelta(seconds=90))
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None
+        assert (stored.last_seen_at, stored.version, stored.sessions) == (
+            T0 + timedelta(seconds=90),
+            "0.2.0",
+            1,
+        )
+        assert runner_registry.record_heartbeat(
+            "r-0000000000000001", at=T0 + timedelta(seconds=120), status=status
+        )
+        seen = T0 + timedelta(seconds=120)
+        assert [r.last_seen_at for r in runner_registry.list_runners()] == [seen]
+        assert runner_registry.list_last_seen() == {"r-0000000000000001": seen}
+
+    def test_a_runner_added_as_seen_is_listed_as_seen(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner().model_copy(update={"last_seen_at": T0}))
+        runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
+        assert runner_registry.list_last_seen() == {"r-0000000000000001": T0}
+
+    def test_alive_never_revives_a_revoked_runner(self, runner_registry: RunnerRegistry) -> None:
+        """A heartbeat authenticated just before the revocation may still record it alive."""
+        runner_registry.add_runner(_runner())
+        assert runner_registry.revoke_runner("r-0000000000000001", at=T0)
+        runner_registry.record_alive("r-0000000000000001", at=T0 + timedelta(seconds=30))
+        stored = runner_registry.get_runner("r-0000000000000001")
+        assert stored is not None and stored.revoked and stored.revoked_at == T0
+        assert runner_registry.list_runners(include_revoked=False) == []
+        assert not runner_registry.rotate_runner_secret("r-0000000000000001", secret_hash="c")
+
+    def test_alive_never_makes_an_unknown_runner_known(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.record_alive("r-0000000000000001", at=T0)
+        assert runner_registry.get_runner("r-0000000000000001") is None
+        assert runner_registry.list_runners() == []
+        assert not runner_registry.record_heartbeat(
+            "r-0000000000000001", at=T0, status=RunnerStatus()
+        )
+        runner_registry.add_runner(_runner())  # registered later: never heard from yet
+        assert runner_registry.get_runner("r-0000000000000001") == _runner()
+        assert runner_registry.list_runners() == [_runner()]
+        assert "r-0000000000000001" not in runner_registry.list_last_seen()

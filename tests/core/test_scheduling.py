@@ -13,9 +13,12 @@ from looprelay.core.scheduling import (
     choose_dispatch,
     heads_of_line,
     is_live,
+    reports_new_status,
     waiting_reasons,
     why_not,
+    with_last_seen,
 )
+from looprelay.ports import RunnerStatus
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 LOST_AFTER = timedelta(seconds=120)
@@ -164,6 +167,51 @@ class TestIsLive:
     def test_liveness(self, changes: dict[str, Any], live: bool) -> None:
         runner = _runner(**changes)
         assert is_live(runner, now=T0, lost_after=LOST_AFTER) is live
+
+
+class TestWithLastSeen:
+    @pytest.mark.parametrize(
+        ("own", "apart", "expected"),
+        [
+            pytest.param(T0, None, T0, id="nothing-apart"),
+            pytest.param(None, T0, T0, id="heard-only-apart"),
+            pytest.param(T0, T0 + timedelta(seconds=30), T0 + timedelta(seconds=30), id="later"),
+            pytest.param(T0, T0 - timedelta(seconds=30), T0, id="earlier-apart-is-ignored"),
+            pytest.param(None, None, None, id="never-heard-from"),
+        ],
+    )
+    def test_the_later_of_the_two_wins(
+        self, own: datetime | None, apart: datetime | None, expected: datetime | None
+    ) -> None:
+        merged = with_last_seen(_runner(last_seen_at=own), apart)
+        assert merged == _runner(last_seen_at=expected)
+
+    def test_a_revoked_runner_stays_revoked(self) -> None:
+        merged = with_last_seen(_runner(revoked_at=T0), T0 + timedelta(minutes=1))
+        assert merged.revoked and not is_live(merged, now=T0, lost_after=LOST_AFTER)
+
+
+class TestReportsNewStatus:
+    HELD = RunnerStatus(version="1.0", capacity=2, repositories=(REPOSITORY,), sessions=1)
+
+    @pytest.mark.parametrize(
+        ("reported", "new"),
+        [
+            pytest.param(HELD, False, id="the-same"),
+            pytest.param(RunnerStatus(**{**HELD.__dict__, "version": "1.1"}), True, id="version"),
+            pytest.param(RunnerStatus(**{**HELD.__dict__, "capacity": 3}), True, id="capacity"),
+            pytest.param(
+                RunnerStatus(**{**HELD.__dict__, "repositories": ()}), True, id="repositories"
+            ),
+            pytest.param(
+                RunnerStatus(**{**HELD.__dict__, "workspace": True}), True, id="workspace"
+            ),
+            pytest.param(RunnerStatus(**{**HELD.__dict__, "sessions": 0}), True, id="sessions"),
+        ],
+    )
+    def test_only_a_difference_is_new(self, reported: RunnerStatus, new: bool) -> None:
+        runner = _runner(version="1.0", capacity=2, sessions=1, last_seen_at=None)
+        assert reports_new_status(runner, reported) is new
 
 
 class TestWhyNot:

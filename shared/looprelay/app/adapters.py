@@ -21,6 +21,7 @@ from looprelay.ports import (
     DispatchFeed,
     GitHub,
     Queue,
+    RunnerDirectory,
     RunnerRegistry,
     Store,
     TaskAuthenticator,
@@ -95,6 +96,17 @@ def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> Disp
     from looprelay.adapters.firestore.dispatch_feed import FirestoreDispatchFeed
 
     return FirestoreDispatchFeed.from_config(config.store.firestore, on_change=on_change)
+
+
+def open_runner_directory(config: Config) -> RunnerDirectory | None:
+    """Return the store's directory of runners, listening already; None when the store
+    pushes none (SQLite: a read is cheap, so the runner API reads). Raises ``ConfigError``
+    without credentials."""
+    if config.store.backend != "firestore":
+        return None
+    from looprelay.adapters.firestore.runner_directory import FirestoreRunnerDirectory
+
+    return FirestoreRunnerDirectory.from_config(config.store.firestore)
 
 
 @dataclass(frozen=True)

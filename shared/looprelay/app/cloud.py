@@ -89,10 +89,12 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
 def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
     """The runner API's handler, on the configured store. No signal crosses from the worker
     function, so one change feed per instance (a Firestore listener) wakes the waiting polls
-    when open dispatches change; without one, polls look again every second."""
+    when open dispatches change; without one, polls look again every second. A second
+    listener holds the runners, so authenticating a poll or a heartbeat reads nothing."""
     from looprelay.app.adapters import (
         github_client,
         open_dispatch_feed,
+        open_runner_directory,
         open_store,
         system_clock,
     )
@@ -109,6 +111,7 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
         github=github_client(config, environ),
         waker=waker if feed is not None else None,
         feed=feed,
+        directory=open_runner_directory(config),
     )
 
 

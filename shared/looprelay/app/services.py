@@ -10,7 +10,15 @@ from pathlib import Path
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
 from looprelay.config.routing import TemplateSource, routing_policy
-from looprelay.ports import Clock, DispatchFeed, GitHub, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import (
+    Clock,
+    DispatchFeed,
+    GitHub,
+    RunnerDirectory,
+    RunnerRegistry,
+    Store,
+    WorkItemStore,
+)
 from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
@@ -56,9 +64,11 @@ def build_runner_api(
     work_items: WorkItemStore | None = None,
     runners: RunnerRegistry | None = None,
     feed: DispatchFeed | None = None,
+    directory: RunnerDirectory | None = None,
 ) -> RunnerApi:
     """The runner API with its lease desk; stores are opened unless given. ``feed`` (which
-    rings ``waker``) lets waiting polls learn of new work without reading the store."""
+    rings ``waker``) lets waiting polls learn of new work without reading the store;
+    ``directory`` lets authentication and the choice among runners read no runner."""
     registry = runners or open_runner_registry(config, data_dir=data_dir)
     work_items = work_items or open_work_item_store(config, data_dir=data_dir)
     progress = Progress(
@@ -79,5 +89,13 @@ def build_runner_api(
         waker=waker,
         feed=feed,
         expire_unserved=feed is None,
+        directory=directory,
     )
-    return RunnerApi(registry=registry, store=store, clock=clock, config=config.runners, desk=desk)
+    return RunnerApi(
+        registry=registry,
+        store=store,
+        clock=clock,
+        config=config.runners,
+        desk=desk,
+        directory=directory,
+    )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, RunnerRecord, WorkItemRecord
+from looprelay.ports import RunnerStatus
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,27 @@ def is_live(runner: RunnerRecord, *, now: datetime, lost_after: timedelta) -> bo
     """Whether ``runner`` has been heard from recently and is not revoked."""
     seen = runner.last_seen_at or runner.registered_at
     return not runner.revoked and now - seen <= lost_after
+
+
+def with_last_seen(runner: RunnerRecord, last_seen: datetime | None) -> RunnerRecord:
+    """``runner`` last seen at the later of its own ``last_seen_at`` and ``last_seen`` (a
+    heartbeat recorded apart from the record); ``runner`` itself when that changes nothing."""
+    if last_seen is None or (runner.last_seen_at is not None and runner.last_seen_at >= last_seen):
+        return runner
+    return runner.model_copy(update={"last_seen_at": last_seen})
+
+
+def reports_new_status(runner: RunnerRecord, status: RunnerStatus) -> bool:
+    """Whether a heartbeat of ``runner`` reporting ``status`` changes what its record says;
+    when it does not, only that the runner is alive needs recording (``record_alive``)."""
+    held = RunnerStatus(
+        version=runner.version,
+        capacity=runner.capacity,
+        repositories=tuple(runner.repositories),
+        workspace=runner.workspace,
+        sessions=runner.sessions,
+    )
+    return held != status
 
 
 def heads_of_line(

@@ -35,7 +35,15 @@ from looprelay.core.scheduling import (
     pin_to_sessions,
 )
 from looprelay.errors import Conflict, NotFound, Transient
-from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, SessionSlot, Store, WorkItemStore
+from looprelay.ports import (
+    Clock,
+    DispatchFeed,
+    RunnerDirectory,
+    RunnerRegistry,
+    SessionSlot,
+    Store,
+    WorkItemStore,
+)
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.service.runner_cache import RunnerCache
@@ -234,9 +242,11 @@ class LeaseDesk:
         feed: DispatchFeed | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         expire_unserved: bool = True,
+        directory: RunnerDirectory | None = None,
     ) -> None:
         """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
-        cloud ``feed`` rings it); with ``feed`` a look checks the open dispatches it pushed
+        cloud ``feed`` rings it); ``directory`` holds the runners a choice is made among
+        (``RunnerCache``); with ``feed`` a look checks the open dispatches it pushed
         and reads the store only for one this runner may take."""
         self._registry = registry
         self._items = work_items
@@ -248,7 +258,10 @@ class LeaseDesk:
         self._feed = feed
         self._monotonic = monotonic
         self._runners = RunnerCache(
-            registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
+            registry,
+            max_age_seconds=config.runner_list_max_age_seconds,
+            monotonic=monotonic,
+            directory=directory,
         )
         self._wants: dict[str, tuple[RunnerRecord, Wants]] = {}
         # Expiring unserved work reads the runner list and the pending dispatches: with a feed

@@ -5,6 +5,8 @@ which runners are live (a session's dispatch waits for its runner while that one
 but reading 200 runner documents per look would cost more than the look. The list is kept
 for ``runners.runnerListMaxAgeSeconds`` and read again only when a look needs it after that;
 revoked runners are not read at all. A runner that falls silent is noticed that much later.
+With a ``RunnerDirectory`` (the cloud: a listener holds the runners), only when each runner
+was last heard from is read (``RunnerRegistry.list_last_seen``), not the runners themselves.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from looprelay.core.model import RunnerRecord
-from looprelay.core.scheduling import is_live
-from looprelay.ports import RunnerRegistry
+from looprelay.core.scheduling import is_live, with_last_seen
+from looprelay.ports import RunnerDirectory, RunnerRegistry
 
 
 class RunnerCache:
@@ -28,8 +30,10 @@ class RunnerCache:
         *,
         max_age_seconds: float,
         monotonic: Callable[[], float] = time.monotonic,
+        directory: RunnerDirectory | None = None,
     ) -> None:
         self._registry = registry
+        self._directory = directory
         self._max_age = max_age_seconds
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -62,7 +66,14 @@ class RunnerCache:
         with self._lock:
             at = self._monotonic()
             if self._read_at is None or at - self._read_at >= self._max_age:
-                self._runners = self._registry.list_runners(include_revoked=False)
+                self._runners = self._read()
                 self._by_id = {r.runner_id: r for r in self._runners}
                 self._read_at = at
             return self._runners
+
+    def _read(self) -> list[RunnerRecord]:
+        held = self._directory.runners() if self._directory is not None else None
+        if held is None:
+            return self._registry.list_runners(include_revoked=False)
+        seen = self._registry.list_last_seen()
+        return [with_last_seen(r, seen.get(r.runner_id)) for r in held]

@@ -5,6 +5,11 @@ Runners call out only (no inbound port on their side). Every call but ``register
 ``Unauthorized`` with a message telling the operator to register again. One method per
 operation takes the parsed body (``wire.runner_api``) and returns the answer model; HTTP (the
 paths, the body parsing, the status codes) is ``app.runner_http``'s.
+
+In the cloud a ``RunnerDirectory`` (one listener per instance) holds the runners, so an idle
+runner's polls and heartbeats read nothing: authentication takes the runner from it when the
+secret matches, and a heartbeat that reports no new status only records that the runner is
+alive (``RunnerRegistry.record_alive``, a write that reads nothing).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
+from looprelay.core.scheduling import reports_new_status
 from looprelay.errors import NotFound, Unauthorized
-from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
+from looprelay.ports import Clock, RunnerDirectory, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.failover import Failover
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runner_secrets import (
@@ -67,9 +73,12 @@ class RunnerApi:
         clock: Clock,
         config: RunnersConfig,
         desk: LeaseDesk | None = None,
+        directory: RunnerDirectory | None = None,
     ) -> None:
-        """``desk`` serves poll/renew/results; without it only registration is served."""
+        """``desk`` serves poll/renew/results; without it only registration is served.
+        ``directory`` spares authentication its read of the runner."""
         self._registry = registry
+        self._directory = directory
         self._desk = desk
         self._failover = (
             Failover(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
@@ -89,7 +98,7 @@ class RunnerApi:
         """The runner an ``Authorization`` header value names and proves, for every call but
         ``register``. Raises ``Unauthorized`` for a missing, unknown, wrong or revoked one."""
         parsed = parse_runner_bearer(authorization)
-        runner = self._registry.get_runner(parsed[0]) if parsed else None
+        runner = self._lookup(*parsed) if parsed else None
         if (
             parsed is None
             or runner is None
@@ -103,6 +112,15 @@ class RunnerApi:
         if runner.revoked:
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         return runner
+
+    def _lookup(self, runner_id: str, secret: str) -> RunnerRecord | None:
+        # Fail closed: the directory vouches only for a runner it holds whose secret matches.
+        # Anything else is decided on a read: the directory not listening, a runner it was
+        # not pushed yet (registered a moment ago), a rotation it has not heard of.
+        held = self._directory.find(runner_id) if self._directory is not None else None
+        if held is not None and credential_matches(secret, held.secret_hash):
+            return held
+        return self._registry.get_runner(runner_id)
 
     def register(self, body: RegisterBody) -> Registered:
         """Exchange a single-use registration token for a new runner's id and secret."""
@@ -140,9 +158,11 @@ class RunnerApi:
             workspace=body.workspace,
             sessions=body.sessions,
         )
-        if not self._registry.record_heartbeat(
-            runner.runner_id, at=self._clock.now(), status=status
-        ):
+        now = self._clock.now()
+        if not reports_new_status(runner, status):
+            # Authentication has just refused a revoked runner: no need to read it again.
+            self._registry.record_alive(runner.runner_id, at=now)
+        elif not self._registry.record_heartbeat(runner.runner_id, at=now, status=status):
             raise Unauthorized(f"runner {runner.name} was revoked; {_REGISTER_AGAIN}")
         released, moved = 0, []
         if self._failover is not None:

@@ -1,8 +1,17 @@
 """Registration tokens and runners in Firestore, behind ``RunnerRegistry``.
 
-Layout: ``{prefix}registration_tokens/{token_hash}`` (with ``expires_at``, also the TTL field)
-and ``{prefix}runners/{runner_id}``. A runner document is written about once per heartbeat,
-far below Firestore's one-write-per-second guidance for a document.
+Layout: ``{prefix}registration_tokens/{token_hash}`` (with ``expires_at``, also the TTL field),
+``{prefix}runners/{runner_id}`` and ``{prefix}runner_liveness/{runner_id}``.
+
+Scenario: every instance of the runner API listens to the runner documents
+(``runner_directory.py``), so each change to one is billed as a read on every instance. A
+runner's identity (secret, labels, revocation) and status (version, repositories, sessions)
+stay in its runner document, written on register, rotate and revoke and when a heartbeat
+reports a new status; when it is alive and nothing else changed, the heartbeat only sets
+``last_seen_at`` in its liveness document: a write that reads nothing and that no listener
+hears. Reading a runner reads both and keeps the later ``last_seen_at``; a liveness document
+never makes a runner known or unrevoked, whatever it holds. Each document is written about
+once per heartbeat (30 s) at most, far below Firestore's one write a second per document.
 """
 
 from __future__ import annotations
@@ -22,9 +31,12 @@ from looprelay.adapters.firestore.common import (
 )
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import RegistrationToken, RunnerRecord
+from looprelay.core.scheduling import with_last_seen
 from looprelay.ports import RunnerStatus
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
+_REFS_PER_BATCH = 100
+"""Liveness documents asked for in one batch get."""
 
 
 class FirestoreRunnerRegistry:
@@ -35,6 +47,7 @@ class FirestoreRunnerRegistry:
         self._client = client
         self._tokens = client.collection(f"{collection_prefix}registration_tokens")
         self._runners = client.collection(f"{collection_prefix}runners")
+        self._liveness = client.collection(f"{collection_prefix}runner_liveness")
 
     @classmethod
     def from_config(cls, cfg: FirestoreConfig) -> FirestoreRunnerRegistry:
@@ -58,30 +71,59 @@ class FirestoreRunnerRegistry:
         )
 
     def add_runner(self, runner: RunnerRecord) -> None:
-        """See ``RunnerRegistry.add_runner``."""
+        """See ``RunnerRegistry.add_runner``: its liveness document is written too, so none
+        left from before can speak for it."""
+        batch = self._client.batch()
+        batch.create(self._runners.document(runner.runner_id), runner.model_dump())
+        batch.set(self._alive(runner.runner_id), {"last_seen_at": runner.last_seen_at})
         with translated("store a runner"):
             try:
-                self._runners.document(runner.runner_id).create(runner.model_dump())
+                batch.commit()
             except gexc.AlreadyExists as exc:
                 raise ValueError(f"runner {runner.runner_id} already exists") from exc
 
     def get_runner(self, runner_id: str) -> RunnerRecord | None:
-        """See ``RunnerRegistry.get_runner``."""
+        """See ``RunnerRegistry.get_runner``: its two documents in one batch get."""
+        refs = [self._runners.document(runner_id), self._alive(runner_id)]
         with translated("read a runner"):
-            snapshot = self._runners.document(runner_id).get()
-        return _runner(snapshot.to_dict()) if snapshot.exists else None
+            found = {s.reference.path: s.to_dict() for s in self._client.get_all(refs) if s.exists}
+        record = found.get(refs[0].path)
+        if record is None:
+            return None
+        return with_last_seen(runner_from_document(record), _seen(found.get(refs[1].path)))
 
     def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``: without the revoked ones, only runners whose
         ``revoked_at`` is null are read (a single-field index; sorted here, not by the
-        query, so no composite index is needed)."""
+        query, so no composite index is needed), then their liveness documents."""
         query: firestore.Query | firestore.CollectionReference = self._runners
         if not include_revoked:
             query = self._runners.where(filter=FieldFilter("revoked_at", "==", None))
         with translated("list runners"):
-            docs = query.stream()
-            runners = [_runner(doc.to_dict()) for doc in docs]
-        return sorted(runners, key=lambda r: (r.registered_at, r.runner_id))
+            runners = [runner_from_document(doc.to_dict()) for doc in query.stream()]
+        seen = self._seen_of([r.runner_id for r in runners])
+        merged = [with_last_seen(r, seen.get(r.runner_id)) for r in runners]
+        return sorted(merged, key=lambda r: (r.registered_at, r.runner_id))
+
+    def list_last_seen(self) -> dict[str, datetime]:
+        """See ``RunnerRegistry.list_last_seen``: the liveness documents alone."""
+        with translated("list when runners were seen"):
+            docs = list(self._liveness.stream())
+        return {doc.id: seen for doc in docs if (seen := _seen(doc.to_dict())) is not None}
+
+    def _seen_of(self, runner_ids: list[str]) -> dict[str, datetime]:
+        seen: dict[str, datetime] = {}
+        for start in range(0, len(runner_ids), _REFS_PER_BATCH):
+            refs = [self._alive(r) for r in runner_ids[start : start + _REFS_PER_BATCH]]
+            with translated("read when runners were seen"):
+                snapshots = list(self._client.get_all(refs))
+            for snapshot in snapshots:
+                if (at := _seen(snapshot.to_dict())) is not None:
+                    seen[snapshot.id] = at
+        return seen
+
+    def _alive(self, runner_id: str) -> firestore.DocumentReference:
+        return self._liveness.document(runner_id)
 
     def _change(self, runner_id: str, fields: dict[str, Any], action: str) -> bool:
         def unless_revoked(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -100,7 +142,8 @@ class FirestoreRunnerRegistry:
         return self._change(runner_id, {"secret_hash": secret_hash}, "rotate a runner secret")
 
     def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
-        """See ``RunnerRegistry.record_heartbeat``."""
+        """See ``RunnerRegistry.record_heartbeat``: the runner document (1 read, 1 write),
+        then its liveness document."""
         fields = {
             "last_seen_at": at,
             "version": status.version,
@@ -109,12 +152,26 @@ class FirestoreRunnerRegistry:
             "workspace": status.workspace,
             "sessions": status.sessions,
         }
-        return self._change(runner_id, fields, "record a heartbeat")
+        if not self._change(runner_id, fields, "record a heartbeat"):
+            return False
+        self.record_alive(runner_id, at=at)
+        return True
+
+    def record_alive(self, runner_id: str, *, at: datetime) -> None:
+        """See ``RunnerRegistry.record_alive``: one blind write of the liveness document."""
+        with translated("record that a runner is alive"):
+            self._alive(runner_id).set({"last_seen_at": at})
 
 
-def _runner(doc: dict[str, Any] | None) -> RunnerRecord:
+def runner_from_document(doc: dict[str, Any] | None) -> RunnerRecord:
+    """The runner a runner document holds; ``ValidationError`` when it holds none."""
     data = dict(doc or {})
     for name in _TIME_FIELDS:
         if data.get(name) is not None:
             data[name] = utc(data[name])
     return RunnerRecord.model_validate(data)
+
+
+def _seen(liveness: dict[str, Any] | None) -> datetime | None:
+    at = (liveness or {}).get("last_seen_at")
+    return utc(at) if at is not None else None

@@ -8,7 +8,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from looprelay.adapters.sqlite.database import SqliteDatabase, open_database, utc_text
+from looprelay.adapters.sqlite.database import (
+    SqliteDatabase,
+    open_database,
+    parse_utc_text,
+    utc_text,
+)
 from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.ports import RunnerStatus
 
@@ -77,6 +82,14 @@ class SqliteRunnerRegistry:
         )
         return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
 
+    def list_last_seen(self) -> dict[str, datetime]:
+        """See ``RunnerRegistry.list_last_seen``."""
+        rows = self._db.rows(
+            "SELECT runner_id, json_extract(doc, '$.last_seen_at') AS seen FROM runners"
+            " WHERE seen IS NOT NULL"
+        )
+        return {row["runner_id"]: parse_utc_text(row["seen"]) for row in rows}
+
     def _change(self, runner_id: str, **fields: Any) -> bool:
         # One statement: json_patch applies only while the runner is not revoked.
         cursor = self._db.execute(
@@ -97,6 +110,10 @@ class SqliteRunnerRegistry:
     def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """See ``RunnerRegistry.record_heartbeat``."""
         return self._change(runner_id, last_seen_at=utc_text(at), **_status_fields(status))
+
+    def record_alive(self, runner_id: str, *, at: datetime) -> None:
+        """See ``RunnerRegistry.record_alive``: the same update, of ``last_seen_at`` alone."""
+        self._change(runner_id, last_seen_at=utc_text(at))
 
 
 def _status_fields(status: RunnerStatus) -> dict[str, Any]:

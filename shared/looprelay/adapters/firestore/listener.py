@@ -1,0 +1,189 @@
+"""One Firestore real-time listener on a query, kept open: what the dispatch feed and the
+runner directory share.
+
+Scenario: an instance of the runner API holds hundreds of waiting polls and authenticates
+every request. One listener keeps the query's result in memory, parsed; while nothing changes
+it costs no reads at all, and each push costs one read per document that entered, changed in
+or left the result (at least one for the first). If the stream ends for good (the client
+library already resumes a stream that merely broke), the result is dropped, so callers read
+the store themselves, and a new listener is opened after a backoff; its first push brings the
+whole result again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.cloud import firestore
+from pydantic import ValidationError
+
+from looprelay.core.backoff import backoff_seconds
+
+log = logging.getLogger("looprelay.adapters.firestore.listener")
+
+CHECK_SECONDS = 1.0
+"""How often a listener is checked to still stream (no I/O: a thread's state)."""
+REOPEN_MIN_SECONDS = 1.0
+REOPEN_MAX_SECONDS = 60.0
+REOPEN_DOUBLINGS = 6
+"""Waits before opening a listener again: 1, 2, 4 ... 60 s while opens keep failing."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Listened(Generic[T]):
+    """The query's result as last pushed: each readable document by id, and the ids of those
+    ``parse`` refused. Replaced whole on each push, never changed in place."""
+
+    documents: Mapping[str, T]
+    unreadable: frozenset[str]
+
+
+class ListenedQuery(Generic[T]):
+    """One listener on ``query``, re-opened when it drops. Safe across threads;
+    :meth:`start` it once, :meth:`close` it once."""
+
+    def __init__(
+        self,
+        query: firestore.Query,
+        *,
+        parse: Callable[[dict[str, Any]], T],
+        name: str,
+        fallback: str,
+        on_change: Callable[[], None] = lambda: None,
+        check_seconds: float = CHECK_SECONDS,
+    ) -> None:
+        """Listen to ``query``, keeping each document as ``parse`` makes it (a
+        ``ValidationError`` marks it unreadable) and calling ``on_change`` (on the listener's
+        thread; it must not block) after each push and each drop. ``name`` and ``fallback``
+        (what callers do meanwhile) word the logs."""
+        self._query = query
+        self._parse = parse
+        self._name, self._fallback = name, fallback
+        self._on_change = on_change
+        self._check_seconds = check_seconds
+        self._lock = threading.Lock()
+        self._result: Listened[T] | None = None
+        self._listener = 0
+        self._reads = 0
+        self._opened = 0
+        self._watch: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._supervise, name=f"looprelay-{name}-listener", daemon=True
+        )
+
+    def start(self) -> None:
+        """Open the listener (on a thread of its own, which also re-opens it)."""
+        self._thread.start()
+
+    def current(self) -> Listened[T] | None:
+        """The result as last pushed, or None while no listener has pushed since it opened."""
+        with self._lock:
+            return self._result
+
+    @property
+    def reads(self) -> int:
+        """Document reads the listeners have been billed for so far: one per document that
+        entered, changed in or left the result, and at least one for each first result."""
+        with self._lock:
+            return self._reads
+
+    @property
+    def listeners_opened(self) -> int:
+        """How many listeners were opened (1 until one drops)."""
+        with self._lock:
+            return self._opened
+
+    def close(self) -> None:
+        """Stop listening; :meth:`current` answers None from then on."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            self._result = None
+            self._listener += 1  # a push still in flight is dropped
+        if self._watch is not None:
+            self._watch.unsubscribe()
+
+    def _supervise(self) -> None:
+        # Keep one listener open: check it every few seconds, re-open it after a backoff
+        # that grows while new listeners fail before their first push.
+        failures = 0
+        while not self._stop.is_set():
+            watch = self._watch
+            if watch is not None and watch.is_active:
+                self._stop.wait(self._check_seconds)
+                continue
+            if watch is not None:
+                failures = 1 if self._dropped() else failures + 1
+                wait = backoff_seconds(
+                    failures,
+                    min_backoff=REOPEN_MIN_SECONDS,
+                    max_backoff=REOPEN_MAX_SECONDS,
+                    max_doublings=REOPEN_DOUBLINGS,
+                )
+                if self._stop.wait(wait):
+                    return
+            self._watch = self._listen()
+
+    def _listen(self) -> Any:
+        with self._lock:
+            self._listener += 1
+            self._opened += 1
+            listener = self._listener
+
+        def pushed(docs: list[Any], changes: list[Any], read_time: Any) -> None:
+            self._pushed(listener, docs, changes)
+
+        return self._query.on_snapshot(pushed)
+
+    def _dropped(self) -> bool:
+        # The listener ended for good: callers must read the store until a new one pushes.
+        # Returns whether it had pushed at all (else the open itself is failing).
+        with self._lock:
+            had_pushed = self._result is not None
+            self._result = None
+        log.warning(
+            "the %s listener stopped; %s until a new one is open", self._name, self._fallback
+        )
+        self._on_change()
+        return had_pushed
+
+    def _pushed(self, listener: int, docs: list[Any], changes: list[Any]) -> None:
+        changed = {change.document.id for change in changes}
+        with self._lock:
+            if listener != self._listener:
+                return  # a listener already given up on
+            before = self._result
+            held = before.documents if before is not None else {}
+            current: dict[str, T] = {}
+            unreadable: set[str] = set()
+            for doc in docs:
+                kept = None if doc.id in changed else held.get(doc.id)
+                if kept is None:
+                    kept = self._parsed(doc, unreadable)
+                if kept is not None:
+                    current[doc.id] = kept
+            if unreadable - (before.unreadable if before is not None else frozenset()):
+                log.error(
+                    "%s documents %s cannot be read; %s while they stay",
+                    self._name,
+                    ", ".join(sorted(unreadable)),
+                    self._fallback,
+                )
+            self._result = Listened(current, frozenset(unreadable))
+            self._reads += max(len(changes), 1 if before is None else 0)
+        self._on_change()
+
+    def _parsed(self, doc: Any, unreadable: set[str]) -> T | None:
+        try:
+            return self._parse(doc.to_dict() or {})
+        except ValidationError:
+            unreadable.add(doc.id)
+            return None

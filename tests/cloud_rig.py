@@ -1,0 +1,163 @@
+"""Pytest plugin: the cloud runner API as one instance serves it, on the Firestore emulator.
+
+The runner API is served over real HTTP as in ``tests/test_leases.py``, with the dispatch feed
+and the runner directory wired as ``app.cloud.build_runner_api`` wires them. The stores read
+through a client whose RPCs are counted (``bench/storecount.py``), and the registry's calls
+are counted too; the listeners have a client of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from google.cloud import firestore
+
+from bench.storecount import CountingAdapter, OpCounts, count_client
+from looprelay.adapters.firestore.dispatch_feed import FirestoreDispatchFeed
+from looprelay.adapters.firestore.runner_directory import FirestoreRunnerDirectory
+from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
+from looprelay.adapters.firestore.store import FirestoreStore
+from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
+from looprelay.config.model import RunnersConfig
+from looprelay.core.model import RunnerRecord
+from looprelay.service.lease_desk import DispatchWaker
+from tests.fake_github import REPOSITORY, FakeGitHub
+from tests.fake_harness import wait_until
+from tests.firestore_emulator import PROJECT
+from tests.rigs import Stores
+from tests.test_leases import Desk, Runner, serve_desk
+
+LONG_WAIT = 50.0
+"""A poll's wait: longer than any wake-up the tests expect, so an answer before it ends
+came from a wake-up."""
+WOKEN_WITHIN = 20.0
+"""Generous deadline for a wake-up (a push takes milliseconds on the emulator)."""
+
+
+class HeardDirectory(FirestoreRunnerDirectory):
+    """The runner directory, counting the lookups authentication makes in it: a request
+    reached the runner API when one more was made."""
+
+    def __init__(self, client: firestore.Client, *, collection_prefix: str) -> None:
+        super().__init__(client, collection_prefix=collection_prefix, check_seconds=0.1)
+        self._finds = 0
+        self._counted = threading.Lock()
+
+    def find(self, runner_id: str) -> RunnerRecord | None:
+        with self._counted:
+            self._finds += 1
+        return super().find(runner_id)
+
+    @property
+    def finds(self) -> int:
+        with self._counted:
+            return self._finds
+
+
+@dataclass
+class Cloud:
+    """The runner API as one cloud instance serves it, and what its stores read."""
+
+    desk: Desk
+    feed: FirestoreDispatchFeed
+    directory: HeardDirectory
+    counts: OpCounts
+    elsewhere: Stores
+    """The same collections through an uncounted client (another function's, an operator's)."""
+
+    def runner(self, name: str, **heartbeat: Any) -> Runner:
+        """Register a runner and send its first heartbeat, as ``Desk.runner``; return once
+        the directory holds it as that heartbeat left it (when it listens)."""
+        runner = self.desk.runner(name, **heartbeat)
+        if self.directory.runners() is not None:
+            repositories = list(heartbeat.get("repositories", (REPOSITORY,)))
+            wait_until(
+                lambda: (
+                    (held := self.directory.find(runner.runner_id)) is not None
+                    and held.repositories == repositories
+                ),
+                what=f"the push of runner {name}",
+            )
+        return runner
+
+    def poll_in_background(self, pool: ThreadPoolExecutor, runner: Runner) -> Future[Any]:
+        """Start a long poll and return once it has been authenticated."""
+        before = self.directory.finds
+        answer = pool.submit(self.desk.poll, runner, LONG_WAIT)
+        wait_until(lambda: self.directory.finds > before, what="the poll to reach the runner API")
+        return answer
+
+    def open_count(self) -> int:
+        return len(self.feed.open_dispatches() or ())
+
+    def reads(self) -> int:
+        return self.counts.snapshot().get("doc.reads", 0)
+
+
+def _cloud(
+    firestore_client: firestore.Client,
+    fake_github: FakeGitHub,
+    *,
+    feed_started: bool = True,
+    directory_started: bool = True,
+) -> Iterator[Cloud]:
+    prefix = f"t{uuid.uuid4().hex[:12]}_"
+    counted = firestore.Client(project=PROJECT)
+    counts = OpCounts()
+    count_client(counted, counts)
+    registry = FirestoreRunnerRegistry(counted, collection_prefix=prefix)
+    stores = Stores(
+        CountingAdapter(registry, port="RunnerRegistry", counts=counts),
+        FirestoreWorkItemStore(counted, collection_prefix=prefix),
+        FirestoreStore(counted, collection_prefix=prefix),
+    )
+    waker = DispatchWaker()
+    feed = FirestoreDispatchFeed(
+        firestore_client, on_change=waker.notify, collection_prefix=prefix, check_seconds=0.1
+    )
+    directory = HeardDirectory(firestore_client, collection_prefix=prefix)
+    if feed_started:
+        feed.start()
+        wait_until(lambda: feed.open_dispatches() is not None, what="the first push")
+    if directory_started:
+        directory.start()
+        wait_until(lambda: directory.runners() is not None, what="the directory's first push")
+    config = RunnersConfig(poll_wait_seconds=55)
+    elsewhere = Stores(
+        FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix),
+        FirestoreWorkItemStore(firestore_client, collection_prefix=prefix),
+        FirestoreStore(firestore_client, collection_prefix=prefix),
+    )
+    served = serve_desk(
+        stores, fake_github, waker=waker, feed=feed, config=config, directory=directory
+    )
+    try:
+        for desk in served:
+            yield Cloud(desk, feed, directory, counts, elsewhere)
+    finally:
+        feed.close()
+        directory.close()
+        counted.close()
+
+
+@pytest.fixture
+def cloud(firestore_client: firestore.Client, fake_github: FakeGitHub) -> Iterator[Cloud]:
+    yield from _cloud(firestore_client, fake_github)
+
+
+@pytest.fixture
+def feed_down(firestore_client: firestore.Client, fake_github: FakeGitHub) -> Iterator[Cloud]:
+    """The same, but the feed never got a listener open (as while Firestore refuses it)."""
+    yield from _cloud(firestore_client, fake_github, feed_started=False)
+
+
+@pytest.fixture
+def directory_down(firestore_client: firestore.Client, fake_github: FakeGitHub) -> Iterator[Cloud]:
+    """The same, but the runner directory never got a listener open."""
+    yield from _cloud(firestore_client, fake_github, directory_started=False)
