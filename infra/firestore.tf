@@ -97,9 +97,13 @@ locals {
   ttl_collections = ["deliveries", "events", "registration_tokens"]
 
   # Large fields nothing queries on: no single-field index (saves index writes and storage).
+  # A runner's liveness document is read by id or whole, never queried, and rewritten on
+  # every heartbeat: an index of its one timestamp, which only grows, serves nothing and
+  # would be a write hotspot.
   unindexed_fields = {
-    deliveries_envelope = { collection = "deliveries", field = "envelope" }
-    events_data         = { collection = "events", field = "data" }
+    deliveries_envelope  = { collection = "deliveries", field = "envelope" }
+    events_data          = { collection = "events", field = "data" }
+    runner_liveness_seen = { collection = "runner_liveness", field = "last_seen_at" }
   }
 }
 
