@@ -224,8 +224,34 @@ def _mean(samples: list[dict[str, int]]) -> dict[str, float]:
 
 IDLE_RUNNERS = (1, 50, 200)
 IDLE_WINDOW_SECONDS = 30.0
-"""Longer than a poll's wait (25 s), so each runner's next poll is counted too."""
+"""Longer than a poll's wait (25 s), so each runner's next poll is counted too; as long as
+the default heartbeat period, so each runner sends one heartbeat in it."""
 IDLE_REPOSITORY = "octo/idle"
+IDLE_VERSION = "0.0.0-bench"
+AGENT_POLLS = 2
+"""Polls a default agent holds: ``looprelay runner start --capacity`` (2)."""
+AGENT_HEARTBEAT_SECONDS = 30.0
+"""A default agent's heartbeat period (``runners.heartbeatSeconds``)."""
+WARM_SECONDS = 3.0
+"""After the first heartbeats are answered and the polls sent: every first look is done."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What each idle runner does: ``polls`` long polls held at once, and a heartbeat every
+    ``heartbeat_seconds`` (0: none), as ``agent/run.py`` sends them."""
+
+    polls: int = AGENT_POLLS
+    heartbeat_seconds: float = AGENT_HEARTBEAT_SECONDS
+
+    def status(self) -> dict[str, Any]:
+        """A heartbeat's body, as ``agent/start.py``'s ``describe`` makes it (no capacity)."""
+        return {
+            "version": IDLE_VERSION,
+            "repositories": [IDLE_REPOSITORY],
+            "workspace": False,
+            "sessions": 0,
+        }
 
 
 def _idle_config(prefix: str) -> Config:
@@ -233,8 +259,9 @@ def _idle_config(prefix: str) -> Config:
     return Config.model_validate({"store": {"backend": "firestore", "firestore": firestore}})
 
 
-def _idle_runners(config: Config, count: int) -> list[str]:
-    """Register ``count`` runners serving ``IDLE_REPOSITORY``; their bearer credentials."""
+def _idle_runners(config: Config, count: int, agent: Agent) -> list[str]:
+    """Register ``count`` runners of capacity ``agent.polls`` serving ``IDLE_REPOSITORY``,
+    as their agents last reported it; their bearer credentials."""
     from looprelay.ports import RunnerStatus
     from looprelay.service.runner_secrets import hash_credential, new_runner_id, new_runner_secret
 
@@ -249,86 +276,143 @@ def _idle_runners(config: Config, count: int) -> list[str]:
             secret_hash=hash_credential(secret),
             registered_at=now,
             last_seen_at=now,
+            version=IDLE_VERSION,
+            capacity=agent.polls,
         )
         registry.add_runner(record)
-        status = RunnerStatus(capacity=1, repositories=(IDLE_REPOSITORY,))
+        status = RunnerStatus(
+            version=IDLE_VERSION, capacity=agent.polls, repositories=(IDLE_REPOSITORY,)
+        )
         registry.record_heartbeat(runner_id, at=now, status=status)
         bearers.append(runner_bearer(runner_id, secret))
     return bearers
 
 
-def idle_reads(count: int, window: float) -> dict[str, float]:
+def _build_counted(config: Config, counts: OpCounts) -> tuple[Any, list[Any]]:
+    """``app.cloud.build_runner_api`` with its stores counted; also its listeners (the
+    dispatch feed and the runner directory, where this tree has them), whose reads are not
+    RPCs of the counted clients."""
+    from looprelay.app import adapters
+    from looprelay.app.cloud import build_runner_api
+
+    listeners: list[Any] = []
+    restore: list[tuple[str, Any]] = []
+    for name in ("open_dispatch_feed", "open_runner_directory"):
+        opener = getattr(adapters, name, None)  # absent from trees before each
+        if opener is None:
+            continue
+
+        def kept(*args: Any, _opener: Any = opener, **kwargs: Any) -> Any:
+            listeners.append(_opener(*args, **kwargs))
+            return listeners[-1]
+
+        restore.append((name, opener))
+        setattr(adapters, name, kept)
+    uninstall = install(counts)
+    try:
+        return build_runner_api(config, os.environ), listeners
+    finally:
+        uninstall()
+        for name, opener in restore:
+            setattr(adapters, name, opener)
+
+
+def idle_reads(count: int, window: float, agent: Agent) -> dict[str, float]:
     """Reads per idle runner-second of the cloud runner API (``app.cloud.build_runner_api``,
-    whatever this tree's is) with ``count`` runners long-polling as agents do, for
+    whatever this tree's is) with ``count`` runners behaving as ``agent`` says, for
     ``window`` seconds, nothing to lease. Needs ``FIRESTORE_EMULATOR_HOST``."""
     import asyncio
 
-    from looprelay.app import adapters
     from looprelay.app.asgi import Blocking
-    from looprelay.app.cloud import build_runner_api
     from looprelay.app.longpoll import runner_api_handler
 
     config = _idle_config(f"idle{uuid.uuid4().hex[:8]}_")
-    bearers = _idle_runners(config, count)
+    bearers = _idle_runners(config, count, agent)
     counts = OpCounts()
-    feeds: list[Any] = []
-    opener = getattr(adapters, "open_dispatch_feed", None)  # absent from trees before it
-    if opener is not None:
-
-        def kept(*args: Any, **kwargs: Any) -> Any:
-            feeds.append(opener(*args, **kwargs))
-            return feeds[-1]
-
-        adapters.open_dispatch_feed = kept
-    uninstall = install(counts)
-    try:
-        api = build_runner_api(config, os.environ)
-    finally:
-        uninstall()
-        if opener is not None:
-            adapters.open_dispatch_feed = opener
+    api, listeners = _build_counted(config, counts)
     handle = runner_api_handler(api, Blocking())
+    sent: dict[str, int] = {"poll": 0, "heartbeat": 0}
+    counting = False
 
     def listened() -> int:
-        return sum(getattr(feed, "reads", 0) for feed in feeds)
+        return sum(getattr(listener, "reads", 0) for listener in listeners)
 
-    async def agent(bearer: str, until: float) -> None:
+    async def call(bearer: str, path: str, body: dict[str, Any], expected: int) -> None:
         headers = {"authorization": bearer, "content-type": "application/json"}
-        body = json.dumps({"wait_seconds": 25}).encode()
-        while time.monotonic() < until:
-            answer = await handle(Request("POST", "/runner/v1/poll", headers, body))
-            if answer.status != 204:
-                raise RuntimeError(f"an idle poll got {answer.status}: {answer.body!r}")
+        if counting:
+            sent[path] += 1
+        request = Request("POST", f"/runner/v1/{path}", headers, json.dumps(body).encode())
+        answer = await handle(request)
+        if answer.status != expected:
+            raise RuntimeError(f"an idle {path} got {answer.status}: {answer.body!r}")
+
+    async def poll(bearer: str) -> None:
+        while True:
+            await call(bearer, "poll", {"wait_seconds": 25}, 204)
+
+    async def beat(bearer: str, first: float) -> None:
+        await asyncio.sleep(first - time.monotonic())
+        while True:
+            await call(bearer, "heartbeat", agent.status(), 200)
+            await asyncio.sleep(agent.heartbeat_seconds)
 
     async def run() -> dict[str, float]:
-        warm = time.monotonic() + 3.0  # every runner's first poll is in, first look done
-        end = warm + window + 1.0
-        tasks = [asyncio.ensure_future(agent(b, end)) for b in bearers]
-        await asyncio.sleep(warm - time.monotonic())
-        before, heard = counts.snapshot(), listened()
+        nonlocal counting
+        # As an agent starts: one heartbeat flagged restarted, then its polls.
+        restarted = agent.status() | {"restarted": True}
+        if agent.heartbeat_seconds:
+            await asyncio.gather(*(call(b, "heartbeat", restarted, 200) for b in bearers))
+        tasks = [asyncio.ensure_future(poll(b)) for b in bearers for _ in range(agent.polls)]
+        start = time.monotonic() + WARM_SECONDS
+        if agent.heartbeat_seconds:
+            # Heartbeats spread over the period, as agents started at different times send
+            # them: each runner's first falls in the window once.
+            period = agent.heartbeat_seconds
+            tasks += [
+                asyncio.ensure_future(beat(b, start + (n + 0.5) * period / count))
+                for n, b in enumerate(bearers)
+            ]
+        await asyncio.sleep(start - time.monotonic())
+        before, heard, counting = counts.snapshot(), listened(), True
         await asyncio.sleep(window)
         spent = OpCounts.minus(counts.snapshot(), before)
-        listener = listened() - heard
+        listener, counting = listened() - heard, False
         for task in tasks:
             task.cancel()
         for failed in await asyncio.gather(*tasks, return_exceptions=True):
             if not isinstance(failed, asyncio.CancelledError | type(None)):
                 raise failed
-        reads = spent.get("doc.reads", 0) + listener
-        return {
-            "runners": count,
-            "seconds": window,
-            "reads": reads,
-            "listener reads": listener,
-            "reads per runner-second": reads / (count * window),
-            "polls": spent.get("call.RunnerRegistry.get_runner", 0),
-        }
+        return _idle_row(count, window, agent, spent=spent, listener=listener, sent=sent)
 
     try:
         return asyncio.run(run())
     finally:
-        for feed in feeds:
-            feed.close()
+        for listener in listeners:
+            listener.close()
+
+
+def _idle_row(
+    count: int,
+    window: float,
+    agent: Agent,
+    *,
+    spent: dict[str, int],
+    listener: int,
+    sent: dict[str, int],
+) -> dict[str, float]:
+    reads = spent.get("doc.reads", 0) + listener
+    return {
+        "runners": count,
+        "seconds": window,
+        "polls each": agent.polls,
+        "heartbeat seconds": agent.heartbeat_seconds,
+        "reads": reads,
+        "listener reads": listener,
+        "writes": spent.get("doc.writes", 0),
+        "reads per runner-second": reads / (count * window),
+        "polls": sent["poll"],
+        "heartbeats": sent["heartbeat"],
+    }
 
 
 def _base_tree(commit: str, into: Path) -> Path:
@@ -342,7 +426,7 @@ def _base_tree(commit: str, into: Path) -> Path:
     return into / "shared"
 
 
-def idle_table(before: str | None, window: float) -> list[dict[str, Any]]:
+def idle_table(before: str | None, window: float, agent: Agent) -> list[dict[str, Any]]:
     """Measure each of ``IDLE_RUNNERS`` with this tree and, if given, with commit ``before``
     (run in a child process with that tree's ``shared/`` first on the path)."""
     rows: list[dict[str, Any]] = []
@@ -352,23 +436,33 @@ def idle_table(before: str | None, window: float) -> list[dict[str, Any]]:
             if base is not None:
                 env = dict(os.environ, PYTHONPATH=str(base))
                 child = [sys.executable, __file__, "--idle-one", str(count)]
-                child += ["--window", str(window)]
+                child += ["--window", str(window), "--polls", str(agent.polls)]
+                child += ["--heartbeat-seconds", str(agent.heartbeat_seconds)]
                 out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
                 rows.append({"code": before, **json.loads(out.stdout)})
-            rows.append({"code": "this tree", **idle_reads(count, window)})
+            rows.append({"code": "this tree", **idle_reads(count, window, agent)})
     return rows
 
 
 def _print_idle(rows: list[dict[str, Any]]) -> None:
-    head = f"{'code':<12} {'runners':>7} {'reads':>8} {'listener':>8} {'polls':>6}"
-    print(f"{head} {'reads/runner-s':>15}")
+    head = f"{'code':<12} {'runners':>7} {'reads':>8} {'listener':>8} {'writes':>7}"
+    print(f"{head} {'polls':>6} {'beats':>6} {'reads/runner-s':>15}")
     for row in rows:
         print(
             f"{str(row['code'])[:12]:<12} {row['runners']:>7} {row['reads']:>8}"
-            f" {row['listener reads']:>8} {row['polls']:>6}"
-            f" {row['reads per runner-second']:>15.4f}"
+            f" {row['listener reads']:>8} {row['writes']:>7} {row['polls']:>6}"
+            f" {row['heartbeats']:>6} {row['reads per runner-second']:>15.4f}"
         )
-    print(f"over {rows[0]['seconds']:g} s of idle long polls (25 s each, as agents ask)")
+    first = rows[0]
+    beats = (
+        f"a heartbeat every {first['heartbeat seconds']:g} s"
+        if first["heartbeat seconds"]
+        else "no heartbeats"
+    )
+    print(
+        f"over {first['seconds']:g} s: {first['polls each']} long polls per runner (25 s each,"
+        f" as agents ask), {beats}; polls and beats: requests sent in the window"
+    )
 
 
 # -- the Firestore emulator -------------------------------------------------------------------
@@ -454,17 +548,31 @@ def main() -> int:
     )
     parser.add_argument("--before", help="with --idle: also measure this commit, same run")
     parser.add_argument("--window", type=float, default=IDLE_WINDOW_SECONDS)
+    parser.add_argument(
+        "--polls",
+        type=int,
+        default=AGENT_POLLS,
+        help="with --idle: long polls each runner holds (a default agent: 2)",
+    )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=AGENT_HEARTBEAT_SECONDS,
+        help="with --idle: each runner's heartbeat period, 0 for none (a default agent: 30);"
+        " --polls 1 --heartbeat-seconds 0 is the bare mode measured before",
+    )
     parser.add_argument("--idle-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    agent = Agent(polls=args.polls, heartbeat_seconds=args.heartbeat_seconds)
     if args.idle_one:  # the child of --before: one measurement, as JSON
-        print(json.dumps(idle_reads(args.idle_one, args.window)))
+        print(json.dumps(idle_reads(args.idle_one, args.window, agent)))
         return 0
     if args.idle:
         with _emulator() as host:
             if host is None:
                 print("the Firestore emulator is needed for --idle", file=sys.stderr)
                 return 1
-            rows = idle_table(args.before, args.window)
+            rows = idle_table(args.before, args.window, agent)
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
