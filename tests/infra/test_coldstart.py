@@ -50,7 +50,15 @@ LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
     "looprelay.adapters.sqlite.worker_connection",
     *(
         f"looprelay.adapters.firestore.{name}"
-        for name in ("common", "store", "work_items", "runners", "dispatch_feed")
+        for name in (
+            "common",
+            "store",
+            "work_items",
+            "runners",
+            "listener",
+            "dispatch_feed",
+            "runner_directory",
+        )
     ),
     *(f"looprelay.adapters.github.{name}" for name in ("rest", "auth", "app_hooks")),
     "looprelay.adapters.gcp.oidc",
