@@ -18,7 +18,9 @@ work loads the machine). Two kinds of case:
   that sends one authenticated REST call to Cloud Tasks with google-auth loads (the webhook's
   queue does exactly that); ``bare+google-auth+pydantic``, the same plus pydantic and PyYAML,
   which looprelay's config is read with (the least the webhook loads before any code of its
-  own); ``bare+tasks_v2``, the bare function plus Google's ``google.cloud.tasks_v2`` client,
+  own); ``bare+google-auth+pydantic-model``, the same plus one small model built and
+  validated (``import pydantic`` alone is lazy and loads none of its model machinery);
+  ``bare+tasks_v2``, the bare function plus Google's ``google.cloud.tasks_v2`` client,
   for comparison.
 - **imports**: ``import functions_framework`` (``functions_framework``; the floor issue 13's
   target names) and ``import main`` with ``FUNCTION_TARGET`` unset (``main``: what every entry
@@ -57,6 +59,15 @@ FLOORS = {
     "bare": "",
     "bare+google-auth": "import google.auth.transport.requests\n",
     "bare+google-auth+pydantic": "import google.auth.transport.requests, pydantic, yaml\n",
+    # `import pydantic` alone is lazy: a config read with pydantic also pays for building and
+    # running one model's validator, which loads pydantic's model machinery.
+    "bare+google-auth+pydantic-model": (
+        "import google.auth.transport.requests, pydantic, yaml\n"
+        "class Settings(pydantic.BaseModel):\n"
+        "    secret_env: str\n"
+        "    retries: int = 3\n"
+        "Settings.model_validate(yaml.safe_load('secret_env: S'))\n"
+    ),
     "bare+tasks_v2": "from google.cloud import tasks_v2\n",
 }
 """The floor functions: what each ``main.py`` imports besides functions-framework."""

@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from looprelay.core.model import (
-    DeliveryRecord,
-    DispatchRecord,
-    EventRecord,
-    RegistrationToken,
-    RunnerRecord,
-    WorkItemRecord,
-)
+if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, never loads them
+    from looprelay.core.model import (
+        DeliveryRecord,
+        DispatchRecord,
+        EventRecord,
+        RegistrationToken,
+        RunnerRecord,
+        WorkItemRecord,
+    )
 
 MAX_TASK_BYTES = 1_000_000
 """A Cloud Task holds at most 1 MB, counting its name, URL and headers with the body; the

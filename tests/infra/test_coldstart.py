@@ -62,6 +62,7 @@ LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
     ),
     *(f"looprelay.adapters.github.{name}" for name in ("rest", "auth", "app_hooks")),
     "looprelay.adapters.gcp.oidc",
+    "looprelay.core.model",  # the store's documents: the webhook stores nothing
     "libtmux",
 )
 _PRINT_MODULES = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
@@ -139,3 +140,32 @@ class TestTheWebhookBuilder:
         assert _matching(modules, NEVER_FOR_THE_WEBHOOK) == []
         assert _matching(modules, LOOPRELAY_NEVER_ON_IMPORT) == []
         assert _matching(modules, LOOPRELAY_NEVER_FOR_THE_WEBHOOK) == []
+
+
+class TestTheDeployedEntryPoint:
+    def test_the_collector_runs_again_once_the_application_is_built(self) -> None:
+        # main.py pauses garbage collection while it loads; a pause that outlived the load
+        # would grow the instance's memory for as long as it serves.
+        queue = {
+            "project": "p",
+            "location": "us-central1",
+            "queue": "q",
+            "workerUrl": "https://worker.example/",
+            "apiEndpoint": "http://127.0.0.1:9",
+        }
+        code = (
+            "import gc, sys\n"
+            "import main\n"
+            "assert 'looprelay.app.compose' in sys.modules, 'the webhook was not built'\n"
+            "assert gc.isenabled(), 'garbage collection is still paused'\n"
+            "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n"
+        )
+
+        _modules_after(
+            code,
+            FUNCTION_TARGET="webhook",
+            TEST_WEBHOOK_SECRET="s",
+            LOOPRELAY__github__webhookSecrets="[TEST_WEBHOOK_SECRET]",
+            LOOPRELAY__queue__backend="cloudtasks",
+            LOOPRELAY__queue__cloudtasks=json.dumps(queue),
+        )
