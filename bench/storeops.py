@@ -162,9 +162,10 @@ def _stack(tmp: Path, config: Config) -> Iterator[Harness]:
 def _register_runner(h: Harness, config: Config, tmp: Path) -> None:
     registry = open_runner_registry(config, data_dir=tmp / "data")
     token = mint_registration_token(registry, now=datetime.now(UTC), ttl=timedelta(hours=1))
-    answer = h.runner("register", {"token": token, "name": "ops", "capacity": 8})
+    # Each repeat starts one more session, and the server leases a spawn only into a free slot.
+    answer = h.runner("register", {"token": token, "name": "ops", "capacity": REPEATS})
     h.runner_auth = runner_bearer(answer["runner_id"], answer["secret"])
-    heartbeat = {"capacity": 8, "repositories": ["codertocat/hello-world"], "sessions": 0}
+    heartbeat = {"capacity": REPEATS, "repositories": ["codertocat/hello-world"], "sessions": 0}
     h.runner("heartbeat", heartbeat)
 
 
