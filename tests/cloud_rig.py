@@ -59,6 +59,10 @@ class HeardDirectory(FirestoreRunnerDirectory):
         with self._counted:
             return self._finds
 
+    def listening(self) -> bool:
+        """Whether the listener has pushed and is open: ``find`` answers from memory."""
+        return self._listened.current() is not None
+
 
 @dataclass
 class Cloud:
@@ -75,7 +79,7 @@ class Cloud:
         """Register a runner and send its first heartbeat, as ``Desk.runner``; return once
         the directory holds it as that heartbeat left it (when it listens)."""
         runner = self.desk.runner(name, **heartbeat)
-        if self.directory.runners() is not None:
+        if self.directory.listening():
             repositories = list(heartbeat.get("repositories", (REPOSITORY,)))
             wait_until(
                 lambda: (
@@ -127,7 +131,7 @@ def _cloud(
         wait_until(lambda: feed.open_dispatches() is not None, what="the first push")
     if directory_started:
         directory.start()
-        wait_until(lambda: directory.runners() is not None, what="the directory's first push")
+        wait_until(directory.listening, what="the directory's first push")
     config = RunnersConfig(poll_wait_seconds=55)
     elsewhere = Stores(
         FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix),

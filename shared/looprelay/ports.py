@@ -329,15 +329,22 @@ class RunnerRegistry(Protocol):
         way it was recorded."""
         ...
 
+    def get_runners(self, runner_ids: Collection[str]) -> dict[str, RunnerRecord]:
+        """Return the runners of ``runner_ids`` that exist (revoked ones too), by id, each as
+        ``get_runner`` returns it, in one round trip (the lease desk asks for the runners its
+        candidates are pinned to)."""
+        ...
+
     def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """Return every runner (without the revoked ones if ``include_revoked`` is False),
         oldest registration first, each as ``get_runner`` returns it."""
         ...
 
-    def list_last_seen(self) -> dict[str, datetime]:
-        """Return when runners were last heard from, by runner id: for every runner added
-        with a ``last_seen_at`` or heard from through this port, what ``get_runner`` says.
-        It may hold revoked runners, and leave out runners last heard from by an older
+    def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
+        """Return when the runners of ``runner_ids`` were last heard from, by runner id, in
+        one round trip: for each added with a ``last_seen_at`` or heard from through this
+        port, what ``get_runner`` says; a runner never heard from is left out. It may answer
+        for a revoked or unknown runner, and leave out one last heard from by an older
         version: callers keep the later of it and the record they hold
         (``core.scheduling.with_last_seen``)."""
         ...
@@ -364,7 +371,8 @@ class RunnerRegistry(Protocol):
 
 class RunnerDirectory(Protocol):
     """The runners not revoked as the store last pushed them: one listener per process, so
-    authenticating a runner and choosing among runners read no runner record."""
+    authenticating a runner reads no runner record, and learning whether a runner is live
+    reads only when it was last heard from."""
 
     def find(self, runner_id: str) -> RunnerRecord | None:
         """Return the runner as last pushed; None when the directory cannot vouch for it (not
@@ -372,13 +380,8 @@ class RunnerDirectory(Protocol):
         asks the ``RunnerRegistry``. Its ``last_seen_at`` may be older than the registry's."""
         ...
 
-    def runners(self) -> Sequence[RunnerRecord] | None:
-        """Return every runner not revoked as last pushed (``last_seen_at`` as ``find``
-        says), oldest registration first; None while the directory is not live."""
-        ...
-
     def close(self) -> None:
-        """Stop listening; :meth:`find` and :meth:`runners` answer None from then on."""
+        """Stop listening; :meth:`find` answers None from then on."""
         ...
 
 

@@ -113,7 +113,7 @@ def test_until_the_directory_listens_every_request_reads_its_runner(
     directory_down: Cloud,
 ) -> None:
     runner = directory_down.runner("a")
-    assert directory_down.directory.runners() is None
+    assert not directory_down.directory.listening()
     assert _spent(directory_down, lambda: _status(directory_down.desk.poll(runner), 204)) == LOOKUP
     stranger = Runner(new_runner_id(), new_runner_secret(), "stranger")
     assert _spent(directory_down, lambda: _status(directory_down.desk.poll(stranger), 401)) == (
@@ -125,20 +125,58 @@ def test_a_dropped_listener_is_opened_again(cloud: Cloud) -> None:
     runner = cloud.runner("a")
     cloud.directory._listened._watch.close()  # as the client library does on a fatal error
     wait_until(
-        lambda: cloud.directory.listeners_opened == 2 and cloud.directory.runners() is not None,
+        lambda: cloud.directory.listeners_opened == 2 and cloud.directory.listening(),
         what="a second listener's first push",
     )
     assert _spent(cloud, lambda: _status(cloud.desk.poll(runner), 204)) == {}
 
 
-def test_choosing_among_runners_reads_when_they_were_seen_not_the_runners(cloud: Cloud) -> None:
-    runner = cloud.runner("a")
-    cloud.desk.seed(1, cloud.desk.dispatch(1))
+MANY = 50
+"""Runners registered where choosing a dispatch must not read each of them."""
+
+
+def _pinned_to(cloud: Cloud, owner: Runner) -> None:
+    """A comment for the session ``owner`` holds: its dispatch follows the session there."""
+    dispatch = cloud.desk.dispatch(1, kind="deliver", runner_id=owner.runner_id)
+    cloud.desk.seed(1, dispatch, session_status="live", session_runner=owner.runner_id)
     wait_until(lambda: cloud.open_count() == 1, what="the push of the dispatch")
-    spent = _spent(cloud, lambda: _status(cloud.desk.poll(runner), 200))
-    assert spent.get("call.RunnerRegistry.list_last_seen") == 1
+
+
+def test_choosing_reads_only_the_liveness_of_the_runner_a_dispatch_follows(cloud: Cloud) -> None:
+    """Among 50 runners, a look at a dispatch pinned to one of them reads that runner's
+    liveness document alone, once per ``runnerListMaxAgeSeconds``; its own runner, live as
+    it asks, reads none to lease it."""
+    owner, other, third, *_ = [cloud.runner(f"r{n}") for n in range(MANY)]
+    _pinned_to(cloud, owner)
+    spent = _spent(cloud, lambda: _status(cloud.desk.poll(other, 0), 204))
+    # The owner's liveness document, and the slots the poller holds.
+    assert spent == {"call.RunnerRegistry.list_last_seen": 1, "port.read": 1, "doc.reads": 2}
+    spent = _spent(cloud, lambda: _status(cloud.desk.poll(third, 0), 204))
+    assert not any("RunnerRegistry" in k for k in spent), spent  # read a moment ago
+    spent = _spent(cloud, lambda: _status(cloud.desk.poll(owner, 0), 200))
+    assert not any("RunnerRegistry" in k for k in spent), spent
+
+
+def test_a_runner_the_directory_does_not_hold_is_read_whole(cloud: Cloud) -> None:
+    """Revoked elsewhere, the session's runner leaves the directory: the look reads it (its
+    two documents), finds it revoked, and the session fails over."""
+    owner, other = cloud.runner("owner"), cloud.runner("other")
+    _pinned_to(cloud, owner)
+    assert cloud.elsewhere.registry.revoke_runner(owner.runner_id, at=cloud.desk.clock.now())
+    wait_until(lambda: cloud.directory.find(owner.runner_id) is None, what="the revocation")
+    spent = _spent(cloud, lambda: _status(cloud.desk.poll(other, 0), 200))
+    assert spent.get("call.RunnerRegistry.get_runners") == 1, spent
+    assert "call.RunnerRegistry.list_last_seen" not in spent
+
+
+def test_until_the_directory_listens_choosing_reads_the_runners_asked_about(
+    directory_down: Cloud,
+) -> None:
+    owner, other = directory_down.runner("owner"), directory_down.runner("other")
+    _pinned_to(directory_down, owner)
+    spent = _spent(directory_down, lambda: _status(directory_down.desk.poll(other, 0), 204))
+    assert spent.get("call.RunnerRegistry.get_runners") == 1, spent
     assert "call.RunnerRegistry.list_runners" not in spent
-    assert "call.RunnerRegistry.get_runner" not in spent
 
 
 def _status(response: requests.Response, expected: int) -> None:

@@ -11,6 +11,8 @@ from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.ports import RunnerRegistry, RunnerStatus
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=UTC)
+ONE, TWO, THREE = "r-0000000000000001", "r-0000000000000002", "r-0000000000000003"
+UNKNOWN = "r-ffffffffffffffff"
 
 
 def _runner(runner_id: str = "r-0000000000000001", *, at: datetime = T0) -> RunnerRecord:
@@ -157,7 +159,7 @@ class TestLiveness:
         assert runner_registry.get_runner("r-0000000000000001") == expected
         assert runner_registry.list_runners() == [expected]
         assert runner_registry.list_runners(include_revoked=False) == [expected]
-        assert runner_registry.list_last_seen() == {"r-0000000000000001": later}
+        assert runner_registry.list_last_seen([ONE]) == {ONE: later}
 
     def test_the_latest_heartbeat_wins_whichever_way_it_came(
         self, runner_registry: RunnerRegistry
@@ -181,14 +183,14 @@ class TestLiveness:
         )
         seen = T0 + timedelta(seconds=120)
         assert [r.last_seen_at for r in runner_registry.list_runners()] == [seen]
-        assert runner_registry.list_last_seen() == {"r-0000000000000001": seen}
+        assert runner_registry.list_last_seen([ONE]) == {ONE: seen}
 
     def test_a_runner_added_as_seen_is_listed_as_seen(
         self, runner_registry: RunnerRegistry
     ) -> None:
         runner_registry.add_runner(_runner().model_copy(update={"last_seen_at": T0}))
         runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
-        assert runner_registry.list_last_seen() == {"r-0000000000000001": T0}
+        assert runner_registry.list_last_seen([ONE, TWO]) == {ONE: T0}
 
     def test_alive_never_revives_a_revoked_runner(self, runner_registry: RunnerRegistry) -> None:
         """A heartbeat authenticated just before the revocation may still record it alive."""
@@ -212,4 +214,65 @@ class TestLiveness:
         runner_registry.add_runner(_runner())  # registered later: never heard from yet
         assert runner_registry.get_runner("r-0000000000000001") == _runner()
         assert runner_registry.list_runners() == [_runner()]
-        assert "r-0000000000000001" not in runner_registry.list_last_seen()
+        assert runner_registry.list_last_seen([ONE]) == {}
+
+
+class TestSomeRunners:
+    """What the lease desk reads to learn whether the runners its candidates are pinned to
+    are live: those runners alone, in one round trip."""
+
+    def test_only_the_runners_asked_for_are_read(self, runner_registry: RunnerRegistry) -> None:
+        for n, runner_id in enumerate((ONE, TWO, THREE)):
+            runner_registry.add_runner(_runner(runner_id, at=T0 + timedelta(seconds=n)))
+        found = runner_registry.get_runners([THREE, ONE, UNKNOWN, ONE])
+        assert found == {ONE: _runner(ONE), THREE: _runner(THREE, at=T0 + timedelta(seconds=2))}
+        assert runner_registry.get_runners([]) == {}
+        assert runner_registry.get_runners([UNKNOWN]) == {}
+
+    def test_a_revoked_runner_is_read_as_revoked(self, runner_registry: RunnerRegistry) -> None:
+        runner_registry.add_runner(_runner(ONE))
+        assert runner_registry.revoke_runner(ONE, at=T0)
+        runner_registry.record_alive(ONE, at=T0 + timedelta(seconds=30))
+        found = runner_registry.get_runners([ONE])
+        assert found[ONE].revoked and found[ONE] == runner_registry.get_runner(ONE)
+
+    def test_the_latest_heartbeat_wins_whichever_way_it_came(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner(ONE))
+        runner_registry.add_runner(_runner(TWO))
+        status = RunnerStatus(version="0.2.0", capacity=2, sessions=1)
+        assert runner_registry.record_heartbeat(ONE, at=T0 + timedelta(seconds=60), status=status)
+        runner_registry.record_alive(ONE, at=T0 + timedelta(seconds=90))
+        runner_registry.record_alive(TWO, at=T0 + timedelta(seconds=30))
+        assert runner_registry.record_heartbeat(TWO, at=T0 + timedelta(seconds=60), status=status)
+        found = runner_registry.get_runners([ONE, TWO])
+        assert {r: (found[r].last_seen_at, found[r].sessions) for r in found} == {
+            ONE: (T0 + timedelta(seconds=90), 1),
+            TWO: (T0 + timedelta(seconds=60), 1),
+        }
+        assert found == {r: runner_registry.get_runner(r) for r in (ONE, TWO)}
+        assert runner_registry.list_last_seen([ONE, TWO, UNKNOWN]) == {
+            ONE: T0 + timedelta(seconds=90),
+            TWO: T0 + timedelta(seconds=60),
+        }
+
+    def test_last_seen_leaves_out_the_never_heard_from_and_the_unknown(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        runner_registry.add_runner(_runner(ONE))
+        runner_registry.add_runner(_runner(TWO))
+        runner_registry.record_alive(TWO, at=T0 + timedelta(seconds=30))
+        assert runner_registry.list_last_seen([ONE, TWO, UNKNOWN]) == {
+            TWO: T0 + timedelta(seconds=30)
+        }
+        assert runner_registry.list_last_seen([]) == {}
+
+    def test_many_runners_are_read_whatever_a_batch_holds(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        ids = [f"r-{n:016x}" for n in range(1, 121)]
+        for runner_id in ids:
+            runner_registry.add_runner(_runner(runner_id).model_copy(update={"last_seen_at": T0}))
+        assert set(runner_registry.get_runners(ids)) == set(ids)
+        assert runner_registry.list_last_seen(ids) == dict.fromkeys(ids, T0)

@@ -97,8 +97,9 @@ class DispatchWaker:
 
     Scenario: 1,000 polls of runners that hold no session wait on one ``looprelay up``; a
     comment is routed to the session on runner A. The ring carries that dispatch, each poll's
-    ``wants`` check (:meth:`LeaseDesk.wants`) says in memory that only A's poll may take it,
-    and only that one looks at the store: the other 999 keep waiting, at no cost.
+    ``wants`` check (:meth:`LeaseDesk.wants`) says that only A's poll may take it (A is live:
+    in memory, or one read of A's liveness for all of them), and only that one looks at the
+    store: the other 999 keep waiting.
 
     Each :meth:`notify` counts a generation and is remembered (``RECENT_RINGS``), so a ring
     between a poll's look and its wait (read :meth:`generation` before looking, pass it to a
@@ -226,6 +227,13 @@ def _pinned(items: WorkItemStore, heads: list[DispatchRecord]) -> list[DispatchR
     return pin_to_sessions(heads, items.get_work_items(refs) if refs else {})
 
 
+def _pinned_elsewhere(dispatches: Iterable[DispatchRecord], runner: RunnerRecord) -> set[str]:
+    """The runners other than ``runner`` that ``dispatches`` follow their sessions to: whether
+    ``runner`` may take them depends on whether those are live (``core.scheduling.why_not``)."""
+    ids = {d.runner_id for d in dispatches if d.runner_id is not None}
+    return ids - {runner.runner_id}
+
+
 class LeaseDesk:
     """Hands out dispatches and takes results back."""
 
@@ -245,8 +253,8 @@ class LeaseDesk:
         directory: RunnerDirectory | None = None,
     ) -> None:
         """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
-        cloud ``feed`` rings it); ``directory`` holds the runners a choice is made among
-        (``RunnerCache``); with ``feed`` a look checks the open dispatches it pushed
+        cloud ``feed`` rings it); ``directory`` holds the runners whose liveness a choice
+        asks about (``RunnerCache``); with ``feed`` a look checks the open dispatches it pushed
         and reads the store only for one this runner may take."""
         self._registry = registry
         self._items = work_items
@@ -310,9 +318,11 @@ class LeaseDesk:
         return self._waker
 
     def wants(self, runner: RunnerRecord) -> Wants:
-        """The check a waiting poll of ``runner`` makes in memory when the waker rings: look
-        at the store only for a dispatch it might take (``core.feed.may_take_any``, with the
-        liveness of the runners last read) or when a slot was freed on it."""
+        """The check a waiting poll of ``runner`` makes when the waker rings: look at the
+        store only for a dispatch it might take (``core.feed.may_take_any``) or when a slot
+        was freed on it. It runs in memory but for the liveness of a runner a dispatch
+        follows its session to, read when not read within ``runners.runnerListMaxAgeSeconds``
+        (``RunnerCache``): once for every waiting poll, not once by each."""
         known = self._wants.get(runner.runner_id)
         if known is not None and known[0] == runner:
             return known[1]  # one check for all of a runner's polls: the waker judges it once
@@ -321,13 +331,14 @@ class LeaseDesk:
         def worth_a_look(opened: Opened) -> bool:
             if opened.dispatches is None or runner.runner_id in opened.runners:
                 return True
-            others = {d.runner_id for d in opened.dispatches if d.runner_id} - {runner.runner_id}
-            live = (
-                self._runners.known_live(others, now=self._clock.now(), lost_after=lost_after)
-                if others
-                else []
-            )
-            return may_take_any(opened.dispatches, runner, live=live or ())
+            others = _pinned_elsewhere(opened.dispatches, runner)
+            try:
+                live = self._runners.live_among(
+                    others, now=self._clock.now(), lost_after=lost_after
+                )
+            except Transient:
+                return True  # not knowing who is live, look: the look says what failed
+            return may_take_any(opened.dispatches, runner, live=live)
 
         self._wants[runner.runner_id] = (runner, worth_a_look)
         return worth_a_look
@@ -387,7 +398,9 @@ class LeaseDesk:
         if not candidates:
             return None
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
-        live = self._runners.live_ids(now=now, lost_after=lost_after)
+        live = self._runners.live_among(
+            _pinned_elsewhere(candidates, runner), now=now, lost_after=lost_after
+        )
         holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live, holding=holding)

@@ -1,19 +1,26 @@
-"""Which runners are live, read from the registry at most once per ``maxAge`` per process.
+"""Whether the runners a choice depends on are live, each read at most once per ``maxAge``.
 
-Scenario: 200 runners poll one instance of the runner API. Choosing a dispatch needs to know
-which runners are live (a session's dispatch waits for its runner while that one is live),
-but reading 200 runner documents per look would cost more than the look. The list is kept
-for ``runners.runnerListMaxAgeSeconds`` and read again only when a look needs it after that;
-revoked runners are not read at all. A runner that falls silent is noticed that much later.
-With a ``RunnerDirectory`` (the cloud: a listener holds the runners), only when each runner
-was last heard from is read (``RunnerRegistry.list_last_seen``), not the runners themselves.
+Scenario: 10,000 runners poll 40 instances of the runner API while work flows. A dispatch
+that follows its session waits for the session's runner while that one is live
+(``core.scheduling.why_not``), so choosing among a poll's candidates needs the liveness of
+the runners they are pinned to, and of no other: the polling runner is live (it is asking),
+and a candidate pinned to no runner asks about none. Each runner's liveness is kept for
+``runners.runnerListMaxAgeSeconds`` and read again only when a look needs it after that, so
+a look reads at most the few runners its candidates name, never all 10,000. A waiting poll's
+check of what a ring opened (``LeaseDesk.wants``) asks the same cache, so a thousand polls
+share one read. A runner that falls silent is noticed that much later.
+
+With a ``RunnerDirectory`` (the cloud: a listener holds the runners not revoked), only when
+each runner it holds was last heard from is read (``RunnerRegistry.list_last_seen``: one
+liveness document each); a runner it does not hold (not listening yet, revoked, unknown,
+registered a moment ago) is read whole (``RunnerRegistry.get_runners``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from looprelay.core.model import RunnerRecord
@@ -22,7 +29,7 @@ from looprelay.ports import RunnerDirectory, RunnerRegistry
 
 
 class RunnerCache:
-    """The registry's runners (revoked ones left out), at most ``max_age_seconds`` old."""
+    """Each runner asked about, as read at most ``max_age_seconds`` ago (or unknown)."""
 
     def __init__(
         self,
@@ -37,43 +44,39 @@ class RunnerCache:
         self._max_age = max_age_seconds
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._runners: list[RunnerRecord] = []
-        self._read_at: float | None = None
-        self._by_id: dict[str, RunnerRecord] | None = None
+        # runner id -> (when read, on the monotonic clock; the runner, None if unknown)
+        self._held: dict[str, tuple[float, RunnerRecord | None]] = {}
 
-    def live_ids(self, *, now: datetime, lost_after: timedelta) -> list[str]:
-        """Return the ids of the runners live at ``now``. Raises ``Transient`` when the list
-        must be read again and the store fails."""
-        return [r.runner_id for r in self._current() if is_live(r, now=now, lost_after=lost_after)]
-
-    def known_live(
-        self, runner_ids: Iterable[str], *, now: datetime, lost_after: timedelta
-    ) -> list[str] | None:
-        """Return which of ``runner_ids`` were live at ``now`` as of the list last read,
-        without reading it (a waiting poll's in-memory check); None when it was never read."""
-        by_id = self._by_id  # replaced whole on each read: no lock needed to look at it
-        if by_id is None:
-            return None
-        return [
-            runner_id
-            for runner_id in runner_ids
-            if (runner := by_id.get(runner_id)) is not None
-            and is_live(runner, now=now, lost_after=lost_after)
-        ]
-
-    def _current(self) -> list[RunnerRecord]:
-        # One reader at a time: the polls that find the list stale together wait for one read.
+    def live_among(
+        self, runner_ids: Collection[str], *, now: datetime, lost_after: timedelta
+    ) -> list[str]:
+        """Return which of ``runner_ids`` are live at ``now``, reading those not read within
+        ``max_age_seconds`` (in one round trip; none when there is none). Raises
+        ``Transient`` when one must be read and the store fails."""
+        # One reader at a time: looks that find the same runners stale together wait for one
+        # read, and then find them fresh.
         with self._lock:
             at = self._monotonic()
-            if self._read_at is None or at - self._read_at >= self._max_age:
-                self._runners = self._read()
-                self._by_id = {r.runner_id: r for r in self._runners}
-                self._read_at = at
-            return self._runners
+            stale = [
+                runner_id
+                for runner_id in runner_ids
+                if (held := self._held.get(runner_id)) is None or at - held[0] >= self._max_age
+            ]
+            if stale:
+                found = self._read_runners(stale)
+                self._held.update((r, (at, found.get(r))) for r in stale)
+            runners = [self._held[runner_id][1] for runner_id in runner_ids]
+        return [
+            runner.runner_id
+            for runner in runners
+            if runner is not None and is_live(runner, now=now, lost_after=lost_after)
+        ]
 
-    def _read(self) -> list[RunnerRecord]:
-        held = self._directory.runners() if self._directory is not None else None
-        if held is None:
-            return self._registry.list_runners(include_revoked=False)
-        seen = self._registry.list_last_seen()
-        return [with_last_seen(r, seen.get(r.runner_id)) for r in held]
+    def _read_runners(self, runner_ids: list[str]) -> dict[str, RunnerRecord]:
+        held: dict[str, RunnerRecord] = {}
+        if self._directory is not None:
+            held = {r: found for r in runner_ids if (found := self._directory.find(r)) is not None}
+        seen = self._registry.list_last_seen(held) if held else {}
+        runners = {r: with_last_seen(runner, seen.get(r)) for r, runner in held.items()}
+        rest = [r for r in runner_ids if r not in held]
+        return runners | (self._registry.get_runners(rest) if rest else {})

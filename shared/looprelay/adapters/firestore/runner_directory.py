@@ -61,14 +61,6 @@ class FirestoreRunnerDirectory:
         result = self._listened.current()
         return None if result is None else result.documents.get(runner_id)
 
-    def runners(self) -> list[RunnerRecord] | None:
-        """See ``RunnerDirectory.runners``. None also while a runner document cannot be
-        read as a runner: the caller then reads the registry rather than miss it."""
-        result = self._listened.current()
-        if result is None or result.unreadable:
-            return None
-        return sorted(result.documents.values(), key=lambda r: (r.registered_at, r.runner_id))
-
     @property
     def reads(self) -> int:
         """Document reads the listeners have been billed for so far (``ListenedQuery.reads``)."""

@@ -16,6 +16,7 @@ once per heartbeat (30 s) at most, far below Firestore's one write a second per 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +37,7 @@ from looprelay.ports import RunnerStatus
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
 _REFS_PER_BATCH = 100
-"""Liveness documents asked for in one batch get."""
+"""Documents asked for in one batch get."""
 
 
 class FirestoreRunnerRegistry:
@@ -84,13 +85,29 @@ class FirestoreRunnerRegistry:
 
     def get_runner(self, runner_id: str) -> RunnerRecord | None:
         """See ``RunnerRegistry.get_runner``: its two documents in one batch get."""
-        refs = [self._runners.document(runner_id), self._alive(runner_id)]
-        with translated("read a runner"):
-            found = {s.reference.path: s.to_dict() for s in self._client.get_all(refs) if s.exists}
-        record = found.get(refs[0].path)
-        if record is None:
-            return None
-        return with_last_seen(runner_from_document(record), _seen(found.get(refs[1].path)))
+        return self.get_runners([runner_id]).get(runner_id)
+
+    def get_runners(self, runner_ids: Collection[str]) -> dict[str, RunnerRecord]:
+        """See ``RunnerRegistry.get_runners``: each runner's two documents (the runner and its
+        liveness), ``_REFS_PER_BATCH`` documents a batch get."""
+        wanted = sorted(set(runner_ids))
+        found: dict[str, RunnerRecord] = {}
+        per_batch = _REFS_PER_BATCH // 2
+        for start in range(0, len(wanted), per_batch):
+            pairs = [
+                (self._runners.document(r), self._alive(r))
+                for r in wanted[start : start + per_batch]
+            ]
+            with translated("read runners"):
+                snapshots = list(self._client.get_all([ref for pair in pairs for ref in pair]))
+            docs = {s.reference.path: s.to_dict() for s in snapshots if s.exists}
+            for runner, alive in pairs:
+                record = docs.get(runner.path)
+                if record is not None:
+                    found[runner.id] = with_last_seen(
+                        runner_from_document(record), _seen(docs.get(alive.path))
+                    )
+        return found
 
     def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``: without the revoked ones, only runners whose
@@ -105,11 +122,10 @@ class FirestoreRunnerRegistry:
         merged = [with_last_seen(r, seen.get(r.runner_id)) for r in runners]
         return sorted(merged, key=lambda r: (r.registered_at, r.runner_id))
 
-    def list_last_seen(self) -> dict[str, datetime]:
-        """See ``RunnerRegistry.list_last_seen``: the liveness documents alone."""
-        with translated("list when runners were seen"):
-            docs = list(self._liveness.stream())
-        return {doc.id: seen for doc in docs if (seen := _seen(doc.to_dict())) is not None}
+    def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
+        """See ``RunnerRegistry.list_last_seen``: their liveness documents alone,
+        ``_REFS_PER_BATCH`` a batch get."""
+        return self._seen_of(sorted(set(runner_ids)))
 
     def _seen_of(self, runner_ids: list[str]) -> dict[str, datetime]:
         seen: dict[str, datetime] = {}

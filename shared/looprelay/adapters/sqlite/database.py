@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +18,8 @@ from looprelay.filemodes import private_file
 
 BUSY_TIMEOUT_MS = 5000
 """How long a write waits for another connection's lock before ``Transient``."""
+KEYS_PER_QUERY = 500
+"""Keys bound in one ``IN`` list: well under SQLite's limit on a statement's parameters."""
 
 
 def utc_text(moment: datetime) -> str:
@@ -145,6 +147,16 @@ class SqliteDatabase:
                 return list(self._reader.execute(sql, params).fetchall())
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
+
+    def rows_among(self, sql: str, keys: Collection[str]) -> list[sqlite3.Row]:
+        """The rows of ``sql``, whose ``{marks}`` stands for an ``IN`` list, for ``keys``:
+        one query per ``KEYS_PER_QUERY`` of them (none for no keys)."""
+        wanted = sorted(set(keys))
+        found: list[sqlite3.Row] = []
+        for start in range(0, len(wanted), KEYS_PER_QUERY):
+            chunk = tuple(wanted[start : start + KEYS_PER_QUERY])
+            found += self.rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
+        return found
 
 
 def open_database(source: str | Path | SqliteDatabase, *, schema: str, what: str) -> SqliteDatabase:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,15 @@ class SqliteRunnerRegistry:
         rows = self._db.rows("SELECT doc FROM runners WHERE runner_id = ?", (runner_id,))
         return RunnerRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
+    def get_runners(self, runner_ids: Collection[str]) -> dict[str, RunnerRecord]:
+        """See ``RunnerRegistry.get_runners``."""
+        query = "SELECT doc FROM runners WHERE runner_id IN ({marks})"
+        runners = (
+            RunnerRecord.model_validate_json(row["doc"])
+            for row in self._db.rows_among(query, runner_ids)
+        )
+        return {runner.runner_id: runner for runner in runners}
+
     def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``."""
         where = "" if include_revoked else "WHERE json_extract(doc, '$.revoked_at') IS NULL "
@@ -82,11 +92,12 @@ class SqliteRunnerRegistry:
         )
         return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
 
-    def list_last_seen(self) -> dict[str, datetime]:
+    def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
         """See ``RunnerRegistry.list_last_seen``."""
-        rows = self._db.rows(
+        rows = self._db.rows_among(
             "SELECT runner_id, json_extract(doc, '$.last_seen_at') AS seen FROM runners"
-            " WHERE seen IS NOT NULL"
+            " WHERE runner_id IN ({marks}) AND seen IS NOT NULL",
+            runner_ids,
         )
         return {row["runner_id"]: parse_utc_text(row["seen"]) for row in rows}
 

@@ -17,9 +17,6 @@ from looprelay.core.model import DISPATCH_EXPIRED as EXPIRED
 from looprelay.core.model import DispatchRecord, WorkItemRecord
 from looprelay.ports import SessionSlot
 
-_REFS_PER_QUERY = 500
-"""Well under SQLite's limit on a statement's parameters."""
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS work_items (
     ref TEXT PRIMARY KEY, version INTEGER NOT NULL, doc TEXT NOT NULL
@@ -89,15 +86,8 @@ class SqliteWorkItemStore:
 
     def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
         """See ``WorkItemStore.get_work_items``."""
-        wanted = sorted(set(refs))
-        found: dict[str, WorkItemRecord] = {}
-        for start in range(0, len(wanted), _REFS_PER_QUERY):
-            chunk = wanted[start : start + _REFS_PER_QUERY]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT ref, doc FROM work_items WHERE ref IN ({marks})"  # noqa: S608 - values bound
-            rows = self._db.rows(query, tuple(chunk))
-            found |= {row["ref"]: WorkItemRecord.model_validate_json(row["doc"]) for row in rows}
-        return found
+        rows = self._db.rows_among("SELECT ref, doc FROM work_items WHERE ref IN ({marks})", refs)
+        return {row["ref"]: WorkItemRecord.model_validate_json(row["doc"]) for row in rows}
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``."""
