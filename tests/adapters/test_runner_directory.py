@@ -149,10 +149,9 @@ def test_choosing_reads_only_the_liveness_of_the_runner_a_dispatch_follows(cloud
     owner, other, third, *_ = [cloud.runner(f"r{n}") for n in range(MANY)]
     _pinned_to(cloud, owner)
     spent = _spent(cloud, lambda: _status(cloud.desk.poll(other, 0), 204))
-    # The owner's liveness document, and the slots the poller holds.
-    assert spent == {"call.RunnerRegistry.list_last_seen": 1, "port.read": 1, "doc.reads": 2}
-    spent = _spent(cloud, lambda: _status(cloud.desk.poll(third, 0), 204))
-    assert not any("RunnerRegistry" in k for k in spent), spent  # read a moment ago
+    # The owner's liveness document; not the slots the poller holds, as it may take nothing.
+    assert spent == {"call.RunnerRegistry.list_last_seen": 1, "port.read": 1, "doc.reads": 1}
+    assert _spent(cloud, lambda: _status(cloud.desk.poll(third, 0), 204)) == {}  # read just now
     spent = _spent(cloud, lambda: _status(cloud.desk.poll(owner, 0), 200))
     assert not any("RunnerRegistry" in k for k in spent), spent
 

@@ -401,6 +401,8 @@ class LeaseDesk:
         live = self._runners.live_among(
             _pinned_elsewhere(candidates, runner), now=now, lost_after=lost_after
         )
+        if not may_take_any(candidates, runner, live=live):
+            return None  # each follows its session to another live runner: no slots to read
         holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live, holding=holding)
