@@ -439,8 +439,9 @@ class RunnersConfig(_Section):
         default=5,
         ge=0,
         le=60,
-        description="How stale the runner API's cached list of runners may be when it chooses "
-        "a dispatch (a silent runner is noticed that much later; 0 reads it on every choice).",
+        description="How stale the runner API's cached liveness of a runner may be when "
+        "choosing a dispatch depends on it (a session's runner: a silent runner is noticed "
+        "that much later; 0 reads it on every choice).",
     )
     unserved_expiry_seconds: int = Field(
         default=24 * 3600,
