@@ -260,9 +260,11 @@ def _idle_config(prefix: str) -> Config:
     return Config.model_validate({"store": {"backend": "firestore", "firestore": firestore}})
 
 
-def _idle_runners(config: Config, count: int, agent: Agent) -> list[str]:
-    """Register ``count`` runners of capacity ``agent.polls`` serving ``IDLE_REPOSITORY``,
-    as their agents last reported it; their bearer credentials."""
+def _idle_runners(
+    config: Config, count: int, agent: Agent, repository: str = IDLE_REPOSITORY
+) -> list[tuple[str, str]]:
+    """Register ``count`` runners of capacity ``agent.polls`` serving ``repository``, as
+    their agents last reported it; their ids and bearer credentials, oldest first."""
     from looprelay.ports import RunnerStatus
     from looprelay.service.runner_secrets import hash_credential, new_runner_id, new_runner_secret
 
@@ -282,10 +284,10 @@ def _idle_runners(config: Config, count: int, agent: Agent) -> list[str]:
         )
         registry.add_runner(record)
         status = RunnerStatus(
-            version=IDLE_VERSION, capacity=agent.polls, repositories=(IDLE_REPOSITORY,)
+            version=IDLE_VERSION, capacity=agent.polls, repositories=(repository,)
         )
         registry.record_heartbeat(runner_id, at=now, status=status)
-        bearers.append(runner_bearer(runner_id, secret))
+        bearers.append((runner_id, runner_bearer(runner_id, secret)))
     return bearers
 
 
@@ -328,7 +330,7 @@ def idle_reads(count: int, window: float, agent: Agent) -> dict[str, float]:
     from looprelay.app.longpoll import runner_api_handler
 
     config = _idle_config(f"idle{uuid.uuid4().hex[:8]}_")
-    bearers = _idle_runners(config, count, agent)
+    bearers = [bearer for _, bearer in _idle_runners(config, count, agent)]
     counts = OpCounts()
     api, listeners = _build_counted(config, counts)
     handle = runner_api_handler(api, Blocking())
@@ -466,6 +468,134 @@ def _print_idle(rows: list[dict[str, Any]]) -> None:
     )
 
 
+# -- reads per lease: a dispatch that follows its session, among many runners --------------
+
+LEASE_RUNNERS = (1, 50, 200)
+LEASE_REPEATS = 5
+LEASE_REPOSITORY = "octo/leases"
+LEASE_DEADLINE_SECONDS = 30.0
+"""Longest a listener's push is waited for."""
+
+
+def _lease_config(prefix: str) -> Config:
+    """The cloud's store, liveness read on every look (``runnerListMaxAgeSeconds`` 0): each
+    look pays what one pays whenever the cached liveness is older than its 5 s."""
+    firestore = {"project": "demo-looprelay", "collectionPrefix": prefix}
+    return Config.model_validate(
+        {
+            "store": {"backend": "firestore", "firestore": firestore},
+            "runners": {"runnerListMaxAgeSeconds": 0},
+        }
+    )
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + LEASE_DEADLINE_SECONDS
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {LEASE_DEADLINE_SECONDS:g} s")
+        time.sleep(0.05)
+
+
+def lease_reads(count: int) -> dict[str, float]:
+    """Document reads of the cloud runner API (``app.cloud.build_runner_api``, whatever this
+    tree's is) among ``count`` runners, per look at a dispatch that follows its session to
+    the oldest: by another runner, which may not take it, and by the session's own runner,
+    which leases it; means over ``LEASE_REPEATS`` dispatches. Needs
+    ``FIRESTORE_EMULATOR_HOST``."""
+    from looprelay.app.adapters import open_work_item_store
+    from looprelay.app.runner_http import RunnerHttp
+    from tests.dispatches import make_dispatch, save_with_own_session
+
+    config = _lease_config(f"lease{uuid.uuid4().hex[:8]}_")
+    (owner, owner_bearer), *others = _idle_runners(config, count, Agent(), LEASE_REPOSITORY)
+    counts = OpCounts()
+    api, listeners = _build_counted(config, counts)
+    http, items = RunnerHttp(api), open_work_item_store(config, data_dir=None)
+    [feed] = [listener for listener in listeners if hasattr(listener, "open_dispatches")]
+    [directory] = [listener for listener in listeners if hasattr(listener, "find")]
+
+    def reads_of(bearer: str, expected: int) -> int:
+        headers = {"authorization": bearer, "content-type": "application/json"}
+        request = Request("POST", "/runner/v1/poll", headers, b'{"wait_seconds": 0}')
+        before = counts.snapshot().get("doc.reads", 0)
+        answer = http.handle(request)
+        if answer.status != expected:
+            raise RuntimeError(f"a poll got {answer.status}, not {expected}: {answer.body!r}")
+        return counts.snapshot().get("doc.reads", 0) - before
+
+    looks, leases = [], []
+    try:
+        ids = [owner] + [runner_id for runner_id, _ in others[:1]]
+        _until(lambda: all(directory.find(r) for r in ids), "push of the runners")
+        for number in range(1, LEASE_REPEATS + 1):
+            now = datetime.now(UTC)
+            dispatch = make_dispatch(
+                repository=LEASE_REPOSITORY,
+                number=number,
+                created_at=now,
+                kind="deliver",
+                runner_id=owner,
+            )
+            save_with_own_session(
+                items,
+                repository=LEASE_REPOSITORY,
+                number=number,
+                dispatches=[dispatch],
+                now=now,
+                session_status="live",
+                session_runner=owner,
+            )
+            _until(
+                lambda d=dispatch: any(
+                    o.dispatch_id == d.dispatch_id and o.status == "pending"
+                    for o in feed.open_dispatches() or ()
+                ),
+                "push of the dispatch",
+            )
+            if others:
+                looks.append(reads_of(others[0][1], 204))
+            leases.append(reads_of(owner_bearer, 200))
+    finally:
+        for listener in listeners:
+            listener.close()
+    return {
+        "runners": count,
+        "look by another runner": sum(looks) / len(looks) if looks else -1.0,
+        "lease by its runner": sum(leases) / len(leases),
+    }
+
+
+def lease_table(before: str | None) -> list[dict[str, Any]]:
+    """Measure each of ``LEASE_RUNNERS`` with this tree and, if given, with commit ``before``
+    (as ``idle_table`` does)."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="looprelay-lease-") as tmp:
+        base = _base_tree(before, Path(tmp)) if before else None
+        for count in LEASE_RUNNERS:
+            if base is not None:
+                env = dict(os.environ, PYTHONPATH=str(base))
+                child = [sys.executable, __file__, "--lease-one", str(count)]
+                out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
+                rows.append({"code": before, **json.loads(out.stdout)})
+            rows.append({"code": "this tree", **lease_reads(count)})
+    return rows
+
+
+def _print_leases(rows: list[dict[str, Any]]) -> None:
+    print(f"{'code':<12} {'runners':>7} {'reads/look by another':>22} {'reads/lease':>12}")
+    for row in rows:
+        look = row["look by another runner"]
+        print(
+            f"{str(row['code'])[:12]:<12} {row['runners']:>7}"
+            f" {'-' if look < 0 else f'{look:.1f}':>22} {row['lease by its runner']:>12.1f}"
+        )
+    print(
+        f"means over {LEASE_REPEATS} dispatches, each following its session to the oldest"
+        " runner; liveness read on every look (runnerListMaxAgeSeconds 0)"
+    )
+
+
 # -- the Firestore emulator -------------------------------------------------------------------
 
 
@@ -537,6 +667,22 @@ def _row(backend: str, kind: str, c: dict[str, float]) -> str:
     return f"{backend:<9} {kind:<26} {port:>11} {sql:>13}   {floor}"
 
 
+def _runner_tables(args: argparse.Namespace, agent: Agent) -> int:
+    """``--idle`` or ``--leases``: measure on the emulator and print the table (or JSON)."""
+    with _emulator() as host:
+        if host is None:
+            print("the Firestore emulator is needed for --idle and --leases", file=sys.stderr)
+            return 1
+        rows = (
+            idle_table(args.before, args.window, agent) if args.idle else lease_table(args.before)
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        (_print_idle if args.idle else _print_leases)(rows)
+    return 0
+
+
 def main() -> int:
     """Count per backend and print the table (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -547,7 +693,9 @@ def main() -> int:
         action="store_true",
         help="reads per idle runner-second at 1, 50 and 200 runners instead (Firestore)",
     )
-    parser.add_argument("--before", help="with --idle: also measure this commit, same run")
+    parser.add_argument(
+        "--before", help="with --idle or --leases: also measure this commit, same run"
+    )
     parser.add_argument("--window", type=float, default=IDLE_WINDOW_SECONDS)
     parser.add_argument(
         "--polls",
@@ -562,23 +710,24 @@ def main() -> int:
         help="with --idle: each runner's heartbeat period, 0 for none (a default agent: 30);"
         " --polls 1 --heartbeat-seconds 0 is the bare mode measured before",
     )
+    parser.add_argument(
+        "--leases",
+        action="store_true",
+        help="reads per look at a dispatch that follows its session, at 1, 50 and 200 runners"
+        " instead (Firestore)",
+    )
     parser.add_argument("--idle-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--lease-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     agent = Agent(polls=args.polls, heartbeat_seconds=args.heartbeat_seconds)
     if args.idle_one:  # the child of --before: one measurement, as JSON
         print(json.dumps(idle_reads(args.idle_one, args.window, agent)))
         return 0
-    if args.idle:
-        with _emulator() as host:
-            if host is None:
-                print("the Firestore emulator is needed for --idle", file=sys.stderr)
-                return 1
-            rows = idle_table(args.before, args.window, agent)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            _print_idle(rows)
+    if args.lease_one:
+        print(json.dumps(lease_reads(args.lease_one)))
         return 0
+    if args.idle or args.leases:
+        return _runner_tables(args, agent)
     results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="looprelay-storeops-") as tmp:
         results["sqlite"] = run_backend(Path(tmp) / "sqlite", _config(None))
