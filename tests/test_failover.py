@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from looprelay.core.model import RunnerRecord
 from looprelay.core.prsessions import tmux_session_name
+from looprelay.service.lease_desk import Opened
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.rigs import Stores
-from tests.test_leases import CONFIG, Desk, Runner, serve_desk
+from tests.test_leases import CONFIG, Desk, Runner, _lease_desk, serve_desk
 
 
 @pytest.fixture
@@ -120,3 +122,39 @@ class TestMovedSessions:
         first, second = desk.attach_comments(1)
         assert "**old-box**" in first and "**new-box**" in second
         assert "attach -t loop-b" in second
+
+
+class TestLivenessAsRead:
+    """Whether a session's runner is live is read again only once ``runnerListMaxAgeSeconds``
+    passed since it was last read: a runner back from silence is noticed that much later."""
+
+    def test_a_runner_heard_from_again_is_live_once_it_is_read_again(self, desk: Desk) -> None:
+        old, new = desk.runner("old"), desk.runner("new")
+        comment = desk.dispatch(1, kind="deliver", runner_id=old.runner_id)
+        desk.seed(1, comment, session_status="live", session_runner=old.runner_id)
+        ticks = [0.0]
+        lease_desk = _lease_desk(
+            desk.stores,
+            clock=desk.clock,
+            waker=None,
+            github=desk.github,
+            monotonic=lambda: ticks[0],
+        )
+        assert lease_desk.try_lease(_record(desk, new)) is None  # old is live: read now
+
+        desk.clock.advance(CONFIG.lost_after_seconds + 1)
+        desk.heartbeat(old)
+        desk.heartbeat(new)
+        wants = lease_desk.wants(_record(desk, new))
+        opened = Opened((desk.stored(comment.dispatch_id),))
+        assert wants(opened)  # as last read, old fell silent: the session may move
+        ticks[0] = CONFIG.runner_list_max_age_seconds
+        assert not wants(opened)  # read again: old is back
+        assert lease_desk.try_lease(_record(desk, new)) is None
+        assert desk.polled_id(old) == comment.dispatch_id
+
+
+def _record(desk: Desk, runner: Runner) -> RunnerRecord:
+    record = desk.stores.registry.get_runner(runner.runner_id)
+    assert record is not None
+    return record
