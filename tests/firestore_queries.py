@@ -40,7 +40,6 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "statuses": (("queued",), ("queued", "leased")),
     "pr_ref": ("github:octo/demo#9",),
     "repositories": (("octo/demo",), [f"octo/r{n}" for n in range(40)]),
-    "include_revoked": (True, False),
     "group": ("github:octo/demo#1",),
     "order_key": ("00000001",),
     "runner_id": ("r-1",),

@@ -335,9 +335,9 @@ class RunnerRegistry(Protocol):
         candidates are pinned to)."""
         ...
 
-    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
-        """Return every runner (without the revoked ones if ``include_revoked`` is False),
-        oldest registration first, each as ``get_runner`` returns it."""
+    def list_runners(self) -> list[RunnerRecord]:
+        """Return every runner, revoked ones too, oldest registration first, each as
+        ``get_runner`` returns it."""
         ...
 
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:

@@ -49,7 +49,7 @@ def test_once_pushed_polls_and_heartbeats_read_nothing(cloud: Cloud) -> None:
     assert cloud.directory.reads == listened  # no listener heard the heartbeat
     seen = cloud.elsewhere.registry.get_runner(runner.runner_id)
     assert seen is not None and seen.last_seen_at == cloud.desk.clock.now()
-    listed = cloud.elsewhere.registry.list_runners(include_revoked=False)
+    listed = cloud.elsewhere.registry.list_runners()
     assert [r.last_seen_at for r in listed] == [cloud.desk.clock.now()]
 
 

@@ -84,15 +84,15 @@ class TestRunners:
             "r-0000000000000002",
         ]
 
-    def test_the_list_can_leave_revoked_runners_out(self, runner_registry: RunnerRegistry) -> None:
-        """The lease desk's cached list never reads revoked runners; operators see them all."""
-        runner_registry.add_runner(_runner("r-0000000000000001"))
-        runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
-        runner_registry.add_runner(_runner("r-0000000000000003", at=T0 + timedelta(seconds=9)))
-        assert runner_registry.revoke_runner("r-0000000000000002", at=T0)
-        unrevoked = runner_registry.list_runners(include_revoked=False)
-        assert [r.runner_id for r in unrevoked] == ["r-0000000000000001", "r-0000000000000003"]
-        assert len(runner_registry.list_runners()) == 3
+    def test_the_list_holds_revoked_runners_too(self, runner_registry: RunnerRegistry) -> None:
+        """Operators see them all (``looprelay runners list``, the status page)."""
+        runner_registry.add_runner(_runner(ONE))
+        runner_registry.add_runner(_runner(TWO, at=T0 + timedelta(seconds=5)))
+        assert runner_registry.revoke_runner(TWO, at=T0)
+        assert [(r.runner_id, r.revoked) for r in runner_registry.list_runners()] == [
+            (ONE, False),
+            (TWO, True),
+        ]
 
     def test_heartbeat_updates_liveness_version_and_capacity(
         self, runner_registry: RunnerRegistry
@@ -158,7 +158,6 @@ class TestLiveness:
         expected = _runner().model_copy(update={"last_seen_at": later})
         assert runner_registry.get_runner("r-0000000000000001") == expected
         assert runner_registry.list_runners() == [expected]
-        assert runner_registry.list_runners(include_revoked=False) == [expected]
         assert runner_registry.list_last_seen([ONE]) == {ONE: later}
 
     def test_the_latest_heartbeat_wins_whichever_way_it_came(
@@ -199,7 +198,7 @@ class TestLiveness:
         runner_registry.record_alive("r-0000000000000001", at=T0 + timedelta(seconds=30))
         stored = runner_registry.get_runner("r-0000000000000001")
         assert stored is not None and stored.revoked and stored.revoked_at == T0
-        assert runner_registry.list_runners(include_revoked=False) == []
+        assert [r.revoked_at for r in runner_registry.list_runners()] == [T0]
         assert not runner_registry.rotate_runner_secret("r-0000000000000001", secret_hash="c")
 
     def test_alive_never_makes_an_unknown_runner_known(

@@ -22,7 +22,6 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
-from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import (
     conditional_update,
@@ -109,15 +108,11 @@ class FirestoreRunnerRegistry:
                     )
         return found
 
-    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
-        """See ``RunnerRegistry.list_runners``: without the revoked ones, only runners whose
-        ``revoked_at`` is null are read (a single-field index; sorted here, not by the
-        query, so no composite index is needed), then their liveness documents."""
-        query: firestore.Query | firestore.CollectionReference = self._runners
-        if not include_revoked:
-            query = self._runners.where(filter=FieldFilter("revoked_at", "==", None))
+    def list_runners(self) -> list[RunnerRecord]:
+        """See ``RunnerRegistry.list_runners``: the runner documents, then their liveness
+        documents (sorted here, not by the query, so no index is needed)."""
         with translated("list runners"):
-            runners = [runner_from_document(doc.to_dict()) for doc in query.stream()]
+            runners = [runner_from_document(doc.to_dict()) for doc in self._runners.stream()]
         seen = self._seen_of([r.runner_id for r in runners])
         merged = [with_last_seen(r, seen.get(r.runner_id)) for r in runners]
         return sorted(merged, key=lambda r: (r.registered_at, r.runner_id))

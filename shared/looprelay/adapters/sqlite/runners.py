@@ -84,12 +84,9 @@ class SqliteRunnerRegistry:
         )
         return {runner.runner_id: runner for runner in runners}
 
-    def list_runners(self, *, include_revoked: bool = True) -> list[RunnerRecord]:
+    def list_runners(self) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``."""
-        where = "" if include_revoked else "WHERE json_extract(doc, '$.revoked_at') IS NULL "
-        rows = self._db.rows(
-            f"SELECT doc FROM runners {where}ORDER BY registered_at, runner_id"  # noqa: S608
-        )
+        rows = self._db.rows("SELECT doc FROM runners ORDER BY registered_at, runner_id")
         return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
 
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
