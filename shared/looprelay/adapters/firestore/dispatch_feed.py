@@ -18,13 +18,13 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import open_client
-from looprelay.adapters.firestore.listener import CHECK_SECONDS, ListenedQuery
+from looprelay.adapters.firestore.listener import CHECK_SECONDS, ListenedQuery, ListenerBacked
 from looprelay.adapters.firestore.work_items import dispatch_from_document
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord
 
 
-class FirestoreDispatchFeed:
+class FirestoreDispatchFeed(ListenerBacked[DispatchRecord]):
     """The ``DispatchFeed`` port on one Firestore real-time listener, re-opened when it
     drops. Safe across threads; :meth:`start` it once, :meth:`close` it once."""
 
@@ -58,10 +58,6 @@ class FirestoreDispatchFeed:
         feed.start()
         return feed
 
-    def start(self) -> None:
-        """Open the listener (on a thread of the feed's own, which also re-opens it)."""
-        self._listened.start()
-
     def open_dispatches(self) -> Sequence[DispatchRecord] | None:
         """See ``DispatchFeed.open_dispatches``. None also while a document cannot be read
         as a dispatch: a poll then looks at the store rather than miss it."""
@@ -69,20 +65,6 @@ class FirestoreDispatchFeed:
         if result is None or result.unreadable:
             return None
         return list(result.documents.values())
-
-    @property
-    def reads(self) -> int:
-        """Document reads the listeners have been billed for so far (``ListenedQuery.reads``)."""
-        return self._listened.reads
-
-    @property
-    def listeners_opened(self) -> int:
-        """How many listeners the feed has opened (1 until one drops)."""
-        return self._listened.listeners_opened
-
-    def close(self) -> None:
-        """See ``DispatchFeed.close``."""
-        self._listened.close()
 
 
 def _slim(data: dict[str, Any]) -> DispatchRecord:

@@ -187,3 +187,28 @@ class ListenedQuery(Generic[T]):
         except ValidationError:
             unreadable.add(doc.id)
             return None
+
+
+class ListenerBacked(Generic[T]):
+    """What a port held by one ``ListenedQuery`` (set as ``_listened``) does alike: start
+    it, count what it was billed, close it."""
+
+    _listened: ListenedQuery[T]
+
+    def start(self) -> None:
+        """Open the listener (on a thread of its own, which also re-opens it)."""
+        self._listened.start()
+
+    @property
+    def reads(self) -> int:
+        """Document reads the listeners have been billed for so far (``ListenedQuery.reads``)."""
+        return self._listened.reads
+
+    @property
+    def listeners_opened(self) -> int:
+        """How many listeners have been opened (1 until one drops)."""
+        return self._listened.listeners_opened
+
+    def close(self) -> None:
+        """Stop listening, for good."""
+        self._listened.close()

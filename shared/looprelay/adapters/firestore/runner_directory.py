@@ -17,13 +17,13 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import open_client
-from looprelay.adapters.firestore.listener import CHECK_SECONDS, ListenedQuery
+from looprelay.adapters.firestore.listener import CHECK_SECONDS, ListenedQuery, ListenerBacked
 from looprelay.adapters.firestore.runners import runner_from_document
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import RunnerRecord
 
 
-class FirestoreRunnerDirectory:
+class FirestoreRunnerDirectory(ListenerBacked[RunnerRecord]):
     """The ``RunnerDirectory`` port on one Firestore real-time listener, re-opened when it
     drops. Safe across threads; :meth:`start` it once, :meth:`close` it once."""
 
@@ -52,25 +52,7 @@ class FirestoreRunnerDirectory:
         directory.start()
         return directory
 
-    def start(self) -> None:
-        """Open the listener (on a thread of the directory's own, which also re-opens it)."""
-        self._listened.start()
-
     def find(self, runner_id: str) -> RunnerRecord | None:
         """See ``RunnerDirectory.find``."""
         result = self._listened.current()
         return None if result is None else result.documents.get(runner_id)
-
-    @property
-    def reads(self) -> int:
-        """Document reads the listeners have been billed for so far (``ListenedQuery.reads``)."""
-        return self._listened.reads
-
-    @property
-    def listeners_opened(self) -> int:
-        """How many listeners the directory has opened (1 until one drops)."""
-        return self._listened.listeners_opened
-
-    def close(self) -> None:
-        """See ``RunnerDirectory.close``."""
-        self._listened.close()
