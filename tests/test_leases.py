@@ -32,11 +32,11 @@ from looprelay.ports import DispatchFeed, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
-    DispatchWaker,
     LeaseDesk,
 )
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session

@@ -26,7 +26,8 @@ from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
 from looprelay.adapters.firestore.store import FirestoreStore
 from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.config.model import RunnersConfig
-from looprelay.service.lease_desk import FEED_DOWN_LOOK_SECONDS, DispatchWaker
+from looprelay.service.lease_desk import FEED_DOWN_LOOK_SECONDS
+from looprelay.service.waker import DispatchWaker
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import FakeGitHub
 from tests.fake_harness import wait_until

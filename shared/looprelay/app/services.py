@@ -11,10 +11,11 @@ from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.ports import Clock, DispatchFeed, GitHub, RunnerRegistry, Store, WorkItemStore
-from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
+from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
 from looprelay.service.runners import RunnerApi
+from looprelay.service.waker import DispatchWaker
 
 log = logging.getLogger("looprelay.app.services")
 
