@@ -96,7 +96,7 @@ async def long_poll(
     deadline = desk.monotonic() + desk.poll_seconds(body)
     waker = desk.waker
     wants = desk.wants(runner)
-    looked = first
+    looked, woken_by = first, None
     while True:
         if looked is None:
             try:
@@ -104,13 +104,18 @@ async def long_poll(
             except Transient as exc:
                 return _store_failed(exc)
         if looked.leased is not None:
+            if waker is not None and woken_by is not None:
+                waker.pass_on(woken_by, taken=looked.leased)
             return lease_answer(looked.leased)
         remaining = deadline - desk.monotonic()
         if remaining <= 0:
             return NOTHING_TO_LEASE
         if waker is not None:
-            # Woken only by a ring this runner might act on: the others cost it no look.
-            await waker.wait_async(desk.pause_seconds(remaining), since=looked.seen, wants=wants)
+            # Woken only by a ring this runner might act on, and only as many of its polls
+            # as it opened dispatches for: the others cost it no look.
+            woken_by = await waker.wait_async(
+                desk.pause_seconds(remaining), since=looked.seen, wants=wants
+            )
         else:
             await asyncio.sleep(desk.pause_seconds(remaining))
         looked = None

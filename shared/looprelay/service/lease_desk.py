@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
-from looprelay.core.feed import may_take_any, next_lapse, worth_a_look
+from looprelay.core.feed import how_many_may_take, next_lapse, worth_a_look
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.core.scheduling import (
     choose_dispatch,
@@ -34,7 +34,7 @@ from looprelay.ports import Clock, DispatchFeed, RunnerRegistry, SessionSlot, St
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.service.runner_cache import RunnerCache
-from looprelay.service.waker import DispatchWaker, Opened, Wants
+from looprelay.service.waker import EVERY, DispatchWaker, Opened, Wants
 from looprelay.wire.runner_api import (
     PollBody,
     RenewBody,
@@ -114,7 +114,8 @@ class LeaseDesk:
         self._runners = RunnerCache(
             registry, max_age_seconds=config.runner_list_max_age_seconds, monotonic=monotonic
         )
-        self._wants: dict[str, tuple[RunnerRecord, Wants]] = {}
+        self._wants: dict[str, Wants] = {}
+        self._latest: dict[str, RunnerRecord] = {}
         # Expiring unserved work reads the runner list and the pending dispatches: with a feed
         # (the cloud) polls must cost no reads, so the scheduled sweeper runs it instead.
         self._expiry = (
@@ -161,27 +162,32 @@ class LeaseDesk:
         return self._waker
 
     def wants(self, runner: RunnerRecord) -> Wants:
-        """The check a waiting poll of ``runner`` makes in memory when the waker rings: look
-        at the store only for a dispatch it might take (``core.feed.may_take_any``, with the
-        liveness of the runners last read) or when a slot was freed on it."""
-        known = self._wants.get(runner.runner_id)
-        if known is not None and known[0] == runner:
-            return known[1]  # one check for all of a runner's polls: the waker judges it once
+        """The check a waiting poll of ``runner`` makes in memory when the waker rings: how
+        many of the dispatches that opened it might take (``core.feed.how_many_may_take``,
+        with the liveness of the runners last read), so as many of its polls look; all of
+        them when a slot was freed on it. One check per runner, judged against its latest
+        record: the waker judges it once for all of the runner's polls, which share the
+        answer."""
+        runner_id = runner.runner_id
+        self._latest[runner_id] = runner
+        known = self._wants.get(runner_id)
+        if known is not None:
+            return known
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
 
-        def worth_a_look(opened: Opened) -> bool:
-            if opened.dispatches is None or runner.runner_id in opened.runners:
-                return True
-            others = {d.runner_id for d in opened.dispatches if d.runner_id} - {runner.runner_id}
+        def share(opened: Opened) -> int:
+            if opened.dispatches is None or runner_id in opened.runners:
+                return EVERY
+            others = {d.runner_id for d in opened.dispatches if d.runner_id} - {runner_id}
             live = (
                 self._runners.known_live(others, now=self._clock.now(), lost_after=lost_after)
                 if others
                 else []
             )
-            return may_take_any(opened.dispatches, runner, live=live or ())
+            return how_many_may_take(opened.dispatches, self._latest[runner_id], live=live or ())
 
-        self._wants[runner.runner_id] = (runner, worth_a_look)
-        return worth_a_look
+        self._wants[runner_id] = share
+        return share
 
     def pause_seconds(self, remaining: float) -> float:
         """How long a poll that found nothing, with ``remaining`` seconds left, waits before

@@ -29,12 +29,18 @@ class Opened:
     """Runners whose polls look whatever ``dispatches`` are (a session slot was freed)."""
 
 
-Wants = Callable[[Opened], bool]
-"""A waiting poll's in-memory check: whether what opened is worth a look at the store for it."""
+EVERY = 1 << 30
+"""The share of a ring for polls that should all look: anything may have changed, or a
+session slot was freed on their runner."""
+
+Wants = Callable[[Opened], int]
+"""A waiting poll's in-memory check: how many polls of its runner what opened is worth a look
+for (0: none; ``EVERY``: all of them). The polls sharing one check (one runner's) share that
+number, so a comment for a session wakes one poll of its runner, not all of them."""
 
 
-def _concerns(wants: Wants | None, opened: Opened) -> bool:
-    return opened.dispatches is None or wants is None or wants(opened)
+def _share(wants: Wants | None, opened: Opened) -> int:
+    return EVERY if opened.dispatches is None or wants is None else wants(opened)
 
 
 class DispatchWaker:
@@ -44,6 +50,11 @@ class DispatchWaker:
     comment is routed to the session on runner A. The ring carries that dispatch, each poll's
     ``wants`` check (:meth:`LeaseDesk.wants`) says in memory that only A's poll may take it,
     and only that one looks at the store: the other 999 keep waiting, at no cost.
+
+    A runner's polls share its check, and a ring wakes as many of them as it opened
+    dispatches that runner might take: one comment wakes one of an agent's four waiting
+    polls, not four that race for one lease. A woken poll that leases something else instead
+    (a lease that had lapsed) passes its wake on (:meth:`pass_on`).
 
     Each :meth:`notify` counts a generation and is remembered (``RECENT_RINGS``), so a ring
     between a poll's look and its wait (read :meth:`generation` before looking, pass it to a
@@ -56,7 +67,7 @@ class DispatchWaker:
         self._changed = threading.Condition()
         self._generation = 0
         self._recent: deque[Opened] = deque(maxlen=RECENT_RINGS)
-        self._waiting: dict[asyncio.Future[None], Wants | None] = {}
+        self._waiting: dict[asyncio.Future[Opened], Wants | None] = {}
 
     def notify(
         self, dispatches: Iterable[DispatchRecord] | None = None, *, runners: Iterable[str] = ()
@@ -67,30 +78,42 @@ class DispatchWaker:
             None if dispatches is None else tuple(_slim(d) for d in dispatches),
             frozenset(runners),
         )
+        self._ring(opened)
+
+    def pass_on(self, opened: Opened, *, taken: DispatchRecord) -> None:
+        """A poll woken by ``opened`` leased ``taken`` instead of what opened (it was leasable
+        already: a lease that lapsed): ring ``opened`` again, so another poll looks for it."""
+        if opened.dispatches and all(d.dispatch_id != taken.dispatch_id for d in opened.dispatches):
+            self._ring(opened)
+
+    def _ring(self, opened: Opened) -> None:
         with self._changed:
             self._generation += 1
             self._recent.append(opened)
             self._changed.notify_all()
-            waiting = list(self._waiting.items())
+            checks = set(self._waiting.values())
         # Judged outside the lock: each check is in memory, but there may be a thousand; polls
-        # sharing one check (one runner's) are judged once.
-        judged: dict[Wants | None, bool] = {}
-        woken = []
-        for future, wants in waiting:
-            if wants not in judged:
-                judged[wants] = _concerns(wants, opened)
-            if judged[wants]:
-                woken.append(future)
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        # sharing one check (one runner's) are judged once and share the answer.
+        shares = {wants: _share(wants, opened) for wants in checks}
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Opened]]] = {}
         with self._changed:
-            for future in woken:
-                if future in self._waiting:  # else its wait ended meanwhile
+            # Newest first: an agent that restarted leaves its old polls waiting for a while,
+            # and its live ones are the newest. A poll that began waiting since the judging
+            # checks the ring itself (``_news``).
+            for future, wants in reversed(list(self._waiting.items())):
+                if shares.get(wants, 0) > 0:
+                    shares[wants] -= 1
                     del self._waiting[future]
                     by_loop.setdefault(future.get_loop(), []).append(future)
         for loop, futures in by_loop.items():
             # One hand-off per loop however many polls wait on it; a closed loop has no polls.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake_all, futures)
+                loop.call_soon_threadsafe(_wake_all, futures, opened)
+
+    def waiting(self) -> int:
+        """How many polls wait on an event loop now (an approximate read for tests)."""
+        with self._changed:
+            return len(self._waiting)
 
     def generation(self) -> int:
         """How many times :meth:`notify` has been called so far."""
@@ -105,19 +128,22 @@ class DispatchWaker:
             seen = self._generation if since is None else since
             self._changed.wait_for(lambda: self._news(seen, wants), seconds)
 
-    async def wait_async(self, seconds: float, *, since: int, wants: Wants | None = None) -> None:
+    async def wait_async(
+        self, seconds: float, *, since: int, wants: Wants | None = None
+    ) -> Opened | None:
         """:meth:`wait` without a thread: return after a :meth:`notify` past generation
-        ``since`` that ``wants``, or after ``seconds``; at once if one already came. Must run
-        on an event loop; cancelling it leaves nothing behind."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ``since`` that ``wants``, or after ``seconds``; at once if one already came. Returns
+        the ring that woke this wait (None: the wait ran out, or the ring came before it
+        began). Must run on an event loop; cancelling it leaves nothing behind."""
+        woken: asyncio.Future[Opened] = asyncio.get_running_loop().create_future()
         with self._changed:
             if self._news(since, wants):
-                return
+                return None
             self._waiting[woken] = wants
         try:
-            await asyncio.wait_for(woken, seconds)
+            return await asyncio.wait_for(woken, seconds)
         except TimeoutError:
-            pass
+            return None
         finally:
             with self._changed:
                 self._waiting.pop(woken, None)
@@ -130,7 +156,7 @@ class DispatchWaker:
             return False
         if missed > len(self._recent):
             return True
-        return any(_concerns(wants, self._recent[-back]) for back in range(1, missed + 1))
+        return any(_share(wants, self._recent[-back]) for back in range(1, missed + 1))
 
 
 def _slim(dispatch: DispatchRecord) -> DispatchRecord:
@@ -139,7 +165,7 @@ def _slim(dispatch: DispatchRecord) -> DispatchRecord:
     return dispatch.model_copy(update={"prompt": "", "result": "", "detail": ""})
 
 
-def _wake_all(waiters: list[asyncio.Future[None]]) -> None:
+def _wake_all(waiters: list[asyncio.Future[Opened]], opened: Opened) -> None:
     for woken in waiters:
         if not woken.done():
-            woken.set_result(None)
+            woken.set_result(opened)
