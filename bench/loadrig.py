@@ -2,10 +2,11 @@
 runs them, for ``bench/loadrun.py``, ``bench/e2e.py`` and ``tests/load/``.
 
 ``looprelay up`` runs through ``storecount.py`` (which counts store operations at the
-adapters) on a free loopback port with a fresh data directory; the agent (``runners token`` +
-``runner register`` + ``runner run``) on a private tmux socket with the fake ``claude`` of
-``tests/fake_harness.py`` first on its PATH. Every process started here is stopped (SIGINT,
-then SIGKILL) and the tmux server killed, even on errors.
+adapters; ``bench/e2e.py`` turns that off) on a free loopback port with a fresh data
+directory; the agent (``runners token`` + ``runner register`` + ``runner run``) on a private
+tmux socket with the fake ``claude`` of ``tests/fake_harness.py`` first on its PATH. Every
+process started here is stopped (SIGINT, then SIGKILL) and the tmux server killed, even on
+errors.
 """
 
 from __future__ import annotations
@@ -176,8 +177,12 @@ AGENT_WORKERS = 8
 
 
 @contextmanager
-def rig(root: Path, *, capacity: int, extra_yaml: str = "") -> Iterator[Rig]:
-    """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``.
+def rig(
+    root: Path, *, capacity: int, extra_yaml: str = "", count_store: bool = True
+) -> Iterator[Rig]:
+    """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``;
+    ``up`` runs through ``storecount.py`` unless ``count_store`` is off (a latency benchmark:
+    the counting traces every SQLite statement, which production does not pay for).
 
     Raises ``LoadError`` when either does not come up within ``READY_SECONDS``."""
     config = _config(root, extra_yaml)
@@ -185,11 +190,12 @@ def rig(root: Path, *, capacity: int, extra_yaml: str = "") -> Iterator[Rig]:
     counts_path = root / "store-counts.json"
     tmux_socket = f"lr-load-{uuid.uuid4().hex[:10]}"
     state = ["--config", str(config), "--data", str(data)]
+    counting = [sys.executable, str(BENCH / "storecount.py"), "--counts-out", str(counts_path)]
     with ExitStack() as stack:
         up = Process(
             [
-                *(sys.executable, str(BENCH / "storecount.py"), "--counts-out", str(counts_path)),
-                *("--", "up", *state, "--port", str(port), "--log-level", "WARNING"),
+                *([*counting, "--"] if count_store else LOOPRELAY),
+                *("up", *state, "--port", str(port), "--log-level", "WARNING"),
             ],
             root / "up.log",
         )

@@ -26,7 +26,7 @@ from looprelay.adapters.firestore.store import FirestoreStore
 from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import RunnerRecord
-from looprelay.service.lease_desk import DispatchWaker
+from looprelay.service.waker import DispatchWaker
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.fake_harness import wait_until
 from tests.firestore_emulator import PROJECT

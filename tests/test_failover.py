@@ -14,7 +14,7 @@ import pytest
 
 from looprelay.core.model import RunnerRecord
 from looprelay.core.prsessions import tmux_session_name
-from looprelay.service.lease_desk import Opened
+from looprelay.service.waker import Opened
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.rigs import Stores
 from tests.test_leases import CONFIG, Desk, Runner, _lease_desk, serve_desk

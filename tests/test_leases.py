@@ -32,15 +32,16 @@ from looprelay.ports import DispatchFeed, RunnerDirectory, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
-    DispatchWaker,
     LeaseDesk,
 )
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.waker import DispatchWaker, Opened
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, REPOSITORY, FakeGitHub
+from tests.fake_harness import wait_until
 from tests.rigs import SteppingClock, Stores
 
 CONFIG = RunnersConfig()  # lease 60 s, lost after 120 s, long poll at most 25 s
@@ -69,6 +70,7 @@ class Desk:
     clock: SteppingClock
     waker: DispatchWaker
     github: FakeGitHub
+    lease_desk: LeaseDesk | None = None
 
     def post(self, path: str, body: dict[str, Any], *, auth: str) -> requests.Response:
         return requests.post(
@@ -244,9 +246,11 @@ def serve_desk(
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
     directory: RunnerDirectory | None = None,
+    kind: type[LeaseDesk] = LeaseDesk,
 ) -> Iterator[Desk]:
     """Serve the runner API over real HTTP on ``stores``, progress going to ``github``;
-    ``feed`` (ringing ``waker``) and ``directory`` as the cloud wires them."""
+    ``feed`` (ringing ``waker``) and ``directory`` as the cloud wires them; the lease desk
+    as ``kind``."""
     clock = SteppingClock()
     waker = waker or DispatchWaker()
     lease_desk = _lease_desk(
@@ -258,6 +262,7 @@ def serve_desk(
         feed=feed,
         config=config,
         directory=directory,
+        kind=kind,
     )
     runner_api = RunnerApi(
         registry=stores.registry,
@@ -269,7 +274,7 @@ def serve_desk(
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()
-    yield Desk(server.url, stores, clock, waker, github)
+    yield Desk(server.url, stores, clock, waker, github, lease_desk)
     server.stop()
 
 
@@ -331,6 +336,21 @@ def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requ
         return list(pool.map(poll, runners))
 
 
+def _ringing(number: int) -> DispatchRecord:
+    return make_dispatch(repository=REPOSITORY, number=number, created_at=datetime.now(UTC))
+
+
+def _one(opened: Opened) -> int:
+    return 1
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + HTTP_TIMEOUT
+    while not check():
+        assert time.monotonic() < deadline, "the wait never ended"
+        await asyncio.sleep(0.005)
+
+
 class TestDispatchWaker:
     def test_a_ring_after_the_generation_was_read_ends_the_wait_at_once(self) -> None:
         waker = DispatchWaker()
@@ -374,6 +394,86 @@ class TestDispatchWaker:
         started = time.monotonic()
         waker.wait(10.0, since=seen, wants=lambda _opened: False)
         assert time.monotonic() - started < 5.0
+
+    def test_a_ring_wakes_as_many_of_a_runners_polls_as_it_opened_work_for(self) -> None:
+        waker = DispatchWaker()
+        one, two, three = (_ringing(n) for n in (1, 2, 3))
+
+        def share(opened: Opened) -> int:  # one runner's check, shared by its polls
+            return len(opened.dispatches or ())
+
+        async def polls() -> list[int]:
+            seen = waker.generation()
+            waits = [
+                asyncio.create_task(waker.wait_async(HTTP_TIMEOUT, since=seen, wants=share))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0)  # all three are waiting now
+            done = []
+            for dispatches in ([one], [two, three]):
+                threading.Thread(target=waker.notify, args=(dispatches,)).start()
+                await _until(lambda: sum(w.done() for w in waits) > sum(done))
+                await asyncio.sleep(0.05)  # time for a wrong extra wake to show
+                done.append(sum(w.done() for w in waits) - sum(done))
+            return done
+
+        assert asyncio.run(polls()) == [1, 2]
+
+    def test_a_ring_that_says_nothing_of_what_opened_wakes_every_poll(self) -> None:
+        waker = DispatchWaker()
+
+        async def polls() -> int:
+            seen = waker.generation()
+            waits = [
+                asyncio.create_task(waker.wait_async(HTTP_TIMEOUT, since=seen, wants=lambda _: 0))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0)
+            threading.Thread(target=waker.notify).start()
+            await asyncio.wait_for(asyncio.gather(*waits), HTTP_TIMEOUT)
+            return len(waits)
+
+        assert asyncio.run(polls()) == 3
+
+    def test_the_newest_poll_is_woken_first(self) -> None:
+        waker = DispatchWaker()
+
+        async def polls() -> tuple[bool, bool]:
+            seen = waker.generation()
+            older = asyncio.create_task(waker.wait_async(0.5, since=seen, wants=_one))
+            await asyncio.sleep(0)
+            newer = asyncio.create_task(waker.wait_async(HTTP_TIMEOUT, since=seen, wants=_one))
+            await asyncio.sleep(0)
+            threading.Thread(target=waker.notify, args=([_ringing(1)],)).start()
+            await asyncio.wait_for(newer, HTTP_TIMEOUT)
+            return older.done(), newer.done()
+
+        assert asyncio.run(polls()) == (False, True)
+
+    def test_a_poll_that_leased_something_else_passes_its_wake_on(self) -> None:
+        waker = DispatchWaker()
+        opened, lapsed = _ringing(1), _ringing(2)
+
+        async def polls() -> tuple[int, int]:
+            seen = waker.generation()
+            waits = [
+                asyncio.create_task(waker.wait_async(HTTP_TIMEOUT, since=seen, wants=_one))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0)
+            threading.Thread(target=waker.notify, args=([opened],)).start()
+            await _until(lambda: any(w.done() for w in waits))
+            woken_by = next(w for w in waits if w.done()).result()
+            assert woken_by is not None
+            waker.pass_on(woken_by, taken=opened)  # it took what woke it: nothing to pass
+            await asyncio.sleep(0.05)
+            after_own = sum(w.done() for w in waits)
+            waker.pass_on(woken_by, taken=lapsed)  # it took another: one more poll looks
+            await _until(lambda: sum(w.done() for w in waits) > after_own)
+            await asyncio.sleep(0.05)
+            return after_own, sum(w.done() for w in waits)
+
+        assert asyncio.run(polls()) == (1, 2)
 
 
 class TestPoll:
@@ -1006,6 +1106,41 @@ class TestWakes:
         polled = _poll_with(desk, runner, wait, done)
         assert polled.leased is not None and polled.leased.dispatch_id == "dp-1-2"
         assert polled.seconds < wait / 2, f"the poll slept {polled.seconds:.1f} s through it"
+
+
+class _CountingDesk(LeaseDesk):
+    """The lease desk, counting its looks at the store from any thread."""
+
+    looks = 0
+    _counted = threading.Lock()
+
+    def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
+        with self._counted:
+            self.looks += 1
+        return super().try_lease(runner)
+
+
+@pytest.fixture
+def counting_desk(stores: Stores, fake_github: FakeGitHub) -> Iterator[Desk]:
+    yield from serve_desk(stores, fake_github, kind=_CountingDesk)
+
+
+def test_a_comment_wakes_one_of_its_runners_waiting_polls_and_the_others_wait_on(
+    counting_desk: Desk,
+) -> None:
+    desk, counting = counting_desk, cast(_CountingDesk, counting_desk.lease_desk)
+    runner = desk.runner("laptop", capacity=3)
+    wait = 2.0
+    with ThreadPoolExecutor(3) as pool:
+        polls = [pool.submit(desk.poll, runner, wait) for _ in range(3)]
+        wait_until(lambda: desk.waker.waiting() == 3, what="three polls looked and wait")
+        comment = desk.dispatch(1, kind="deliver", runner_id=runner.runner_id)
+        desk.seed(1, comment, session_status="live", session_runner=runner.runner_id)
+        desk.waker.notify([comment])  # as the router rings
+        answers = [poll.result(HTTP_TIMEOUT) for poll in polls]
+    assert sorted(a.status_code for a in answers) == [200, 204, 204]
+    # Three first looks, one woken look that leased, one last look of each other poll.
+    assert counting.looks == 3 + 1 + 2
 
 
 class TestPerEndpointLines:

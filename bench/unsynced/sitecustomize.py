@@ -27,8 +27,9 @@ def _open_unsynced(
     _open(self, path, schema=schema, what=what, synchronous=synchronous)
     if what == "embedded queue" and synchronous == "FULL":
         self.execute("PRAGMA synchronous=OFF")
-        # Unsynced writes switch a FULL connection to NORMAL and back; this one stays OFF.
-        self._synchronous = "NORMAL"
+        # Unsynced writes switch a FULL connection to NORMAL and synced ones back; with both
+        # said to be NORMAL already, this one stays OFF.
+        self._synchronous = self._mode = "NORMAL"
 
 
 sqlite_common.SqliteDatabase.__init__ = _open_unsynced  # type: ignore[method-assign]

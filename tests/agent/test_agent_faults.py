@@ -50,9 +50,10 @@ from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.runner_http import RunnerHttp
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord
-from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
+from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
 from tests.dispatches import make_dispatch, save_with_own_session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from looprelay.core.feed import may_take_any, next_lapse, worth_a_look
+from looprelay.core.feed import how_many_may_take, next_lapse, worth_a_look
 from looprelay.core.model import DispatchRecord, RunnerRecord
 from tests.dispatches import make_dispatch
 
@@ -62,19 +62,21 @@ def test_a_poll_wakes_when_the_earliest_running_lease_lapses() -> None:
     assert next_lapse([], now=T0) is None
 
 
-def test_a_ring_is_for_a_runner_that_might_take_one_of_its_dispatches() -> None:
+def test_a_ring_is_for_a_runner_as_often_as_it_might_take_one_of_its_dispatches() -> None:
     spawn = make_dispatch(repository="octo/app", number=1, created_at=T0)
     on_r2 = make_dispatch(
         repository="octo/app", number=2, created_at=T0, kind="deliver", runner_id="r-2"
     )
-    assert may_take_any([spawn], RUNNER, live=["r-2"])
+    assert how_many_may_take([spawn], RUNNER, live=["r-2"])
     # A session on another live runner keeps its dispatch; once that runner is lost, any may.
-    assert not may_take_any([on_r2], RUNNER, live=["r-2"])
-    assert may_take_any([on_r2], RUNNER, live=[])
-    assert may_take_any([on_r2.model_copy(update={"runner_id": "r-1"})], RUNNER, live=["r-1"])
+    assert not how_many_may_take([on_r2], RUNNER, live=["r-2"])
+    assert how_many_may_take([on_r2], RUNNER, live=[])
+    assert how_many_may_take([on_r2.model_copy(update={"runner_id": "r-1"})], RUNNER, live=["r-1"])
     other = make_dispatch(repository="octo/other", number=3, created_at=T0)
     gpu = make_dispatch(repository="octo/app", number=4, created_at=T0, labels={"gpu": "yes"})
-    assert not may_take_any([other, gpu], RUNNER, live=[])
+    assert not how_many_may_take([other, gpu], RUNNER, live=[])
     # Capacity is the look's to judge (its heartbeat's count may be stale): a full one looks.
-    assert may_take_any([spawn], RUNNER.model_copy(update={"sessions": 2}), live=[])
-    assert not may_take_any([], RUNNER, live=[])
+    assert how_many_may_take([spawn], RUNNER.model_copy(update={"sessions": 2}), live=[])
+    assert not how_many_may_take([], RUNNER, live=[])
+    # As many as it might take: that many of the runner's waiting polls look.
+    assert how_many_may_take([spawn, on_r2, other], RUNNER, live=[]) == 2

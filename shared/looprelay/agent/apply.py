@@ -138,9 +138,10 @@ class Applier:
         return self._host(d, stored_id=local.session_id if local else d.session_id, resume=True)
 
     def _host(self, d: Dispatch, *, stored_id: str, resume: bool) -> ApplyResult:
-        name, state = d.session_name, self.terminal.pane_dead(d.session_name)
+        name, pane = d.session_name, self.terminal.pane(d.session_name)
+        state = None if pane is None else pane.dead
         if state is False:  # scenario 36: a live occupant gets the paste
-            self.terminal.paste(name, d.prompt)
+            self.terminal.paste(name, d.prompt, listed=pane)
             local = self.ledger.session(name)
             sid = local.session_id if local else stored_id
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,14 @@ class RunnerClient:
         self._source = source
         self._reload_lock = threading.Lock()
         self.runner_id = credentials.runner_id
+        self._local = threading.local()
+        # The environment's proxy and CA bundle settings, read once: a session trusting the
+        # environment reads them again for every call (a tenth of the agent's CPU while it
+        # pastes), and would let a netrc entry replace the bearer header.
+        self._proxies = requests.utils.get_environ_proxies(self._base)
+        self._verify: bool | str = (
+            os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        )
 
     def heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
         """Report liveness and capacity; returns the server's timing hints."""
@@ -95,11 +104,23 @@ class RunnerClient:
         self, path: str, body: dict[str, Any], timeout: float, auth: str
     ) -> requests.Response:
         try:
-            return requests.post(
+            return self._session().post(
                 self._base + path, json=body, timeout=timeout, headers={"Authorization": auth}
             )
         except requests.RequestException as exc:
             raise Transient(f"runner API unreachable: {type(exc).__name__}") from exc
+
+    def _session(self) -> requests.Session:
+        """This thread's session, which keeps its connection to the server between calls: a
+        poll and a report each opened one before, on both sides of it."""
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False
+            session.proxies = dict(self._proxies)
+            session.verify = self._verify
+            self._local.session = session
+        return session
 
     def _reload(self, *, refused: str) -> bool:
         """After ``refused`` got a 401: take a new secret for this same runner from the

@@ -51,7 +51,9 @@ _LAUNCHER = (  # argv: prompt file, then the harness argv; the prompt file is no
 
 
 @dataclass(frozen=True)
-class _Pane:
+class Pane:
+    """A session's harness pane as tmux listed it."""
+
     pane_id: str
     dead: bool
     pid: int
@@ -82,6 +84,9 @@ class TmuxTerminal:
         self._ready_wait_seconds = ready_wait_seconds
         self._client = ["tmux", "-L", socket_name, "-f", config_file]
         self._timeout = command_timeout_seconds
+        self._drawn_panes: set[tuple[str, int]] = set()
+        """Panes (id, process) whose harness has drawn its screen: a later paste into one
+        needs no screen capture to know it is ready."""
 
     def has_session(self, name: str) -> bool:
         """Tell whether session ``name`` exists. Raises ``RunnerError`` ``tmux-failed``."""
@@ -93,8 +98,13 @@ class TmuxTerminal:
         Panes stay after their process exits because remain-on-exit is on (see :meth:`spawn`).
         Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer.
         """
-        pane = self._first_pane(name)
+        pane = self.pane(name)
         return None if pane is None else pane.dead
+
+    def pane(self, name: str) -> Pane | None:
+        """The harness pane of session ``name``; None when there is no such session. Raises
+        ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
+        return self._first_pane(name)
 
     def spawn(self, name: str, *, cwd: Path, argv: list[str]) -> None:
         """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
@@ -121,8 +131,9 @@ class TmuxTerminal:
                 os.unlink(prompt_file)
             raise
 
-    def paste(self, name: str, text: str) -> None:
-        """Paste ``text`` into the harness pane of ``name`` as one bracketed paste, then submit.
+    def paste(self, name: str, text: str, *, listed: Pane | None = None) -> None:
+        """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
+        just listed it) as one bracketed paste, then submit.
 
         A harness spawned a moment ago may not read its terminal yet: until its TUI takes the
         terminal raw (and asks for bracketed paste) a paste is echoed as typed lines or flushed
@@ -132,16 +143,19 @@ class TmuxTerminal:
         terminal to leave canonical mode and for something to be drawn on the pane; a program
         that never does gets the paste after that.
 
-        ``load-buffer`` from a private temp file (always unlinked), ``paste-buffer -p -d``, then
-        ``send-keys Enter``. CR and CRLF become LF and control characters other than tab and LF are
-        dropped, so a hostile text cannot close the bracket (``ESC [201~``) and type keys. Empty
-        text does nothing. Raises ``RunnerError``: ``session-missing``, ``tmux-failed`` (nothing
-        was pasted) or ``submit-failed`` (pasted, Enter not sent).
+        A pane seen drawn once is not captured again (each tmux call is a process started).
+
+        ``load-buffer`` from a private temp file (always unlinked) and ``paste-buffer -p -d``
+        in one tmux call, then ``send-keys Enter``. CR and CRLF become LF and control
+        characters other than tab and LF are dropped, so a hostile text cannot close the
+        bracket (``ESC [201~``) and type keys. Empty text does nothing. Raises
+        ``RunnerError``: ``session-missing``, ``tmux-failed`` (nothing was pasted) or
+        ``submit-failed`` (pasted, Enter not sent).
         """
         clean = _UNPRINTABLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
         if not clean:
             return
-        pane = self._first_pane(name)
+        pane = listed or self._first_pane(name)
         if pane is None:
             raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
         deadline = time.monotonic() + self._ready_wait_seconds
@@ -152,10 +166,12 @@ class TmuxTerminal:
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(clean.encode("utf-8", "replace"))
-            self._run("load-buffer", "-b", buffer, path)
+            self._run(
+                *("load-buffer", "-b", buffer, path, ";"),
+                *("paste-buffer", "-p", "-d", "-b", buffer, "-t", pane.pane_id),
+            )
         finally:
             os.unlink(path)
-        self._run("paste-buffer", "-p", "-d", "-b", buffer, "-t", pane.pane_id)
         try:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
         except RunnerError as exc:
@@ -201,7 +217,7 @@ class TmuxTerminal:
         """Stop this socket's tmux server and every session on it; none running is fine."""
         self._query("kill-server")
 
-    def _first_pane(self, name: str) -> _Pane | None:
+    def _first_pane(self, name: str) -> Pane | None:
         _check_name(name)
         lines = self._query(
             "list-panes",
@@ -211,12 +227,19 @@ class TmuxTerminal:
         if not lines:
             return None
         pane_id, dead, pid, tty = lines[0].split(" ", 3)
-        return _Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
+        return Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
 
-    def _drawn(self, pane: _Pane) -> bool:
-        """Tell whether the pane shows anything but blanks (its program drew its screen)."""
+    def _drawn(self, pane: Pane) -> bool:
+        """Tell whether the pane shows anything but blanks (its program drew its screen), or
+        did when it was last asked."""
+        seen = (pane.pane_id, pane.pid)
+        if seen in self._drawn_panes:
+            return True
         lines = self._query("capture-pane", "-p", "-t", pane.pane_id) or []
-        return any(line.strip() for line in lines)
+        drawn = any(line.strip() for line in lines)
+        if drawn:
+            self._drawn_panes.add(seen)
+        return drawn
 
     def wait_dead(self, name: str, seconds: float) -> bool:
         """Tell whether ``name``'s pane dies (or its session goes) within ``seconds``.

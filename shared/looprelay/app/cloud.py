@@ -99,7 +99,7 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
         system_clock,
     )
     from looprelay.app.services import build_runner_api as wire
-    from looprelay.service.lease_desk import DispatchWaker
+    from looprelay.service.waker import DispatchWaker
 
     waker = DispatchWaker()
     feed = open_dispatch_feed(config, on_change=waker.notify)

@@ -230,8 +230,8 @@ def _open_local(
     from looprelay.datadir import WORKER_TOKEN_FILE, read_or_create_secret
     from looprelay.ports import MAX_TASK_BYTES
     from looprelay.service.ingress import Ingress
-    from looprelay.service.lease_desk import DispatchWaker
     from looprelay.service.status import StatusReader
+    from looprelay.service.waker import DispatchWaker
     from looprelay.service.worker import Worker, handler_budget
 
     secrets, secret_source = _webhook_secrets(config, environ, data_dir)

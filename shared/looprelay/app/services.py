@@ -19,10 +19,11 @@ from looprelay.ports import (
     Store,
     WorkItemStore,
 )
-from looprelay.service.lease_desk import DispatchWaker, LeaseDesk
+from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
 from looprelay.service.runners import RunnerApi
+from looprelay.service.waker import DispatchWaker
 
 log = logging.getLogger("looprelay.app.services")
 

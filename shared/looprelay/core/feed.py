@@ -30,17 +30,17 @@ def worth_a_look(
     return [d for d in heads if why_not(d, runner, live=()) is None]
 
 
-def may_take_any(
+def how_many_may_take(
     changed: Iterable[DispatchRecord], runner: RunnerRecord, *, live: Sequence[str]
-) -> bool:
-    """Whether ``runner`` might take one of ``changed``, so a waiting poll of it should look.
+) -> int:
+    """How many of ``changed`` ``runner`` might take, so as many of its waiting polls look.
 
     Expects ``live``, the ids of the runners known live: a dispatch that follows its session to
     another live runner is not for this one. A superset otherwise: the runner is judged as
     holding no session (the server's count of its slots is in the store, so the look decides
     capacity), and head of line is left to the look too.
     """
-    return any(why_not(d, runner, live=live, holding=()) is None for d in changed)
+    return sum(why_not(d, runner, live=live, holding=()) is None for d in changed)
 
 
 def next_lapse(open_dispatches: Iterable[DispatchRecord], *, now: datetime) -> datetime | None:

@@ -16,7 +16,7 @@ import logging
 from looprelay.core.failover import Held, moved_away
 from looprelay.core.model import DispatchRecord, EventRecord, RunnerRecord
 from looprelay.ports import Clock, Store, WorkItemStore
-from looprelay.service.lease_desk import DispatchWaker
+from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import HeldSession, MovedSession, ReleasedSession
 
 log = logging.getLogger("looprelay.service.failover")

@@ -15,18 +15,13 @@ The desk returns values and raises the project's errors (``NotFound``, ``Conflic
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
-from looprelay.core.feed import may_take_any, next_lapse, worth_a_look
+from looprelay.core.feed import how_many_may_take, next_lapse, worth_a_look
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, EventRecord, RunnerRecord
 from looprelay.core.scheduling import (
     choose_dispatch,
@@ -47,6 +42,7 @@ from looprelay.ports import (
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
 from looprelay.service.runner_cache import RunnerCache
+from looprelay.service.waker import EVERY, DispatchWaker, Opened, Wants
 from looprelay.wire.runner_api import (
     PollBody,
     RenewBody,
@@ -66,139 +62,6 @@ LAPSE_MARGIN_SECONDS = 0.05
 than now)."""
 LEASE_PASSED_ON = "this runner no longer holds that lease"
 """Why a renew or a result is refused (``Conflict``, 409) after the lease moved on."""
-
-
-RECENT_RINGS = 256
-"""Rings the waker remembers, so a poll that looked before some of them can tell whether they
-concern it; one that looked before more of them looks again."""
-
-
-@dataclass(frozen=True)
-class Opened:
-    """What one ring of the waker says may have become leasable."""
-
-    dispatches: tuple[DispatchRecord, ...] | None
-    """The open dispatches that may be leasable now; None: anything may have changed (the
-    dispatch feed pushed, or it is not known what opened), so every waiting poll looks."""
-    runners: frozenset[str] = frozenset()
-    """Runners whose polls look whatever ``dispatches`` are (a session slot was freed)."""
-
-
-Wants = Callable[[Opened], bool]
-"""A waiting poll's in-memory check: whether what opened is worth a look at the store for it."""
-
-
-def _concerns(wants: Wants | None, opened: Opened) -> bool:
-    return opened.dispatches is None or wants is None or wants(opened)
-
-
-class DispatchWaker:
-    """Wakes long polls when a dispatch may have become available (in-process only).
-
-    Scenario: 1,000 polls of runners that hold no session wait on one ``looprelay up``; a
-    comment is routed to the session on runner A. The ring carries that dispatch, each poll's
-    ``wants`` check (:meth:`LeaseDesk.wants`) says that only A's poll may take it (A is live:
-    in memory, or one read of A's liveness for all of them), and only that one looks at the
-    store: the other 999 keep waiting.
-
-    Each :meth:`notify` counts a generation and is remembered (``RECENT_RINGS``), so a ring
-    between a poll's look and its wait (read :meth:`generation` before looking, pass it to a
-    wait) is not lost: the wait returns at once if one concerns it. A poll waits on a thread
-    (:meth:`wait`) or, holding none, on its event loop (:meth:`wait_async`): a notify from any
-    thread reaches each loop once, through ``call_soon_threadsafe``.
-    """
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._generation = 0
-        self._recent: deque[Opened] = deque(maxlen=RECENT_RINGS)
-        self._waiting: dict[asyncio.Future[None], Wants | None] = {}
-
-    def notify(
-        self, dispatches: Iterable[DispatchRecord] | None = None, *, runners: Iterable[str] = ()
-    ) -> None:
-        """``dispatches`` may be leasable now (None: anything may have changed), or a slot was
-        freed on ``runners``: wake the waiting polls that might take one."""
-        opened = Opened(
-            None if dispatches is None else tuple(_slim(d) for d in dispatches),
-            frozenset(runners),
-        )
-        with self._changed:
-            self._generation += 1
-            self._recent.append(opened)
-            self._changed.notify_all()
-            waiting = list(self._waiting.items())
-        # Judged outside the lock: each check is in memory, but there may be a thousand; polls
-        # sharing one check (one runner's) are judged once.
-        judged: dict[Wants | None, bool] = {}
-        woken = []
-        for future, wants in waiting:
-            if wants not in judged:
-                judged[wants] = _concerns(wants, opened)
-            if judged[wants]:
-                woken.append(future)
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-        with self._changed:
-            for future in woken:
-                if future in self._waiting:  # else its wait ended meanwhile
-                    del self._waiting[future]
-                    by_loop.setdefault(future.get_loop(), []).append(future)
-        for loop, futures in by_loop.items():
-            # One hand-off per loop however many polls wait on it; a closed loop has no polls.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake_all, futures)
-
-    def generation(self) -> int:
-        """How many times :meth:`notify` has been called so far."""
-        with self._changed:
-            return self._generation
-
-    def wait(self, seconds: float, *, since: int | None = None, wants: Wants | None = None) -> None:
-        """Wait up to ``seconds`` for a :meth:`notify` after generation ``since`` (default:
-        after this call starts) that ``wants`` (default: any); returns at once if one already
-        came."""
-        with self._changed:
-            seen = self._generation if since is None else since
-            self._changed.wait_for(lambda: self._news(seen, wants), seconds)
-
-    async def wait_async(self, seconds: float, *, since: int, wants: Wants | None = None) -> None:
-        """:meth:`wait` without a thread: return after a :meth:`notify` past generation
-        ``since`` that ``wants``, or after ``seconds``; at once if one already came. Must run
-        on an event loop; cancelling it leaves nothing behind."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        with self._changed:
-            if self._news(since, wants):
-                return
-            self._waiting[woken] = wants
-        try:
-            await asyncio.wait_for(woken, seconds)
-        except TimeoutError:
-            pass
-        finally:
-            with self._changed:
-                self._waiting.pop(woken, None)
-
-    def _news(self, since: int, wants: Wants | None) -> bool:
-        """Whether a ring after generation ``since`` concerns ``wants``; true when more rings
-        came than are remembered. Expects the lock held."""
-        missed = self._generation - since
-        if missed <= 0:
-            return False
-        if missed > len(self._recent):
-            return True
-        return any(_concerns(wants, self._recent[-back]) for back in range(1, missed + 1))
-
-
-def _slim(dispatch: DispatchRecord) -> DispatchRecord:
-    # The waker keeps what scheduling needs of its recent rings, not their prompts (up to
-    # 60,000 characters each).
-    return dispatch.model_copy(update={"prompt": "", "result": "", "detail": ""})
-
-
-def _wake_all(waiters: list[asyncio.Future[None]]) -> None:
-    for woken in waiters:
-        if not woken.done():
-            woken.set_result(None)
 
 
 SESSION_ENDING_KINDS = frozenset({"terminate", "cleanup"})
@@ -271,7 +134,8 @@ class LeaseDesk:
             monotonic=monotonic,
             directory=directory,
         )
-        self._wants: dict[str, tuple[RunnerRecord, Wants]] = {}
+        self._wants: dict[str, Wants] = {}
+        self._latest: dict[str, RunnerRecord] = {}
         # Expiring unserved work reads the runner list and the pending dispatches: with a feed
         # (the cloud) polls must cost no reads, so the scheduled sweeper runs it instead.
         self._expiry = (
@@ -318,30 +182,36 @@ class LeaseDesk:
         return self._waker
 
     def wants(self, runner: RunnerRecord) -> Wants:
-        """The check a waiting poll of ``runner`` makes when the waker rings: look at the
-        store only for a dispatch it might take (``core.feed.may_take_any``) or when a slot
-        was freed on it. It runs in memory but for the liveness of a runner a dispatch
-        follows its session to, read when not read within ``runners.runnerListMaxAgeSeconds``
-        (``RunnerCache``): once for every waiting poll, not once by each."""
-        known = self._wants.get(runner.runner_id)
-        if known is not None and known[0] == runner:
-            return known[1]  # one check for all of a runner's polls: the waker judges it once
+        """The check a waiting poll of ``runner`` makes when the waker rings: how many of
+        the dispatches that opened it might take (``core.feed.how_many_may_take``), so as
+        many of its polls look; all of them when a slot was freed on it. It runs in memory
+        but for the liveness of a runner a dispatch follows its session to, read when not
+        read within ``runners.runnerListMaxAgeSeconds`` (``RunnerCache``): once for every
+        waiting poll, not once by each. One check per runner, judged against its latest
+        record: the waker judges it once for all of the runner's polls, which share the
+        answer."""
+        runner_id = runner.runner_id
+        self._latest[runner_id] = runner
+        known = self._wants.get(runner_id)
+        if known is not None:
+            return known
         lost_after = timedelta(seconds=self._config.lost_after_seconds)
 
-        def worth_a_look(opened: Opened) -> bool:
-            if opened.dispatches is None or runner.runner_id in opened.runners:
-                return True
-            others = _pinned_elsewhere(opened.dispatches, runner)
+        def share(opened: Opened) -> int:
+            if opened.dispatches is None or runner_id in opened.runners:
+                return EVERY
+            latest = self._latest[runner_id]
+            others = _pinned_elsewhere(opened.dispatches, latest)
             try:
                 live = self._runners.live_among(
                     others, now=self._clock.now(), lost_after=lost_after
                 )
             except Transient:
-                return True  # not knowing who is live, look: the look says what failed
-            return may_take_any(opened.dispatches, runner, live=live)
+                return EVERY  # not knowing who is live, look: the look says what failed
+            return how_many_may_take(opened.dispatches, latest, live=live)
 
-        self._wants[runner.runner_id] = (runner, worth_a_look)
-        return worth_a_look
+        self._wants[runner_id] = share
+        return share
 
     def pause_seconds(self, remaining: float) -> float:
         """How long a poll that found nothing, with ``remaining`` seconds left, waits before
@@ -401,7 +271,7 @@ class LeaseDesk:
         live = self._runners.live_among(
             _pinned_elsewhere(candidates, runner), now=now, lost_after=lost_after
         )
-        if not may_take_any(candidates, runner, live=live):
+        if not how_many_may_take(candidates, runner, live=live):
             return None  # each follows its session to another live runner: no slots to read
         holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):

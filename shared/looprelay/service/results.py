@@ -138,8 +138,12 @@ class Progress:
                     changes["tmux_socket"] = result.tmux_socket
             else:
                 return False
-            sessions = dict(item.sessions) | {dispatch.endpoint: session.model_copy(update=changes)}
-            updated = item.model_copy(update={"sessions": sessions})
+            placed = session.model_copy(update=changes)
+            if placed == session:
+                return announce  # a paste into a live session: its record already says so
+            updated = item.model_copy(
+                update={"sessions": dict(item.sessions) | {dispatch.endpoint: placed}}
+            )
             if self._items.save_work_item(updated, expected_version=item.version):
                 return announce
         # Nothing settles with its session unplaced: the runner reports again.

@@ -59,6 +59,8 @@ class SqliteDatabase:
         """
         self._what = what
         self._synchronous = synchronous
+        self._mode: Synchronous = synchronous
+        """What the writing connection is set to now: it stays as the last write left it."""
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         private_file(Path(path), companions=_COMPANIONS)
@@ -81,6 +83,7 @@ class SqliteDatabase:
         """Create the tables of another adapter sharing this connection (idempotent)."""
         with self._lock:
             try:
+                self._switch(self._synchronous)
                 self._db.executescript(schema)
             except sqlite3.Error as exc:
                 raise Transient(f"cannot create tables in the {self._what}: {exc}") from exc
@@ -91,6 +94,7 @@ class SqliteDatabase:
         ``Transient`` when the table cannot be altered."""
         with self._lock:
             try:
+                self._switch(self._synchronous)
                 have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
                 for name, declaration in columns.items():
                     if name not in have:
@@ -113,22 +117,17 @@ class SqliteDatabase:
         because a later synced commit stands behind it (in WAL mode that commit makes every
         earlier one durable too); a process crash loses nothing either way.
         """
-        relaxed = not synced and self._synchronous == "FULL"
+        mode: Synchronous = self._synchronous if synced else "NORMAL"
         with self._lock:
             try:
-                if relaxed:
-                    self._db.execute("PRAGMA synchronous=NORMAL")
+                self._switch(mode)
+                self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    try:
-                        yield self._db
-                        self._db.execute("COMMIT")
-                    finally:
-                        if self._db.in_transaction:
-                            self._db.execute("ROLLBACK")
+                    yield self._db
+                    self._db.execute("COMMIT")
                 finally:
-                    if relaxed:
-                        self._db.execute("PRAGMA synchronous=FULL")
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
@@ -136,9 +135,18 @@ class SqliteDatabase:
         """Run one statement on its own (autocommit)."""
         with self._lock:
             try:
+                self._switch(self._synchronous)
                 return self._db.execute(sql, params)
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
+
+    def _switch(self, mode: Synchronous) -> None:
+        """Set the writing connection to ``mode`` unless it is already (expects the lock held):
+        a run of unsynced transactions (a dispatcher's claims, the worker's notes) switches
+        once, not twice each, and a synced one after them switches back first."""
+        if self._mode != mode:
+            self._db.execute(f"PRAGMA synchronous={mode}")
+            self._mode = mode
 
     def rows(self, sql: str, params: tuple[Any, ...] | Mapping[str, Any] = ()) -> list[sqlite3.Row]:
         """Run a read-only query and return its rows, addressable by column name."""

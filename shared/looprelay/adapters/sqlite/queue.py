@@ -345,7 +345,9 @@ class SqliteQueue:
             " attempts = attempts + 1 WHERE name = ?",
             (self._now(), status, name),
         )
-        self._arrived()  # the next task of its group may start now
+        # No dispatcher is woken: this one claims next itself (``_dispatch_loop``), which
+        # starts the next task of the group if one waits; waking another only added a claim
+        # that found nothing, a write transaction per task.
 
     def _fail(
         self,

@@ -116,9 +116,11 @@ class SqliteStore:
                 )
             elif event is not None:
                 _insert_event(db, event)
+        if inserted:
+            return record, True  # stored as given: nothing to read back
         stored = self.get_delivery(record.delivery_id)
-        assert stored is not None  # just written inside the transaction above
-        return stored, bool(inserted)
+        assert stored is not None  # found inside the transaction above
+        return stored, False
 
     def settle_delivery(
         self,
