@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -432,18 +432,35 @@ def _base_tree(commit: str, into: Path) -> Path:
 def idle_table(before: str | None, window: float, agent: Agent) -> list[dict[str, Any]]:
     """Measure each of ``IDLE_RUNNERS`` with this tree and, if given, with commit ``before``
     (run in a child process with that tree's ``shared/`` first on the path)."""
+    flags = ["--window", str(window), "--polls", str(agent.polls)]
+    flags += ["--heartbeat-seconds", str(agent.heartbeat_seconds)]
+    return _both_trees(
+        before,
+        IDLE_RUNNERS,
+        lambda count: ["--idle-one", str(count), *flags],
+        lambda count: idle_reads(count, window, agent),
+    )
+
+
+def _both_trees(
+    before: str | None,
+    counts: Sequence[int],
+    child_args: Callable[[int], list[str]],
+    here: Callable[[int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """For each of ``counts``: a row measured on commit ``before`` (if given, in a child
+    process started with ``child_args``, that tree's ``shared/`` first on the path), then a
+    row measured on this tree with ``here``."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="looprelay-idle-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="looprelay-storeops-") as tmp:
         base = _base_tree(before, Path(tmp)) if before else None
-        for count in IDLE_RUNNERS:
+        for count in counts:
             if base is not None:
                 env = dict(os.environ, PYTHONPATH=str(base))
-                child = [sys.executable, __file__, "--idle-one", str(count)]
-                child += ["--window", str(window), "--polls", str(agent.polls)]
-                child += ["--heartbeat-seconds", str(agent.heartbeat_seconds)]
+                child = [sys.executable, __file__, *child_args(count)]
                 out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
                 rows.append({"code": before, **json.loads(out.stdout)})
-            rows.append({"code": "this tree", **idle_reads(count, window, agent)})
+            rows.append({"code": "this tree", **here(count)})
     return rows
 
 
@@ -569,17 +586,9 @@ def lease_reads(count: int) -> dict[str, float]:
 def lease_table(before: str | None) -> list[dict[str, Any]]:
     """Measure each of ``LEASE_RUNNERS`` with this tree and, if given, with commit ``before``
     (as ``idle_table`` does)."""
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="looprelay-lease-") as tmp:
-        base = _base_tree(before, Path(tmp)) if before else None
-        for count in LEASE_RUNNERS:
-            if base is not None:
-                env = dict(os.environ, PYTHONPATH=str(base))
-                child = [sys.executable, __file__, "--lease-one", str(count)]
-                out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
-                rows.append({"code": before, **json.loads(out.stdout)})
-            rows.append({"code": "this tree", **lease_reads(count)})
-    return rows
+    return _both_trees(
+        before, LEASE_RUNNERS, lambda count: ["--lease-one", str(count)], lease_reads
+    )
 
 
 def _print_leases(rows: list[dict[str, Any]]) -> None:
