@@ -4,7 +4,7 @@ updates."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -113,3 +113,23 @@ def conditional_update(
                 continue
             return True
     raise Transient(f"Firestore could not {action}: the document stayed contended")
+
+
+REFS_PER_BATCH = 100
+"""Documents asked for in one batch get."""
+
+
+def get_documents(
+    client: firestore.Client, refs: Sequence[firestore.DocumentReference], *, action: str
+) -> dict[str, dict[str, Any]]:
+    """The documents of ``refs`` that exist, by path: one batch get per ``REFS_PER_BATCH``
+    of them (none for none); ``Transient`` (via ``translated``) when the store fails."""
+    found: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(refs), REFS_PER_BATCH):
+        with translated(action):
+            snapshots = list(client.get_all(list(refs[start : start + REFS_PER_BATCH])))
+        for snapshot in snapshots:
+            data = snapshot.to_dict() if snapshot.exists else None
+            if data is not None:
+                found[snapshot.reference.path] = data
+    return found

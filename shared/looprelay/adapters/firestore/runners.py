@@ -25,6 +25,7 @@ from google.cloud import firestore
 
 from looprelay.adapters.firestore.common import (
     conditional_update,
+    get_documents,
     open_client,
     translated,
     utc,
@@ -35,8 +36,6 @@ from looprelay.core.scheduling import with_last_seen
 from looprelay.ports import RunnerStatus
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
-_REFS_PER_BATCH = 100
-"""Documents asked for in one batch get."""
 
 
 class FirestoreRunnerRegistry:
@@ -88,25 +87,15 @@ class FirestoreRunnerRegistry:
 
     def get_runners(self, runner_ids: Collection[str]) -> dict[str, RunnerRecord]:
         """See ``RunnerRegistry.get_runners``: each runner's two documents (the runner and its
-        liveness), ``_REFS_PER_BATCH`` documents a batch get."""
-        wanted = sorted(set(runner_ids))
-        found: dict[str, RunnerRecord] = {}
-        per_batch = _REFS_PER_BATCH // 2
-        for start in range(0, len(wanted), per_batch):
-            pairs = [
-                (self._runners.document(r), self._alive(r))
-                for r in wanted[start : start + per_batch]
-            ]
-            with translated("read runners"):
-                snapshots = list(self._client.get_all([ref for pair in pairs for ref in pair]))
-            docs = {s.reference.path: s.to_dict() for s in snapshots if s.exists}
-            for runner, alive in pairs:
-                record = docs.get(runner.path)
-                if record is not None:
-                    found[runner.id] = with_last_seen(
-                        runner_from_document(record), _seen(docs.get(alive.path))
-                    )
-        return found
+        liveness), ``common.REFS_PER_BATCH`` documents a batch get."""
+        pairs = [(self._runners.document(r), self._alive(r)) for r in sorted(set(runner_ids))]
+        refs = [ref for pair in pairs for ref in pair]
+        docs = get_documents(self._client, refs, action="read runners")
+        return {
+            runner.id: with_last_seen(runner_from_document(record), _seen(docs.get(alive.path)))
+            for runner, alive in pairs
+            if (record := docs.get(runner.path)) is not None
+        }
 
     def list_runners(self) -> list[RunnerRecord]:
         """See ``RunnerRegistry.list_runners``: the runner documents, then their liveness
@@ -119,19 +108,16 @@ class FirestoreRunnerRegistry:
 
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
         """See ``RunnerRegistry.list_last_seen``: their liveness documents alone,
-        ``_REFS_PER_BATCH`` a batch get."""
+        ``common.REFS_PER_BATCH`` a batch get."""
         return self._seen_of(sorted(set(runner_ids)))
 
     def _seen_of(self, runner_ids: list[str]) -> dict[str, datetime]:
-        seen: dict[str, datetime] = {}
-        for start in range(0, len(runner_ids), _REFS_PER_BATCH):
-            refs = [self._alive(r) for r in runner_ids[start : start + _REFS_PER_BATCH]]
-            with translated("read when runners were seen"):
-                snapshots = list(self._client.get_all(refs))
-            for snapshot in snapshots:
-                if (at := _seen(snapshot.to_dict())) is not None:
-                    seen[snapshot.id] = at
-        return seen
+        refs = {runner_id: self._alive(runner_id) for runner_id in runner_ids}
+        docs = get_documents(
+            self._client, list(refs.values()), action="read when runners were seen"
+        )
+        seen = {runner_id: _seen(docs.get(ref.path)) for runner_id, ref in refs.items()}
+        return {runner_id: at for runner_id, at in seen.items() if at is not None}
 
     def _alive(self, runner_id: str) -> firestore.DocumentReference:
         return self._liveness.document(runner_id)

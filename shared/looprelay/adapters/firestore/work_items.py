@@ -22,6 +22,7 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 from looprelay.adapters.firestore.common import (
     MAX_CAS_ROUNDS,
     conditional_update,
+    get_documents,
     open_client,
     translated,
     utc,
@@ -48,8 +49,6 @@ def work_item_document_id(ref: str) -> str:
     return base64.urlsafe_b64encode(ref.encode()).decode("ascii").rstrip("=")
 
 
-_REFS_PER_BATCH = 100
-"""Documents asked for in one batch get."""
 _HEADS_SCAN_LIMIT = 5_000
 """Open dispatches read to find the heads; each costs a document read."""
 _REPOSITORIES_PER_QUERY = 15
@@ -83,23 +82,12 @@ class FirestoreWorkItemStore:
         return None if data is None else WorkItemRecord.model_validate(_plain(data))
 
     def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
-        """See ``WorkItemStore.get_work_items``: one batch get per ``_REFS_PER_BATCH``
+        """See ``WorkItemStore.get_work_items``: one batch get per ``common.REFS_PER_BATCH``
         documents; ``Transient`` as above."""
-        wanted = sorted(set(refs))
-        found: dict[str, WorkItemRecord] = {}
-        for start in range(0, len(wanted), _REFS_PER_BATCH):
-            documents = [
-                self._items.document(work_item_document_id(ref))
-                for ref in wanted[start : start + _REFS_PER_BATCH]
-            ]
-            with translated("read work items"):
-                snapshots = list(self._client.get_all(documents))
-            for snapshot in snapshots:
-                data = snapshot.to_dict() if snapshot.exists else None
-                if data is not None:
-                    record = WorkItemRecord.model_validate(_plain(data))
-                    found[record.ref] = record
-        return found
+        documents = [self._items.document(work_item_document_id(ref)) for ref in sorted(set(refs))]
+        found = get_documents(self._client, documents, action="read work items")
+        records = (WorkItemRecord.model_validate(_plain(data)) for data in found.values())
+        return {record.ref: record for record in records}
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``; ``Transient`` as above."""
