@@ -229,6 +229,22 @@ DISPATCH_EXPIRED = "expired"
 repository in time (``runners.unservedExpirySeconds``); an operator can replay it."""
 
 
+class PullRequestHead(BaseModel):
+    """Where a pull request's own session gets its tree, and whether that tree is trusted.
+
+    ``fork`` is true when the head lives in another repository than the base (decided from
+    the payload's repository ids): the tree is untrusted, checked out at ``sha`` (the head an
+    authorized person approved) with every agent-config path restored from ``base_ref``.
+    A same-repository head (``fork`` false) is the base repository's own content.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fork: bool
+    sha: str = ""
+    base_ref: str = ""
+
+
 class DispatchRecord(BaseModel):
     """One thing a runner must do for one session, in per-work-item order (``seq``)."""
 
@@ -252,6 +268,9 @@ class DispatchRecord(BaseModel):
     """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
     closing: bool = False
     """For a cleanup: the work item closed (a runner may keep its checkout on close)."""
+    head: PullRequestHead | None = None
+    """For a pull request's own session: where its tree comes from and whether it is trusted;
+    None for a work item's session (always the base repository's own content)."""
     runner_id: str | None = None
     """The runner that must apply it (session affinity), or None for any eligible runner."""
     status: str = "pending"

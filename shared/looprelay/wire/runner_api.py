@@ -250,6 +250,17 @@ class Deregistered(BaseModel):
     runner_id: str
 
 
+class DispatchHead(BaseModel):
+    """A pull request session's tree: ``fork`` heads are untrusted and run only at the
+    approved ``sha``, with agent config restored from ``base_ref`` (see ``docs/security.md``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fork: bool
+    sha: str = ""
+    base_ref: str = ""
+
+
 class Dispatch(BaseModel):
     """One thing a runner must do for one session, as the runner receives it.
 
@@ -277,6 +288,9 @@ class Dispatch(BaseModel):
     """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
     closing: bool = False
     """For a cleanup: the work item closed (a runner may keep its checkout on close)."""
+    head: DispatchHead | None = None
+    """For a pull request's own session: its tree's source and trust; None for a work item's
+    session. A runner refuses a pull request session without one (fail closed)."""
     runner_id: str | None = None
     attempts: int = 0
     lease_expires_at: datetime | None = None
