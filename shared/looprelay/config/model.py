@@ -364,6 +364,14 @@ class RoutingConfig(_Section):
         "or `always`; `true`/`false` mean `cross-repository`/`never`; anything else warns and "
         "means `cross-repository`. A work item's frozen checklist answer overrides it.",
     )
+    fork_sessions: Literal["approval", "off"] = Field(
+        default="approval",
+        description="Whether a pull request from a fork may get a session of its own: "
+        "`approval` (only at a head an authorized person approved by commenting the start "
+        "command on the pull request; a later push needs a new approval) or `off` (never; its "
+        "events go to the work item's session, told the code is untrusted). See "
+        "docs/security.md.",
+    )
     harness: Literal["claude", "cursor-agent"] = Field(
         default="claude", description="The coding agent sessions run."
     )

@@ -17,6 +17,7 @@ from looprelay.config.templates import (
 )
 from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
+from looprelay.core.forks import ForkSessions
 from looprelay.core.interaction import resolve_mode
 from looprelay.core.plan import RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
@@ -63,6 +64,7 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
             phases=tuple(Phase(p.token, p.label, p.opt_in) for p in config.phases),
             close_ends_session=CloseEndsSession(config.close_ends_session),
             pr_session_wait=timedelta(seconds=config.pr_session_wait_seconds),
+            fork_sessions=ForkSessions(config.fork_sessions),
         )
     except ValueError as exc:
         raise ConfigError(f"routing: {exc}") from exc

@@ -29,6 +29,7 @@ from looprelay.core.control import (
     read_signal,
 )
 from looprelay.core.decision import CommentPost, Decision, Note, Situation
+from looprelay.core.forks import FORK_NOTICE, approve, record_head, tree_head
 from looprelay.core.gate import checklist_body, freeze_graph
 from looprelay.core.model import (
     MAX_COMMANDS,
@@ -70,7 +71,7 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
         close_ends_session=policy.close_ends_session,
     )
     if not authorization.routes:
-        return _refused(situation, policy, authorization)
+        return _with_heads(_refused(situation, policy, authorization), situation)
     if situation.target is None:
         return _ignored("no-work-item")
     plan = Plan(
@@ -123,6 +124,28 @@ def _refused(situation: Situation, policy: RoutingPolicy, authorization: Authori
     return Decision("refused:unauthorized-actor", detail, notes=(note,))
 
 
+def _with_heads(decision: Decision, situation: Situation) -> Decision:
+    """``decision`` carrying the event's pull request head into its work item's record.
+
+    A push by a fork's author is refused (the author is not authorized), yet its new head
+    must reach the record, or an approval of the old head would keep counting.
+    """
+    item, pr_ref = situation.work_item, _event_pr_ref(situation)
+    if item is None or pr_ref is None or situation.envelope.pull_request is None:
+        return decision
+    heads = record_head(item.pull_request_heads, pr_ref, situation.envelope.pull_request)
+    if heads == item.pull_request_heads:
+        return decision
+    updated = item.model_copy(update={"pull_request_heads": heads, "updated_at": situation.now})
+    return Decision(decision.outcome, decision.detail, updated, notes=decision.notes)
+
+
+def _event_pr_ref(situation: Situation) -> str | None:
+    """The ref of the pull request this event is on, when it is not the work item itself."""
+    target = situation.target.format() if situation.target else None
+    return next((ref.format() for ref in situation.names.own if ref.format() != target), None)
+
+
 def _ignored(detail: str, *notes: Note) -> Decision:
     return Decision("ignored", detail, notes=notes)
 
@@ -136,7 +159,12 @@ def _linked(situation: Situation) -> WorkItemRecord:
     )
     prs = [ref.format() for ref in situation.names.own if ref != target]
     merged = list(dict.fromkeys([*item.pull_requests, *prs]))[:MAX_LINKED_PULL_REQUESTS]
-    return item.model_copy(update={"pull_requests": merged, "updated_at": situation.now})
+    heads = item.pull_request_heads
+    if prs:
+        heads = record_head(heads, prs[0], situation.envelope.pull_request)
+    return item.model_copy(
+        update={"pull_requests": merged, "pull_request_heads": heads, "updated_at": situation.now}
+    )
 
 
 def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
@@ -154,7 +182,11 @@ def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
         plan.item = plan.item.model_copy(
             update={"control": str(_armed(ControlState(plan.item.control)))}
         )
-    decision = _transition(plan, situation, command)
+    approving = command is Command.START and _fork_pr(plan, situation)
+    if approving:
+        decision = _approve(plan, situation, approving)
+    else:
+        decision = _transition(plan, situation, command)
     actor = event_actor(envelope)
     comment = envelope.comment
     log = CommandLog(
@@ -187,6 +219,39 @@ def _command(plan: Plan, situation: Situation, command: Command) -> Decision:
         ),
         note,
     )
+
+
+def _fork_pr(plan: Plan, situation: Situation) -> str:
+    """The ref of the fork pull request this comment is on, or "" (not on one, or its head
+    was never seen: an approval needs a sha to pin)."""
+    pr_ref = _event_pr_ref(situation)
+    state = plan.item.pull_request_heads.get(pr_ref) if pr_ref else None
+    if pr_ref is None or state is None or not state.fork:
+        return ""
+    return pr_ref
+
+
+def _approve(plan: Plan, situation: Situation, pr_ref: str) -> Decision:
+    """An authorized ``start`` on a fork's pull request: approve its head at this moment, and
+    route the comment to the pull request's own session when the work item runs."""
+    actor = event_actor(situation.envelope)
+    state = plan.item.pull_request_heads[pr_ref]
+    approved = approve(state, actor=actor.login if actor else "", at=situation.now)
+    if approved is None:
+        note = Note("pull_request.approval_refused", {"pull_request": pr_ref})
+        return Decision("ignored", "fork-head-unknown", plan.item, notes=(note,))
+    heads = plan.item.pull_request_heads | {pr_ref: approved}
+    plan.item = plan.item.model_copy(update={"pull_request_heads": heads})
+    notes = [
+        Note(
+            "pull_request.fork_approved",
+            {"pull_request": pr_ref, "sha": approved.approved_sha, "actor": approved.approved_by},
+        )
+    ]
+    if ControlState(plan.item.control) is not ControlState.STARTED:
+        return _finish(plan, [], notes, idle_detail="fork-approved; not-started")
+    _route_into(plan, situation, notes)
+    return _finish(plan, [], notes, idle_detail="fork-approved")
 
 
 def _carries_label(situation: Situation, label: str) -> bool:
@@ -296,13 +361,25 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
         pr_checkout_available=situation.pr_checkout_available,
         pr_session_stuck=_stuck(plan, pr_ref, situation),
     )
-    if choice.declined:
+    state = plan.item.pull_request_heads.get(pr_ref) if pr_ref else None
+    head, untrusted = tree_head(state, fork_sessions=plan.policy.fork_sessions)
+    notice = FORK_NOTICE if pr_ref and untrusted else ""
+    declined = choice.reason if choice.declined else ""
+    if choice.endpoint == "pull-request" and head is None:
+        declined = untrusted  # a fork head nobody approved runs nowhere
+    if declined:
         notes.append(
-            Note("session.pr_session_declined", {"pull_request": pr_ref, "reason": choice.reason})
+            Note("session.pr_session_declined", {"pull_request": pr_ref, "reason": declined})
         )
+    if choice.endpoint != "pull-request" or head is None or pr_ref is None:
+        plan.send(endpoint=plan.item.ref, notice=notice)
+        return
+    live = plan.item.sessions.get(pr_ref)
+    if head.fork and live is not None and live.head != head:
+        plan.end_session(pr_ref)  # approved anew at another sha: respawned there
     # A pull request's own session works in the repository the pull request lives in.
-    pr_repository = (pr.base_repo or "") if pr and choice.ref != plan.item.ref else ""
-    plan.send(endpoint=choice.ref, repository=pr_repository.lower())
+    pr_repository = (pr.base_repo or "") if pr else ""
+    plan.send(endpoint=pr_ref, repository=pr_repository.lower(), head=head)
 
 
 def _stuck(plan: Plan, pr_ref: str | None, situation: Situation) -> bool:

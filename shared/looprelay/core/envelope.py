@@ -24,6 +24,7 @@ LIST_CAP = 100
 """Labels, linked PR numbers and installation repositories kept per envelope."""
 _REPLACEMENT = "\ufffd"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHA = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
 
 
 class _Value(BaseModel):
@@ -80,8 +81,13 @@ class PullRequest(_Value):
     draft: bool = False
     head_ref: str | None = None
     head_repo: str | None = None
+    head_repo_id: int | None = None
+    """The head repository's id: a fork is told by ids, which a rename cannot fake. None when
+    the fork was deleted (GitHub sends ``head.repo: null``)."""
+    head_sha: str | None = None
     base_ref: str | None = None
     base_repo: str | None = None
+    base_repo_id: int | None = None
     author: Actor | None = None
     labels: list[str] = Field(default_factory=list)
 
@@ -221,6 +227,12 @@ def _int(obj: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _sha(obj: Mapping[str, Any]) -> str | None:
+    # A commit id goes to the runner's git as an argument: only its exact shape passes.
+    value = obj.get("sha")
+    return value.lower() if isinstance(value, str) and _SHA.fullmatch(value) else None
+
+
 def _actor(obj: Mapping[str, Any]) -> Actor | None:
     login = _str(obj, "login")
     if login is None:
@@ -277,8 +289,11 @@ def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest 
         draft=obj.get("draft") is True,
         head_ref=_str(head, "ref"),
         head_repo=_str(_dict(head, "repo"), "full_name"),
+        head_repo_id=_int(_dict(head, "repo"), "id"),
+        head_sha=_sha(head),
         base_ref=_str(base, "ref"),
         base_repo=_str(_dict(base, "repo"), "full_name"),
+        base_repo_id=_int(_dict(base, "repo"), "id"),
         author=_actor(_dict(obj, "user")),
         labels=_labels(obj),
     )

@@ -128,6 +128,22 @@ MAX_PROMPT_CHARS = 60_000
 """A rendered prompt is bounded so a dispatch document stays far below Firestore's 1 MiB."""
 
 
+class PullRequestHead(BaseModel):
+    """Where a pull request's own session gets its tree, and whether that tree is trusted.
+
+    ``fork`` is true when the head lives in another repository than the base (decided from
+    the payload's repository ids): the tree is untrusted, checked out at ``sha`` (the head an
+    authorized person approved) with every agent-config path restored from ``base_ref``.
+    A same-repository head (``fork`` false) is the base repository's own content.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fork: bool
+    sha: str = ""
+    base_ref: str = ""
+
+
 class SessionRecord(BaseModel):
     """An agent session of a work item: its own, or one a pull request was given."""
 
@@ -150,6 +166,28 @@ class SessionRecord(BaseModel):
     queued_at: datetime | None = None
     """When its (re)spawn was queued; how long a ``pending`` session has waited for a runner."""
     announced: bool = False
+    head: PullRequestHead | None = None
+    """A pull request's own session: the tree it was given (for a fork, the approved sha);
+    a fork session whose approved sha moves is respawned at the new one."""
+
+
+class PullRequestState(BaseModel):
+    """What the worker knows of one linked pull request's head, and its approval.
+
+    ``fork`` is true unless a payload showed the head and base repository ids equal: an
+    unknown head counts as a fork (fail closed). ``approved_sha`` is the head an authorized
+    person approved by commenting the ``start`` keyword on the pull request; a later push
+    (a new ``head_sha``) needs a new approval.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fork: bool = True
+    head_sha: str = ""
+    base_ref: str = ""
+    approved_sha: str = ""
+    approved_by: str = ""
+    approved_at: datetime | None = None
 
 
 class GraphRecord(BaseModel):
@@ -214,6 +252,8 @@ class WorkItemRecord(BaseModel):
     checklist_comment_id: int | None = None
     graph: GraphRecord | None = None
     sessions: dict[str, SessionRecord] = Field(default_factory=dict)
+    pull_request_heads: dict[str, PullRequestState] = Field(default_factory=dict)
+    """Linked pull requests' heads and approvals, by pull request ref."""
     next_seq: int = 1
     commands: list[CommandLog] = Field(default_factory=list, max_length=MAX_COMMANDS)
     applied: list[AppliedDelivery] = Field(default_factory=list, max_length=MAX_APPLIED)
@@ -227,22 +267,6 @@ DISPATCH_OPEN = ("pending", "leased")
 DISPATCH_EXPIRED = "expired"
 """The ``result`` of a dispatch settled ``failed`` because no live runner served its
 repository in time (``runners.unservedExpirySeconds``); an operator can replay it."""
-
-
-class PullRequestHead(BaseModel):
-    """Where a pull request's own session gets its tree, and whether that tree is trusted.
-
-    ``fork`` is true when the head lives in another repository than the base (decided from
-    the payload's repository ids): the tree is untrusted, checked out at ``sha`` (the head an
-    authorized person approved) with every agent-config path restored from ``base_ref``.
-    A same-repository head (``fork`` false) is the base repository's own content.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    fork: bool
-    sha: str = ""
-    base_ref: str = ""
 
 
 class DispatchRecord(BaseModel):

@@ -16,11 +16,13 @@ from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
 from looprelay.core.envelope import Envelope
 from looprelay.core.excerpt import render_excerpt, wrap_untrusted
+from looprelay.core.forks import ForkSessions
 from looprelay.core.interaction import ModeResolution
 from looprelay.core.model import (
     MAX_SESSIONS,
     DispatchRecord,
     GraphRecord,
+    PullRequestHead,
     SessionRecord,
     WorkItemRecord,
 )
@@ -53,6 +55,8 @@ class RoutingPolicy:
     pr_session_wait: timedelta = timedelta(minutes=5)
     """How long a pull request's own session may wait for a runner before its events go to
     the work item's session instead."""
+    fork_sessions: ForkSessions = ForkSessions.APPROVAL
+    """Whether a fork's pull request may get a session of its own once its head is approved."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +133,23 @@ class Plan:
     dispatches: list[DispatchRecord] = field(default_factory=list)
 
     def send(
-        self, *, endpoint: str, spawn_fresh: bool = False, repository: str = ""
+        self,
+        *,
+        endpoint: str,
+        spawn_fresh: bool = False,
+        repository: str = "",
+        head: PullRequestHead | None = None,
+        notice: str = "",
     ) -> DispatchRecord:
         """Queue the event for ``endpoint``: a delivery into its live session, or a spawn (a
-        resume when a session existed and ended) carrying the event as its first prompt."""
+        resume when a session existed and ended) carrying the event as its first prompt.
+
+        ``head`` is a pull request session's tree (kept with the session); ``notice`` is one
+        of the constant trust notices, put in the prompt above the UNTRUSTED block."""
         session = self.item.sessions.get(endpoint)
         if session is not None and session.status in LIVE_STATUSES and not spawn_fresh:
-            return self._add("deliver", session, self._prompt(session, spawn=False))
+            prompt = self._prompt(session, spawn=False, notice=notice)
+            return self._add("deliver", session, prompt)
         seq = self.item.next_seq
         resume = session is not None and session.status in {"lost", "terminated"}
         fresh = SessionRecord(
@@ -150,9 +164,11 @@ class Plan:
             repository=repository or (session.repository if session else ""),
             runner_id=session.runner_id if session and session.status == "terminated" else None,
             queued_at=self.now,
+            head=head or (session.head if session else None),
         )
         self._set_session(fresh)
-        return self._add("spawn", fresh, self._prompt(fresh, spawn=True), resume=resume)
+        prompt = self._prompt(fresh, spawn=True, notice=notice)
+        return self._add("spawn", fresh, prompt, resume=resume)
 
     def control(
         self, kind: str, *, statuses: frozenset[str], becomes: str, closing: bool = False
@@ -202,6 +218,7 @@ class Plan:
             prompt=prompt,
             resume=resume,
             closing=closing,
+            head=session.head,
             runner_id=session.runner_id,
             created_at=self.now,
             installation_id=self.envelope.installation_id,
@@ -216,7 +233,7 @@ class Plan:
         self.dispatches.append(record)
         return record
 
-    def _prompt(self, session: SessionRecord, *, spawn: bool) -> str:
+    def _prompt(self, session: SessionRecord, *, spawn: bool, notice: str) -> str:
         envelope = self.envelope
         context = PromptContext(
             work_item=self.item.ref,
@@ -230,6 +247,7 @@ class Plan:
             payload_excerpt=wrap_untrusted(
                 render_excerpt(envelope), boundary=self.templates.boundary
             ),
+            trust_notice=notice,
         )
         source = self.templates.spawn_prompt if spawn else self.templates.event_prompt
         sandboxed = self.templates.sandboxed_spawn if spawn else self.templates.sandboxed_event

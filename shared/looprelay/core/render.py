@@ -3,7 +3,8 @@
 Bundled templates render in a plain environment; an operator's template renders sandboxed, so
 it can format data but not reach Python objects. Either way only the variables below exist,
 and a prompt template that does not use ``interaction_directive`` (found with ``jinja2.meta``,
-not a substring search) gets the directive appended, so a template edit cannot drop the rule.
+not a substring search) gets the directive appended, so a template edit cannot drop the rule;
+the same holds for a non-empty ``trust_notice``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from jinja2 import Environment, StrictUndefined, Template, TemplateSyntaxError, 
 from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
+from looprelay.core.forks import FORK_NOTICE
 from looprelay.core.interaction import append_directive, needs_directive_appended
+
+TRUST_NOTICES = frozenset({"", FORK_NOTICE})
+"""The only texts ``trust_notice`` may hold: constants, never built from a payload."""
 
 PROMPT_VARIABLES = frozenset(
     {
@@ -30,6 +35,7 @@ PROMPT_VARIABLES = frozenset(
         "interaction_directive",
         "graph_context",
         "payload_excerpt",
+        "trust_notice",
     }
 )
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")  # event and action names (projects_v2_item)
@@ -58,10 +64,14 @@ class PromptContext:
     payload_excerpt: str
     endpoint: str = ""
     """The session's own ref: a pull request's for a PR session, else the work item's."""
+    trust_notice: str = ""
+    """Constant text about untrusted code the event concerns (an unapproved fork head)."""
 
     def __post_init__(self) -> None:
         if not self.endpoint:
             object.__setattr__(self, "endpoint", self.work_item)
+        if self.trust_notice not in TRUST_NOTICES:
+            raise TemplateError("trust_notice must be one of the constant notices")
         # event/action/repository/delivery come from the payload: only their safe shapes may
         # stand outside the UNTRUSTED block.
         if not _NAME.match(self.event) or (self.action and not _NAME.match(self.action)):
@@ -113,6 +123,8 @@ def render_prompt(source: str, context: PromptContext, *, sandboxed: bool) -> st
     text = _render(source, asdict(context), sandboxed=sandboxed)
     if needs_directive_appended(used):
         text = append_directive(text, context.interaction_directive)
+    if context.trust_notice and "trust_notice" not in used:
+        text = f"{text.rstrip()}\n\n{context.trust_notice}"
     return text
 
 
