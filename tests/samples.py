@@ -33,11 +33,20 @@ def labeled(number: int, *, installation: int | None = None) -> dict[str, Any]:
 
 
 def commented(
-    number: int, body: str, *, comment_id: int, installation: int | None = None
+    number: int,
+    body: str,
+    *,
+    comment_id: int,
+    installation: int | None = None,
+    on_pull_request: bool = False,
 ) -> dict[str, Any]:
-    """An ``issue_comment.created`` delivery: Codertocat says ``body`` on issue ``number``."""
+    """An ``issue_comment.created`` delivery: Codertocat says ``body`` on issue ``number``, or
+    on pull request ``number`` with ``on_pull_request`` (GitHub's mark: ``issue.pull_request``)."""
     data = payload("issue_comment.created")
     data["issue"]["number"] = number
+    if on_pull_request:
+        url = f"https://api.github.com/repos/Codertocat/Hello-World/pulls/{number}"
+        data["issue"]["pull_request"] = {"url": url}
     data["comment"]["id"] = comment_id
     data["comment"]["body"] = body
     return installed(data, installation)

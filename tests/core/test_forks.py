@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from looprelay.core.decision import Decision
-from looprelay.core.envelope import Envelope
+from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.forks import (
     FORK_NOTICE,
     REASON_FORK_NOT_APPROVED,
@@ -33,6 +33,7 @@ from tests.core.test_decide import (
     _session,
     _situation,
 )
+from tests.samples import commented
 
 FORK_ID = 990001
 APPROVED = "a" * 40
@@ -163,6 +164,24 @@ class TestApproval:
         approved = next(n for n in decision.notes if n.name == "pull_request.fork_approved")
         assert approved.data == {"pull_request": PR_REF, "sha": APPROVED, "actor": "Codertocat"}
         assert decision.work_item.commands[-1].command == "start"
+
+    def test_start_commented_on_the_fork_pr_approves_it_under_the_default_mode(self) -> None:
+        # An issue comment's payload names no head: the recorded one says it is a fork.
+        data = commented(2, "Reviewed, go: the-loop start", comment_id=77, on_pull_request=True)
+        envelope = project_envelope(
+            event="issue_comment", delivery_id="d-7", payload=data, max_text_chars=65536
+        )
+        situation = _situation(envelope, _fork_item(), pr_checkout_available=True)
+
+        decision = _decide(situation)
+
+        (spawn,) = decision.dispatches
+        assert (spawn.kind, spawn.endpoint, spawn.head) == (
+            "spawn",
+            PR_REF,
+            PullRequestHead(fork=True, sha=APPROVED, base_ref=BASE_REF),
+        )
+        assert "Reviewed, go" in spawn.prompt
 
     def test_an_approved_head_routes_later_comments_to_the_prs_session(self) -> None:
         item = _fork_item(approved=APPROVED)

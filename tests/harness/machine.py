@@ -254,10 +254,15 @@ class Deployment:
             [self.stack.send("issues", labeled(number, installation=self.installation))]
         )
 
-    def comment(self, number: int, body: str) -> str:
-        """Codertocat comments ``body`` on issue ``number``; returns the delivery id."""
+    def comment(self, number: int, body: str, *, on_pull_request: bool = False) -> str:
+        """Codertocat comments ``body`` on issue (or pull request) ``number``; returns the
+        delivery id."""
         data = commented(
-            number, body, comment_id=next(self._comment_ids), installation=self.installation
+            number,
+            body,
+            comment_id=next(self._comment_ids),
+            installation=self.installation,
+            on_pull_request=on_pull_request,
         )
         return self.stack.send("issue_comment", data)
 

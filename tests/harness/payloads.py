@@ -11,6 +11,8 @@ __all__ = ["REPOSITORY", "commented", "labeled", "pull_request_opened"]
 
 REPOSITORY = "Codertocat/Hello-World"
 """The repository as the recorded payloads spell it."""
+FORK_REPOSITORY_ID = 990001
+"""The id a fork's repository carries in these payloads (the base keeps the recorded one)."""
 
 
 def pull_request_opened(
@@ -27,4 +29,6 @@ def pull_request_opened(
     pr["head"]["sha"] = head_sha
     pr["head"]["repo"]["full_name"] = head_repository
     pr["base"]["repo"]["full_name"] = REPOSITORY
+    if head_repository != REPOSITORY:  # looprelay tells a fork by its repository id
+        pr["head"]["repo"]["id"] = FORK_REPOSITORY_ID
     return installed(data, installation)

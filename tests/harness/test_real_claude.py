@@ -131,13 +131,16 @@ class TestPullRequestSession:
         issue = relay.start(1)
         head = relay.open_pull_request(number, closes=1, fork=fork)
         name = session_name(number)
+        if fork:  # a fork's head runs only once approved: `start` on the pull request itself
+            relay.comment(number, "Reviewed: the-loop start", on_pull_request=True)
 
         spawned = machine.wait_for(lambda m: Path(m.cwd).name == name, explain=relay.explain)
         cwd = Path(spawned.cwd)
         assert cwd == machine.workspace / name
         assert head_of(cwd) == head != machine.main
         assert (cwd / f"pr-{number}.txt").is_file()
-        assert f'"number": {number}' in spawned.text  # the event that opened it
+        # The event that spawned it: the opening one, or a fork's approval.
+        assert ("Reviewed: the-loop start" if fork else f'"number": {number}') in spawned.text
         assert spawned.session_id != issue.session_id
         assert machine.trusted(cwd)["hasTrustDialogAccepted"] is True
 

@@ -350,6 +350,7 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
         (ref.format() for ref in situation.names.own if ref.format() != plan.item.ref), None
     )
     frozen = plan.item.graph.session_per_pr if plan.item.graph else None
+    state = plan.item.pull_request_heads.get(pr_ref) if pr_ref else None
     choice = choose_endpoint(
         mode=effective_session_per_pr(frozen, operator_default=plan.policy.session_per_pr),
         work_item_ref=plan.item.ref,
@@ -358,10 +359,10 @@ def _route_into(plan: Plan, situation: Situation, notes: list[Note]) -> None:
         pr_head_repository=pr.head_repo if pr else None,
         pr_base_repository=pr.base_repo if pr else None,
         pr_is_work_item=pr_ref is None and situation.names.own != (),
+        pr_is_fork=state is not None and state.fork,
         pr_checkout_available=situation.pr_checkout_available,
         pr_session_stuck=_stuck(plan, pr_ref, situation),
     )
-    state = plan.item.pull_request_heads.get(pr_ref) if pr_ref else None
     head, untrusted = tree_head(state, fork_sessions=plan.policy.fork_sessions)
     notice = FORK_NOTICE if pr_ref and untrusted else ""
     declined = choice.reason if choice.declined else ""

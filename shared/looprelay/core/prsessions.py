@@ -116,13 +116,15 @@ def choose_endpoint(
     pr_head_repository: str | None = None,
     pr_base_repository: str | None = None,
     pr_is_work_item: bool = False,
+    pr_is_fork: bool = False,
     pr_checkout_available: bool,
     pr_session_stuck: bool = False,
 ) -> EndpointChoice:
     """Choose the session one event is delivered to: the work item's or the PR's own.
 
     Expects the effective mode (see :func:`effective_session_per_pr`), the work item's ref and
-    repository, and, for a PR event, the PR's ref and repositories. ``pr_checkout_available``
+    repository, and, for a PR event, the PR's ref and repositories; ``pr_is_fork`` says the
+    recorded head is a fork's (an issue comment's payload names no head). ``pr_checkout_available``
     says whether the runner can give the PR a working tree of its own (a workspace root, not the
     work item's tree, on the PR's head branch; ``pr_session_stuck`` that the PR's own
     session was queued and no runner took it within the bound. Never raises.
@@ -141,7 +143,7 @@ def choose_endpoint(
         return stay(REASON_PULL_REQUEST_IS_WORK_ITEM)
     if mode == "never":
         return stay(REASON_NEVER)
-    crosses = is_cross_repository(
+    crosses = pr_is_fork or is_cross_repository(
         work_item_repository=work_item_repository,
         pr_head_repository=pr_head_repository,
         pr_base_repository=pr_base_repository,
