@@ -670,6 +670,26 @@ class TestResults:
         assert desk.reactions(respawn.comment_id or 0) == ["hooray"]
         assert len(desk.attach_comments(1)) == 1
 
+    def test_a_headless_first_turn_places_its_session_on_the_runner_unannounced(
+        self, desk: Desk
+    ) -> None:
+        # Without the session placed, a later turn could go to another runner and the work
+        # item's pull requests never got sessions of their own (no runner to ask).
+        runner = desk.runner("laptop")
+        first = desk.dispatch(1)
+        desk.seed(1, first)
+        assert desk.polled_id(runner) == "dp-1-1"
+        done = desk.report(runner, "dp-1-1", status="done", session_id=first.session_id)
+        assert done.status_code == 200 and done.json() == {"status": "succeeded"}
+        session = desk.session(1)
+        assert (session.status, session.runner_id, session.announced) == (
+            "live",
+            runner.runner_id,
+            False,
+        )
+        assert session.spawned_at == desk.clock.now()
+        assert desk.attach_comments(1) == []  # nothing to attach to between turns
+
     def test_a_retryable_failure_is_offered_again_until_the_attempts_run_out(
         self, desk: Desk
     ) -> None:

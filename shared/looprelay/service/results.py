@@ -125,7 +125,7 @@ class Progress:
             announce = result.status == "spawned" and (first or moved)
             if final == "failed" and dispatch.kind in {"spawn", "deliver"}:
                 changes: dict[str, object] = {"status": "lost"}
-            elif result.status in {"spawned", "delivered"}:
+            elif result.status in {"spawned", "delivered"} or _turn_taken(dispatch, result):
                 changes = {
                     "status": "live",
                     "runner_id": runner.runner_id,
@@ -133,9 +133,11 @@ class Progress:
                 }
                 if result.session_id:
                     changes["session_id"] = result.session_id
-                if result.status == "spawned":
+                if result.status == "spawned" or (
+                    dispatch.kind == "spawn" and result.status == "done"
+                ):
                     changes["spawned_at"] = self._clock.now()
-                    changes["tmux_socket"] = result.tmux_socket
+                    changes["tmux_socket"] = result.tmux_socket or None
             else:
                 return False
             placed = session.model_copy(update=changes)
@@ -265,3 +267,9 @@ class Progress:
                 data={"dispatch_id": dispatch.dispatch_id, **data},
             )
         )
+
+
+def _turn_taken(dispatch: DispatchRecord, result: ResultBody) -> bool:
+    """A headless turn answered (``done``): its session lives on that runner as a tmux one
+    would, so later turns resume there and its pull requests may get sessions of their own."""
+    return result.status == "done" and dispatch.kind in {"spawn", "deliver"}
