@@ -49,6 +49,38 @@ class ForkTree:
     restored: Restored
 
 
+def tree_trusted(
+    *, pull_request: int | None, head: DispatchHead | None, fork_sessions: bool
+) -> bool:
+    """Tell whether a session's tree is trusted: True for a work item's session and a
+    same-repository pull request, False for a fork's.
+
+    Raises ``RunnerError``: ``invalid-dispatch`` for a pull request without a head (a server
+    older than this agent), a work item with a fork head or a fork head without a full commit
+    id and base branch (:func:`check_fork_head`); ``fork-sessions-off`` for a fork head when
+    ``fork_sessions`` is False.
+    """
+    if pull_request is None:
+        if head is not None and head.fork:
+            raise RunnerError("a work item's session has a fork head", reason="invalid-dispatch")
+        return True
+    if head is None:
+        raise RunnerError(
+            "the dispatch of a pull request session carries no head (fork or not): the "
+            "server is older than this runner agent; upgrade the server",
+            reason="invalid-dispatch",
+        )
+    if not head.fork:
+        return True
+    if not fork_sessions:
+        raise RunnerError(
+            "this runner serves no fork pull requests (--no-fork-sessions)",
+            reason="fork-sessions-off",
+        )
+    check_fork_head(head)
+    return False
+
+
 def check_fork_head(head: DispatchHead) -> None:
     """Check a fork head names a full commit id and a branch; raise ``RunnerError``
     ``invalid-dispatch`` when it does not (no tree is made from a guess)."""

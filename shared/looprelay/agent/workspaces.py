@@ -45,7 +45,7 @@ from pathlib import Path
 
 from looprelay.agent.agent_config import Restored, quarantine_dir
 from looprelay.agent.checkout_checks import check_checkout, check_writable
-from looprelay.agent.fork_tree import FORK_CLONE, check_fork_head, prepare_fork_tree
+from looprelay.agent.fork_tree import FORK_CLONE, prepare_fork_tree, tree_trusted
 from looprelay.agent.git import GIT, Git, reset_clone
 from looprelay.agent.tmux import SESSION_NAME
 from looprelay.errors import ConfigError, RunnerError
@@ -164,35 +164,9 @@ class Workspaces:
         return self._root is not None
 
     def trusted(self, *, pull_request: int | None, head: DispatchHead | None) -> bool:
-        """Tell whether a session's tree is trusted: True for a work item's session and a
-        same-repository pull request, False for a fork's.
-
-        Raises ``RunnerError``: ``invalid-dispatch`` for a pull request without a head (a
-        server older than this agent), a work item with a fork head or a fork head without a
-        full commit id and base branch; ``fork-sessions-off`` for a fork head on a runner that
-        serves none.
-        """
-        if pull_request is None:
-            if head is not None and head.fork:
-                raise RunnerError(
-                    "a work item's session has a fork head", reason="invalid-dispatch"
-                )
-            return True
-        if head is None:
-            raise RunnerError(
-                "the dispatch of a pull request session carries no head (fork or not): the "
-                "server is older than this runner agent; upgrade the server",
-                reason="invalid-dispatch",
-            )
-        if not head.fork:
-            return True
-        if not self.fork_sessions:
-            raise RunnerError(
-                "this runner serves no fork pull requests (--no-fork-sessions)",
-                reason="fork-sessions-off",
-            )
-        check_fork_head(head)
-        return False
+        """Tell whether a session's tree is trusted (see :func:`fork_tree.tree_trusted`, with
+        this runner's ``fork_sessions``)."""
+        return tree_trusted(pull_request=pull_request, head=head, fork_sessions=self.fork_sessions)
 
     def prepare(
         self,
