@@ -17,6 +17,9 @@ from tests.agent.conftest import FRESH_ID, SESSION, SESSION_ID, WORK_ITEM, Rig, 
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import git
 
+SAME_REPO = {"fork": False}
+"""A same-repository pull request's head, as the server sends it."""
+
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 FLAG_SHAPED = "--dangerously-skip-permissions"
 
@@ -47,6 +50,7 @@ class TestSpawn:
             "branch": SESSION,
             "commit": commit,
             "reused": "false",
+            "trusted": "true",
         }
         assert events["skill.installed"]["cwd"] == str(tree)
         assert events["workspace.trusted"]["cwd"] == str(tree)
@@ -104,7 +108,7 @@ class TestSpawn:
         self, rig: Rig, fake_harness: FakeHarness
     ) -> None:
         name = "loop-github-octo-repo-16"
-        dispatch = make_dispatch(endpoint="github:octo/repo#16", session_name=name)
+        dispatch = make_dispatch(endpoint="github:octo/repo#16", session_name=name, head=SAME_REPO)
         assert rig.applier.apply(dispatch).status == "spawned"
         (start,) = fake_harness.wait_ready()
         assert start["cwd"] == str(rig.workspace / name)
@@ -277,7 +281,9 @@ class TestCleanup:
     ) -> None:
         pr_session, other = "loop-github-octo-repo-16", "loop-github-octo-repo-99"
         rig.applier.apply(make_dispatch())
-        rig.applier.apply(make_dispatch(endpoint="github:octo/repo#16", session_name=pr_session))
+        rig.applier.apply(
+            make_dispatch(endpoint="github:octo/repo#16", session_name=pr_session, head=SAME_REPO)
+        )
         rig.applier.apply(
             make_dispatch(
                 work_item="github:octo/repo#99", endpoint="github:octo/repo#99", session_name=other

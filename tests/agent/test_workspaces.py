@@ -17,6 +17,7 @@ from looprelay.agent.checkout_checks import names_repository
 from looprelay.agent.git import sanitise
 from looprelay.agent.workspaces import Checkout, Workspaces, clone_url, parse_checkout_pairs
 from looprelay.errors import ConfigError, RunnerError
+from looprelay.wire.runner_api import DispatchHead
 from tests.fake_harness import wait_until
 from tests.gitrepos import GitRepos, git, snapshot
 
@@ -61,12 +62,22 @@ def operator(git_repos: GitRepos, tmp_path: Path) -> Path:
     return checkout
 
 
+SAME_REPO = DispatchHead(fork=False)
+
+
 def _prepare(workspaces: Workspaces, session: str = SESSION, **fields: Any) -> Checkout:
+    """Prepare ``session``; a pull request's head is a same-repository one unless given."""
+    pull_request = fields.pop("pull_request", None)
     return workspaces.prepare(
         repository=fields.pop("repository", "octo/repo"),
         session_name=session,
-        pull_request=fields.pop("pull_request", None),
+        pull_request=pull_request,
+        head=fields.pop("head", SAME_REPO if pull_request else None),
     )
+
+
+def _fork_head(sha: str) -> DispatchHead:
+    return DispatchHead(fork=True, sha=sha, base_ref="main")
 
 
 def _head(tree: Path) -> tuple[str, str]:
@@ -299,9 +310,9 @@ class TestCloneStrategy:
     def test_a_pull_request_clone_is_at_the_pull_requests_head(
         self, make: MakeWorkspaces, git_repos: GitRepos
     ) -> None:
-        head = git_repos.add_pull_request("octo/repo", 7, fork="someone/repo")
+        head = git_repos.add_pull_request("octo/repo", 7)
         checkout = _prepare(make(strategy="clone"), PR_SESSION, pull_request=7)
-        assert (checkout.branch, checkout.commit) == (PR_SESSION, head)
+        assert (checkout.strategy, checkout.branch, checkout.commit) == ("clone", PR_SESSION, head)
         assert (checkout.path / "pr-7.txt").is_file()
 
     def test_ssh_urls_reach_the_same_repository(
@@ -321,11 +332,13 @@ class TestPullRequests:
         self, make: MakeWorkspaces, git_repos: GitRepos, fork: str | None
     ) -> None:
         head = git_repos.add_pull_request("octo/repo", 7, fork=fork)
-        checkout = _prepare(make(), PR_SESSION, pull_request=7)
-        assert (checkout.strategy, checkout.branch, checkout.commit) == (
-            "worktree",
+        given = _fork_head(head) if fork else SAME_REPO
+        checkout = _prepare(make(), PR_SESSION, pull_request=7, head=given)
+        assert (checkout.strategy, checkout.branch, checkout.commit, checkout.trusted) == (
+            "fork-clone" if fork else "worktree",
             PR_SESSION,
             head,
+            fork is None,
         )
         assert (checkout.path / "pr-7.txt").read_text() == "pull request 7\n"
         assert head != git_repos.tip("octo/repo")

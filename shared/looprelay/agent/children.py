@@ -44,12 +44,14 @@ def run_child(
     env: Mapping[str, str] | None = None,
     stdout_limit: int | None = None,
     stderr_limit: int | None = None,
+    errors: str = "replace",
 ) -> Finished:
     """Run ``argv`` in ``cwd`` with stdin empty until it exits or ``timeout_seconds`` pass.
 
     Keeps the last ``stdout_limit``/``stderr_limit`` bytes of each stream (None: all of it),
-    decoded as UTF-8 with replacement. Raises ``OSError`` when the program cannot be started
-    and :class:`Overran` when it outlives the timeout (its whole group is SIGKILLed first).
+    decoded as UTF-8 with ``errors`` (``surrogateescape`` keeps the bytes). Raises ``OSError``
+    when the program cannot be started and :class:`Overran` when it outlives the timeout (its
+    whole group is SIGKILLed first).
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         child = subprocess.Popen(  # noqa: S603 - an argv list from this package, never a shell
@@ -66,13 +68,13 @@ def run_child(
         except subprocess.TimeoutExpired:
             _kill_group(child)
             raise Overran(_tail(err, stderr_limit)) from None
-        return Finished(code, _tail(out, stdout_limit), _tail(err, stderr_limit))
+        return Finished(code, _tail(out, stdout_limit, errors), _tail(err, stderr_limit, errors))
 
 
-def _tail(handle: IO[bytes], limit: int | None) -> str:
+def _tail(handle: IO[bytes], limit: int | None, errors: str = "replace") -> str:
     size = handle.seek(0, os.SEEK_END)
     handle.seek(0 if limit is None else max(0, size - limit))
-    return handle.read().decode("utf-8", "replace")
+    return handle.read().decode("utf-8", errors)
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:

@@ -44,6 +44,12 @@ TRUST_KEYS = ("hasTrustDialogAccepted", "hasCompletedProjectOnboarding")
 BYPASS_SETTING = "skipDangerousModePermissionPrompt"
 LEGACY_BYPASS_KEY = "bypassPermissionsModeAccepted"
 BYPASS_MODE = "bypassPermissions"
+PROJECT_MCP_OFF: dict[str, bool | list[str]] = {
+    "enableAllProjectMcpServers": False,
+    "enabledMcpjsonServers": [],
+}
+"""A project entry's keys that would start the folder's ``.mcp.json`` servers unasked; an
+untrusted folder gets these values, over whatever was there."""
 
 
 def claude_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -101,6 +107,27 @@ def trust_directory(directory: Path, *, config_file: Path) -> list[str]:
     return _merge(config_file, merge)
 
 
+def refuse_project_mcp(directory: Path, *, config_file: Path) -> list[str]:
+    """Make Claude's entry for ``directory`` enable none of the folder's ``.mcp.json`` servers
+    by itself (:data:`PROJECT_MCP_OFF`); return the keys changed (``[]``: no write).
+
+    For an untrusted folder: these keys are overwritten, not merged. Raises ``RunnerError``
+    ``trust-failed`` as :func:`trust_directory` does.
+    """
+    key = str(directory.resolve())
+
+    def merge(data: JsonObject) -> list[str]:
+        projects = _child_object(data, "projects", label="projects", path=config_file)
+        entry = _child_object(projects, key, label=f"projects[{key}]", path=config_file)
+        changed = [name for name, value in PROJECT_MCP_OFF.items() if entry.get(name) != value]
+        for name in changed:
+            value = PROJECT_MCP_OFF[name]
+            entry[name] = list(value) if isinstance(value, list) else value
+        return [f"projects[{key}].{name}" for name in changed]
+
+    return _merge(config_file, merge)
+
+
 def wants_bypass_permissions(harness_args: Sequence[str]) -> bool:
     """Tell whether a Claude argv starts the session in bypass-permissions mode.
 
@@ -136,18 +163,28 @@ def accept_bypass_permissions(*, config_file: Path, settings_file: Path) -> list
 
 
 def prepare_claude(
-    directory: Path, *, harness_args: Sequence[str], environ: Mapping[str, str] | None = None
+    directory: Path,
+    *,
+    harness_args: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    trust: bool = True,
+    trusted: bool = True,
 ) -> list[str]:
     """Prepare Claude's files for a session in ``directory``; return every change made.
 
-    Trusts ``directory`` (:func:`trust_directory`) and, only when ``harness_args`` ask for
-    bypass-permissions mode, accepts its disclaimer (:func:`accept_bypass_permissions`), in the
-    files Claude reads under ``environ`` (default: this process's, which the harness inherits).
-    Raises ``RunnerError`` ``trust-failed`` as those do.
+    With ``trust``, trusts ``directory`` (:func:`trust_directory`) and, only when
+    ``harness_args`` ask for bypass-permissions mode, accepts its disclaimer
+    (:func:`accept_bypass_permissions`); for an untrusted tree (``trusted`` False) first turns
+    the folder's MCP servers off (:func:`refuse_project_mcp`). All in the files Claude reads
+    under ``environ`` (default: this process's, which the harness inherits). Raises
+    ``RunnerError`` ``trust-failed`` as those do.
     """
     env = os.environ if environ is None else environ
     config_file = claude_config_file(env)
-    changes = trust_directory(directory, config_file=config_file)
+    changes = [] if trusted else refuse_project_mcp(directory, config_file=config_file)
+    if not trust:
+        return changes
+    changes += trust_directory(directory, config_file=config_file)
     if wants_bypass_permissions(harness_args):
         changes += accept_bypass_permissions(
             config_file=config_file, settings_file=claude_settings_file(env)

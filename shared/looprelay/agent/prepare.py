@@ -6,6 +6,14 @@ fails the dispatch (``workspace-failed``). The skill and the trust are best effo
 predecessor's were: a failure is reported (``skill.install_failed``,
 ``workspace.trust_failed``) and the spawn goes ahead, because a session that shows a dialog is
 still one an operator can attach to and fix.
+
+An untrusted tree (a fork's pull request, issue 21) is different: it is prepared by
+``Workspaces`` on every spawn, never recalled from the ledger as is, so its agent config is made
+the base's each time before a harness starts (``workspace.untrusted_config_restored`` says what
+changed and where the pull request's versions are kept). Only then are the skill installed and
+the folder trusted, and Claude's entry for that folder is told not to enable the project's MCP
+servers by itself (``enableAllProjectMcpServers`` false, ``enabledMcpjsonServers`` empty),
+headless turns included.
 """
 
 from __future__ import annotations
@@ -64,8 +72,9 @@ class SessionPreparer:
         if d.harness != harness.CLAUDE:
             return Preparation(checkout, tuple(notes))
         notes += self._skill(checkout.path)
-        if trust:
-            notes += self._trust(checkout.path, self.harness_args.get(d.harness, ()))
+        if trust or not checkout.trusted:
+            args = self.harness_args.get(d.harness, ())
+            notes += self._trust(checkout.path, args, trust=trust, trusted=checkout.trusted)
         return Preparation(checkout, tuple(notes))
 
     def usable_fresh_id(self, d: Dispatch, session_id: str, fresh: str) -> tuple[str, str]:
@@ -83,13 +92,13 @@ class SessionPreparer:
         return (fresh, "session-id-in-use") if taken else (session_id, "")
 
     def _checkout(self, d: Dispatch) -> tuple[Checkout, list[Note]]:
+        number = pull_request_number(d)
+        trusted = self.workspaces.trusted(pull_request=number, head=d.head)
         local = self.ledger.session(d.session_name)
-        if local is not None and Path(local.checkout).is_dir():
+        if trusted and local is not None and Path(local.checkout).is_dir():
             return Checkout(path=Path(local.checkout), created=local.created_checkout), []
         checkout = self.workspaces.prepare(
-            repository=d.repository,
-            session_name=d.session_name,
-            pull_request=pull_request_number(d),
+            repository=d.repository, session_name=d.session_name, pull_request=number, head=d.head
         )
         data = {
             "checkout": str(checkout.path),
@@ -97,8 +106,22 @@ class SessionPreparer:
             "branch": checkout.branch,
             "commit": checkout.commit,
             "reused": str(checkout.reused).lower(),
+            "trusted": str(checkout.trusted).lower(),
         }
-        return checkout, [Note("workspace.prepared", data)]
+        if checkout.kept:
+            data["kept"] = checkout.kept
+        notes = [Note("workspace.prepared", data)]
+        restored = checkout.restored
+        if restored is not None and restored.changed():
+            restored_data = {
+                "checkout": str(checkout.path),
+                "replaced": ", ".join(restored.replaced),
+                "removed": ", ".join(restored.removed),
+                "added": ", ".join(restored.added),
+                "kept_at": str(restored.kept_at),
+            }
+            notes.append(Note("workspace.untrusted_config_restored", restored_data))
+        return checkout, notes
 
     def _skill(self, directory: Path) -> list[Note]:
         try:
@@ -109,10 +132,12 @@ class SessionPreparer:
             return []
         return [Note("skill.installed", {"cwd": str(directory), "files": str(len(written))})]
 
-    def _trust(self, directory: Path, args: Sequence[str]) -> list[Note]:
+    def _trust(
+        self, directory: Path, args: Sequence[str], *, trust: bool, trusted: bool
+    ) -> list[Note]:
         try:
             changed = claude_config.prepare_claude(
-                directory, harness_args=args, environ=self.environ
+                directory, harness_args=args, environ=self.environ, trust=trust, trusted=trusted
             )
         except RunnerError as exc:
             return [Note("workspace.trust_failed", {"cwd": str(directory), "error": str(exc)})]

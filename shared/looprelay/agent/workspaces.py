@@ -22,6 +22,15 @@ the same repository has that branch checked out, as another runner's tree of the
 branch of that name left behind by an earlier tree is moved to the start point when that loses
 nothing (its tip is an ancestor of it); else the new tree continues on it as it is, so commits the
 agent made there are never orphaned.
+
+Trust (issue 21): a work item's tree and a same-repository pull request's hold the base
+repository's own content and are trusted. A fork's pull request is not: it needs the dispatch's
+``head`` (the approved commit), gets a clone of its own whatever the strategy, with the base's
+agent config (:mod:`looprelay.agent.fork_tree`), and is refused outright with
+``fork_sessions=False``. A pull request session's dispatch without a head comes from a server
+older than this agent and is refused (fail closed). The shared clones are the agent's own: their
+config is rewritten to the canonical content and planted hooks removed before each use and at
+cleanup (:func:`looprelay.agent.git.reset_clone`).
 """
 
 from __future__ import annotations
@@ -34,10 +43,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from looprelay.agent.agent_config import Restored, quarantine_dir
 from looprelay.agent.checkout_checks import check_checkout, check_writable
-from looprelay.agent.git import GIT, Git
+from looprelay.agent.fork_tree import FORK_CLONE, prepare_fork_tree, tree_trusted
+from looprelay.agent.git import GIT, Git, reset_clone
 from looprelay.agent.tmux import SESSION_NAME
 from looprelay.errors import ConfigError, RunnerError
+from looprelay.wire.runner_api import DispatchHead
 
 STRATEGIES = ("worktree", "clone")
 PROTOCOLS = ("https", "ssh")
@@ -56,9 +68,12 @@ class Checkout:
     """A session's working tree: where it is and what was prepared.
 
     ``created`` says the agent made it and may remove it; ``strategy`` is ``operator-worktree``,
-    ``worktree`` or ``clone``; ``branch`` and ``commit`` are its HEAD when prepared; ``reused``
-    says it already existed. The last four are empty (False) when not known, as for a tree the
-    ledger recalled.
+    ``worktree``, ``clone`` or ``fork-clone``; ``branch`` and ``commit`` are its HEAD when
+    prepared; ``reused`` says it already existed. The last four are empty (False) when not
+    known, as for a tree the ledger recalled. ``trusted`` is False for a fork's pull request
+    (its content is not the base repository's: sandbox it); ``restored`` says what of its agent
+    config was made the base's, ``kept`` which branch holds commits an earlier approval's tree
+    had (both only for such a tree).
     """
 
     path: Path
@@ -67,6 +82,9 @@ class Checkout:
     branch: str = ""
     commit: str = ""
     reused: bool = False
+    trusted: bool = True
+    restored: Restored | None = None
+    kept: str = ""
 
 
 def clone_url(repository: str, *, protocol: str, host: str) -> str:
@@ -109,7 +127,8 @@ class Workspaces:
     ``configured`` maps ``owner/repo`` to the operator's checkout; ``root`` is ``--workspace``
     (needed for pull requests and repositories without a checkout); ``worktrees`` holds worktrees
     of operator checkouts when there is no root. Every git command is bounded by
-    ``git_timeout_seconds``. ``keep_on_close`` is the operator's choice to keep trees on close.
+    ``git_timeout_seconds``. ``keep_on_close`` is the operator's choice to keep trees on close;
+    ``fork_sessions`` False refuses every fork pull request session (``fork-sessions-off``).
     Thread-safe: operations on one shared clone or operator checkout are serialised.
     """
 
@@ -124,6 +143,7 @@ class Workspaces:
         host: str = "github.com",
         git_timeout_seconds: float = 300.0,
         keep_on_close: bool = False,
+        fork_sessions: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"workspace strategy {strategy[:40]!r} must be worktree or clone")
@@ -135,6 +155,7 @@ class Workspaces:
         self._strategy, self._protocol, self._host = strategy, protocol, host
         self._git = Git(git_timeout_seconds)
         self.keep_on_close = keep_on_close
+        self.fork_sessions = fork_sessions
         self._locks: dict[Path, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -142,14 +163,29 @@ class Workspaces:
         """Tell whether this runner can give a pull request a working tree of its own."""
         return self._root is not None
 
-    def prepare(self, *, repository: str, session_name: str, pull_request: int | None) -> Checkout:
+    def trusted(self, *, pull_request: int | None, head: DispatchHead | None) -> bool:
+        """Tell whether a session's tree is trusted (see :func:`fork_tree.tree_trusted`, with
+        this runner's ``fork_sessions``)."""
+        return tree_trusted(pull_request=pull_request, head=head, fork_sessions=self.fork_sessions)
+
+    def prepare(
+        self,
+        *,
+        repository: str,
+        session_name: str,
+        pull_request: int | None,
+        head: DispatchHead | None = None,
+    ) -> Checkout:
         """Return session ``session_name``'s working tree of ``repository``, made if missing.
 
-        ``pull_request`` is the PR number of a PR session, else None. Blocks for git: each
-        command at most ``git_timeout_seconds``. Raises ``RunnerError``: ``invalid-dispatch`` for
-        a bad repository, session name or number; ``checkout-missing`` when this runner has no
-        way to make the tree; ``workspace-failed`` when git fails or times out, or the session's
-        directory exists and is not a work tree.
+        ``pull_request`` is the PR number of a PR session, else None; ``head`` its dispatch's
+        head (required for a PR). A fork head's tree is made as :mod:`fork_tree` says, with its
+        agent config restored on every call. Blocks for git: each command at most
+        ``git_timeout_seconds``. Raises ``RunnerError``: ``invalid-dispatch`` for a bad
+        repository, session name, number or head; ``fork-sessions-off`` (see :meth:`trusted`);
+        ``checkout-missing`` when this runner has no way to make the tree; ``fork-head-missing``
+        when the approved commit is gone; ``workspace-failed`` when git fails or times out, or
+        the session's directory exists and is not a work tree.
         """
         _check_repository(repository)
         if not SESSION_NAME.fullmatch(session_name):
@@ -160,13 +196,17 @@ class Workspaces:
             raise RunnerError(
                 f"{pull_request} is not a pull request number", reason="invalid-dispatch"
             )
+        trusted = self.trusted(pull_request=pull_request, head=head)
         operator = None if pull_request else self._configured.get(repository.lower())
         if operator is None and self._root is None:
             raise RunnerError(_no_tree(repository, pull_request), reason="checkout-missing")
         path = (self._root or self._worktrees) / session_name
         source = operator or self._shared_path(repository)
+        own_clone = operator is None and (self._strategy == "clone" or not trusted)
         try:
-            with self._lock(path if operator is None and self._strategy == "clone" else source):
+            with self._lock(path if own_clone else source):
+                if pull_request and head is not None and not trusted:
+                    return self._fork_tree(repository, path, pull_request=pull_request, head=head)
                 return self._existing(path) or self._make(
                     repository, path, operator=operator, pull_request=pull_request
                 )
@@ -195,6 +235,8 @@ class Workspaces:
                 self._remove_worktree(path)
             if path.exists():  # a clone, or what git left (files it did not track)
                 shutil.rmtree(path)
+            if self._root is not None:  # a fork tree's base snapshot and kept versions
+                shutil.rmtree(quarantine_dir(self._root, path.name), ignore_errors=True)
         except (RunnerError, OSError) as exc:
             raise RunnerError(f"cannot remove {path}: {exc}", reason="cleanup-failed") from exc
         return True
@@ -247,6 +289,38 @@ class Workspaces:
             raise
         return self._describe(path, strategy=strategy)
 
+    def _fork_tree(
+        self, repository: str, path: Path, *, pull_request: int, head: DispatchHead
+    ) -> Checkout:
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise RunnerError(
+                f"{path} exists and is not a directory; move it away", reason="workspace-failed"
+            )
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        assert self._root is not None  # a pull request is refused earlier without a root
+        made = prepare_fork_tree(
+            self._git,
+            path=path,
+            partial=path.parent / PARTIAL_DIR / path.name,
+            url=self._url(repository),
+            pull_request=pull_request,
+            head=head,
+            quarantine=quarantine_dir(self._root, path.name),
+        )
+        branch, commit = self._git.head(path)
+        return Checkout(
+            path,
+            True,
+            FORK_CLONE,
+            branch=branch,
+            commit=commit,
+            reused=made.reused,
+            trusted=False,
+            restored=made.restored,
+            kept=made.kept,
+        )
+
     def _existing(self, path: Path) -> Checkout | None:
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise RunnerError(
@@ -267,6 +341,7 @@ class Workspaces:
         shared = self._shared_path(repository)
         refspecs = [BRANCHES, *_pull_refspec(pull_request)]
         if shared.exists():
+            reset_clone(shared, url=self._url(repository), bare=True)  # what a session planted
             self._git.out("fetch", "--quiet", "--prune", "origin", *refspecs, cwd=shared)
             return shared
         # Made aside and moved into place whole, so a killed fetch leaves no clone without refs.
@@ -275,7 +350,7 @@ class Workspaces:
         partial.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._git.out("init", "--quiet", "--bare", str(partial), cwd=None)
-            self._git.out("remote", "add", "origin", self._url(repository), cwd=partial)
+            reset_clone(partial, url=self._url(repository), bare=True)  # no template hooks
             self._git.out("fetch", "--quiet", "origin", *refspecs, cwd=partial)
             partial.rename(shared)
         finally:
@@ -306,6 +381,8 @@ class Workspaces:
             self._git.out("worktree", "remove", "--force", str(path), cwd=common)
             if shared:  # never in an operator checkout: its other worktrees are not ours
                 self._git.out("worktree", "prune", cwd=common)
+                # What the session could have planted in the shared git directory goes too.
+                reset_clone(common, url=self._url(f"{common.parent.name}/{common.stem}"), bare=True)
 
     def _removable(self, path: Path) -> bool:
         if path.is_symlink() or not path.is_dir() or not SESSION_NAME.fullmatch(path.name):
