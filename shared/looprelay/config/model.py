@@ -469,10 +469,11 @@ class SweeperConfig(_Section):
         "130 deliveries a second); a run cut short lists the same stretch again next time.",
     )
     max_run_seconds: float = Field(
-        default=480.0,
+        default=240.0,
         gt=0,
         description="A run stops listing and asking after this long and leaves the rest for "
-        "the next; keep it under the sweeper function's timeout.",
+        "the next, and no call it makes outlasts it; keep it 30 s under the sweeper "
+        "function's timeout (300 s in infra/).",
     )
 
 
