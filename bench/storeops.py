@@ -313,7 +313,13 @@ def _build_counted(config: Config, counts: OpCounts) -> tuple[Any, list[Any]]:
         setattr(adapters, name, kept)
     uninstall = install(counts)
     try:
-        return build_runner_api(config, os.environ), listeners
+        built = build_runner_api(config, os.environ)
+        # Trees since the listeners open in the serving process return them unstarted,
+        # beside the API; earlier trees return the API, listening already.
+        if hasattr(built, "listeners"):
+            built.start()
+            built = built.api
+        return built, listeners
     finally:
         uninstall()
         for name, opener in restore:

@@ -58,7 +58,11 @@ class _Served(Response):
 
 
 # Build the deployed target's application at import, so a misconfigured deployment fails to
-# start (and the rollout stops) instead of answering 500 to every delivery.
+# start (and the rollout stops) instead of answering 500 to every delivery. Building opens no
+# connection and starts no thread: this runs in gunicorn's arbiter, before it forks the worker
+# that serves, and the runner API's listeners start in that worker on its first request
+# (looprelay.app.asgi.StartInServingProcess). What loaded is frozen before the fork, so the
+# worker shares those pages instead of copying them as the collector would touch them.
 if os.environ.get("FUNCTION_TARGET") in ("webhook", "worker", "runners", "sweeper"):
     _app(os.environ["FUNCTION_TARGET"])
 

@@ -25,6 +25,7 @@ pytest_plugins = [
     "tests.fake_github",
     "tests.fake_harness",
     "tests.cloud_rig",
+    "tests.deployed_functions",
 ]
 
 FUZZ_FACTOR = 20

@@ -516,3 +516,54 @@ class TestCommandLine:
 
         assert result.returncode == 1
         assert "github.appId and github.privateKeyEnv" in result.stderr
+
+
+class _CutOff(BaseException):
+    """The platform ending the run at its timeout: nothing after it runs."""
+
+
+class _CutOffAfter:
+    """The ``GitHub`` port of ``inner``, whose run is cut off as it asks for redelivery
+    number ``cut + 1``."""
+
+    def __init__(self, inner: GitHubRest, cut: int) -> None:
+        self._inner, self._left = inner, cut
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def redeliver(self, *, delivery_id: int) -> None:
+        if self._left == 0:
+            raise _CutOff
+        self._left -= 1
+        self._inner.redeliver(delivery_id=delivery_id)
+
+
+class TestACutOffRun:
+    def test_the_next_run_resumes_after_the_last_redelivery_it_made(
+        self, github: GitHubRest, store: SqliteStore, fake_github: FakeGitHub
+    ) -> None:
+        fake_github.app_deliveries = [
+            _attempt(n, f"g{n}", ago=timedelta(minutes=60 - n)) for n in range(1, 6)
+        ]
+        with pytest.raises(_CutOff):
+            sweep(_CutOffAfter(github, cut=2), store, FixedClock())
+        assert fake_github.redelivered == [1, 2]
+        assert store.list_events(name=SWEPT_EVENT) == []
+
+        report = sweep(github, store, FixedClock())
+
+        # Listed back to the oldest not asked for (g3), not to the start of GitHub's window.
+        assert report.since == NOW - timedelta(minutes=57)
+        assert fake_github.redelivered[2:] == [3, 4, 5]
+        assert report.left == 0
+
+
+def test_the_time_budget_ends_before_the_sweeper_function_is_cut_off() -> None:
+    from looprelay.service.sweeper import FINISH_SECONDS
+    from tests.infra.test_terraform import _Eval, _infra
+
+    functions = _Eval().value(_infra()["locals"]["functions"])
+    timeout = functions["sweeper"]["timeout_seconds"]
+
+    assert SweeperConfig().max_run_seconds + FINISH_SECONDS <= timeout

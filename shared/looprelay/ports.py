@@ -293,6 +293,11 @@ class DispatchFeed(Protocol):
         None while the feed is not live: the caller must then look at the store itself."""
         ...
 
+    def start(self) -> None:
+        """Start listening in this process (the one that serves: never before a fork);
+        once a process, a second call does nothing."""
+        ...
+
     def close(self) -> None:
         """Stop listening; :meth:`open_dispatches` answers None from then on."""
         ...
@@ -378,6 +383,12 @@ class RunnerDirectory(Protocol):
         """Return the runner as last pushed; None when the directory cannot vouch for it (not
         listening, or not pushed a runner of that id, or pushed it revoked): the caller then
         asks the ``RunnerRegistry``. Its ``last_seen_at`` may be older than the registry's."""
+        ...
+
+    def start(self) -> None:
+        """Start listening in this process (the one that serves: never before a fork);
+        once a process, a second call does nothing. Until its first push in this process,
+        :meth:`find` vouches for nobody."""
         ...
 
     def close(self) -> None:

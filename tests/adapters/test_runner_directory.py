@@ -8,6 +8,9 @@ Served by ``tests/cloud_rig.py``.
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -180,3 +183,42 @@ def test_until_the_directory_listens_choosing_reads_the_runners_asked_about(
 
 def _status(response: requests.Response, expected: int) -> None:
     assert response.status_code == expected, response.text
+
+
+def test_a_process_forked_from_a_listening_one_vouches_for_nobody(cloud: Cloud) -> None:
+    # gunicorn forks its worker from the arbiter that built the app: a copy of the
+    # directory there would hold a result nothing updates (a revoked runner still in it).
+    runner = cloud.runner("a")
+    assert cloud.directory.find(runner.runner_id) is not None
+    assert cloud.feed.open_dispatches() is not None
+
+    in_child = _in_a_forked_child(
+        lambda: (
+            cloud.directory.find(runner.runner_id) is None and cloud.feed.open_dispatches() is None
+        )
+    )
+
+    assert in_child is True
+    assert cloud.directory.find(runner.runner_id) is not None  # the parent still listens
+
+
+def _in_a_forked_child(check: Callable[[], bool]) -> bool | None:
+    """What ``check`` answers in a forked child (which touches no gRPC and exits at once),
+    or None when it did not answer within ``WOKEN_WITHIN``."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then leave without running any cleanup
+        try:
+            os.write(write, b"1" if check() else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], WOKEN_WITHIN)
+        answer = os.read(read, 1) if ready else b""
+    finally:
+        os.close(read)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return {b"1": True, b"0": False}.get(answer)

@@ -1,8 +1,9 @@
 """The Cloud Functions source archive: reproducible, complete, and deployable.
 
 ``functions/build.sh`` builds it; here it is built twice, unpacked, its requirements installed
-into a clean venv (no looprelay, no project venv on the path), and every entry point served
-through the real ``functions-framework`` command, as Cloud Functions runs it.
+into a clean venv (no looprelay, no project venv on the path; cached between sessions), and
+every entry point served through the real ``functions-framework`` command, as Cloud Functions
+runs it (``tests/deployed_functions.py``).
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import tomllib
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,44 +27,29 @@ import requests
 
 from looprelay.core.signature import sign_body
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
+from tests.deployed_functions import START_SECONDS, Deployed, Served, build_archive
 from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
 from tests.samples import payload_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "functions" / "build.sh"
 ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper")
 SECRET = "archive-test-secret"
-START_SECONDS = 60.0
-INSTALL_SECONDS = 600
 INSTALL_BUDGET_SECONDS = 180
-# What the surrounding test run sets that a deployed function would not have.
-_FOREIGN_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "FUNCTION_TARGET", "LOOPRELAY_CONFIG")
-
-
-def _build(out: Path, **env: str) -> Path:
-    subprocess.run(
-        ["bash", str(BUILD), str(out)],
-        check=True,
-        capture_output=True,
-        env=os.environ | {"PYTHON": sys.executable} | env,
-        timeout=60,
-    )
-    return out
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The archive, built once for the module."""
-    return _build(tmp_path_factory.mktemp("archive") / "functions-source.zip")
+@pytest.fixture
+def archive(functions_archive: Path) -> Path:
+    """The archive, built once a session (``tests/deployed_functions.py``)."""
+    return functions_archive
 
 
 class TestBuild:
     def test_two_builds_are_byte_identical(self, archive: Path, tmp_path: Path) -> None:
-        assert _sha256(_build(tmp_path / "again.zip")) == _sha256(archive)
+        assert _sha256(build_archive(tmp_path / "again.zip")) == _sha256(archive)
 
     def test_file_times_and_the_checkout_path_do_not_change_a_byte(
         self, archive: Path, tmp_path: Path
@@ -115,7 +99,9 @@ class TestBuild:
         assert {info.external_attr >> 16 for info in infos} == {0o100644}
 
         epoch = 1_700_000_000
-        with zipfile.ZipFile(_build(tmp_path / "dated.zip", SOURCE_DATE_EPOCH=str(epoch))) as z:
+        with zipfile.ZipFile(
+            build_archive(tmp_path / "dated.zip", SOURCE_DATE_EPOCH=str(epoch))
+        ) as z:
             assert {info.date_time for info in z.infolist()} == {time.gmtime(epoch)[:6]}
 
     def test_requirements_are_the_project_dependencies(self) -> None:
@@ -126,115 +112,8 @@ class TestBuild:
         assert required == set(project["dependencies"])
 
 
-@dataclass(frozen=True)
-class Deployed:
-    """The unpacked archive and a clean venv holding only its requirements."""
-
-    source: Path
-    bin: Path
-    install_seconds: float
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """The environment a deployed function gets: ours minus the test run's Python setup."""
-        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_ENV}
-        env = {k: v for k, v in env.items() if not k.startswith("LOOPRELAY__")}
-        return env | {"PATH": f"{self.bin}{os.pathsep}{env.get('PATH', '')}"} | extra
-
-
-@pytest.fixture(scope="module")
-def deployed(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
-    """Unpack the archive and install its requirements.txt into a fresh venv, once a module.
-
-    The install uses pip's cache, so reruns download nothing; the venv has no pip of its own
-    (the test run's pip installs into it with ``--python``), which saves ensurepip's seconds.
-    """
-    base = tmp_path_factory.mktemp("deployed")
-    source, venv = base / "source", base / "venv"
-    with zipfile.ZipFile(archive) as opened:
-        opened.extractall(source)
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
-    requirements = str(source / "requirements.txt")
-    result = subprocess.run(
-        [*install, "--quiet", "--no-compile", "--disable-pip-version-check", "-r", requirements],
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_SECONDS,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return Deployed(source, venv / "bin", install_seconds=time.monotonic() - started)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@dataclass
-class Served:
-    """One ``functions-framework`` process serving one target."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-@pytest.fixture
-def serve(deployed: Deployed, tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """Start ``functions-framework --target T`` from the unpacked archive, as Cloud Functions
-    does (``FUNCTION_TARGET`` set too); every process started is stopped after the test."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(target: str, **env: str) -> Served:
-        port = _free_port()
-        log = tmp_path / f"{target}-{len(started)}.log"
-        command = ["functions-framework", "--source", "main.py", "--target", target]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                [*command, "--host", "127.0.0.1", "--port", str(port)],
-                cwd=deployed.source,
-                env=deployed.env(FUNCTION_TARGET=target, **env),
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        started.append(process)
-        return Served(process, f"http://127.0.0.1:{port}", log)
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-
-
-def _wait_until_listening(served: Served) -> None:
-    port = int(served.url.rsplit(":", 1)[1])
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if served.process.poll() is not None:
-            pytest.fail(f"functions-framework exited early:\n{served.output()[-3000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    pytest.fail(f"functions-framework did not listen within {START_SECONDS} s:\n{served.output()}")
-
-
 def _post(served: Served, path: str = "/", **kwargs: object) -> requests.Response:
-    _wait_until_listening(served)
+    served.wait_until_listening()
     return requests.post(served.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
 
 
@@ -353,7 +232,8 @@ class TestFromACleanVenv:
 
 def test_the_clean_install_stays_within_its_budget(deployed: Deployed) -> None:
     """Every requirement installs from a wheel: about 15 s from pip's cache, about 60 s when
-    it downloads everything. A requirement built from source would take minutes. ``pytest -rP``
-    shows the figure."""
+    it downloads everything. A requirement built from source would take minutes. The venv is
+    cached by its requirements, so the figure is of the install that made it, redone when they
+    change. ``pytest -rP`` shows it."""
     print(f"clean venv: pip install -r requirements.txt took {deployed.install_seconds:.1f} s")
     assert deployed.install_seconds < INSTALL_BUDGET_SECONDS

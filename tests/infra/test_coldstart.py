@@ -169,3 +169,22 @@ class TestTheDeployedEntryPoint:
             LOOPRELAY__queue__backend="cloudtasks",
             LOOPRELAY__queue__cloudtasks=json.dumps(queue),
         )
+
+    def test_building_the_runner_api_starts_no_thread(self) -> None:
+        # functions-framework imports main in gunicorn's arbiter, which forks the worker that
+        # serves: a listener's thread or gRPC stream started here would live in the wrong
+        # process (issue 22). The listeners start on the worker's first request.
+        code = (
+            "import threading\n"
+            "import main\n"
+            "assert 'looprelay.adapters.firestore.listener' in sys.modules, 'not built'\n"
+            "assert threading.active_count() == 1, threading.enumerate()\n"
+        )
+
+        _modules_after(
+            f"import sys\n{code}",
+            FUNCTION_TARGET="runners",
+            FIRESTORE_EMULATOR_HOST="127.0.0.1:9",  # nothing may be sent while building
+            LOOPRELAY__store__backend='"firestore"',
+            LOOPRELAY__store__firestore__project='"demo-coldstart"',
+        )

@@ -88,9 +88,11 @@ def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemSt
 
 
 def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> DispatchFeed | None:
-    """Return the store's change feed of open dispatches, listening already and calling
-    ``on_change`` after each change; None when the store pushes none (SQLite: ``looprelay
-    up``'s router rings its polls itself). Raises ``ConfigError`` without credentials."""
+    """Return the store's change feed of open dispatches, calling ``on_change`` after each
+    change once started, and not started: its thread and stream must be opened by the process
+    that serves (``start()``, see ``app.asgi.build_asgi``). None when the store pushes none
+    (SQLite: ``looprelay up``'s router rings its polls itself). Raises ``ConfigError`` without
+    credentials."""
     if config.store.backend != "firestore":
         return None
     from looprelay.adapters.firestore.dispatch_feed import FirestoreDispatchFeed
@@ -99,7 +101,8 @@ def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> Disp
 
 
 def open_runner_directory(config: Config) -> RunnerDirectory | None:
-    """Return the store's directory of runners, listening already; None when the store
+    """Return the store's directory of runners, not started: the process that serves opens
+    its listener (``start()``), and until then it vouches for nobody. None when the store
     pushes none (SQLite: a read is cheap, so the runner API reads). Raises ``ConfigError``
     without credentials."""
     if config.store.backend != "firestore":

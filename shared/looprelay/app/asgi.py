@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,11 +20,12 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from looprelay.app.messages import Request, Response, json_response
 
@@ -129,8 +132,17 @@ class _Served:
         await _answer(scope, receive, send, response)
 
 
-def build_asgi(endpoints: Sequence[Endpoint]) -> Starlette:
-    """The application serving ``endpoints``: exact paths, then prefixes; 404 elsewhere."""
+def build_asgi(
+    endpoints: Sequence[Endpoint], *, start: Sequence[Callable[[], None]] = ()
+) -> Starlette:
+    """The application serving ``endpoints``: exact paths, then prefixes; 404 elsewhere.
+
+    ``start`` is called in the process that serves, once, before its first request (or at
+    the ASGI lifespan's startup where the server sends one): what opens threads or gRPC
+    streams goes there, never where the application is built. functions-framework builds it
+    when it imports the functions, in gunicorn's arbiter, which serves nothing and forks the
+    worker that does; and it sends our application no lifespan, since its own routes call it.
+    """
     routes = [
         Route(
             endpoint.path + ("{rest:path}" if _is_prefix(endpoint.path) else ""),
@@ -139,7 +151,39 @@ def build_asgi(endpoints: Sequence[Endpoint]) -> Starlette:
         )
         for endpoint in endpoints
     ]
-    return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
+    middleware = [Middleware(StartInServingProcess, start=tuple(start))] if start else []
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={404: _not_found, 405: _not_found},
+    )
+
+
+class StartInServingProcess:
+    """ASGI middleware: calls each of ``start`` once in each process that serves, before
+    the first request (or lifespan event) it passes on. A process forked after a start (the
+    calls already made in its parent) starts them again, in itself."""
+
+    def __init__(self, app: ASGIApp, *, start: Sequence[Callable[[], None]]) -> None:
+        self._app = app
+        self._start = start
+        self._started_in: int | None = None
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._started_in != os.getpid():
+            self._start_here()
+        await self._app(scope, receive, send)
+
+    def _start_here(self) -> None:
+        # Each call only starts a thread, so the loop is held for microseconds.
+        with self._lock:
+            if self._started_in == os.getpid():
+                return
+            for start in self._start:
+                start()
+            self._started_in = os.getpid()
+            log.info("started %d listener(s) in serving process %d", len(self._start), os.getpid())
 
 
 def _is_prefix(path: str) -> bool:

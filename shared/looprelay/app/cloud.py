@@ -8,12 +8,14 @@ webhook must stay light on cold start (no Firestore client, no Jinja2, no tmux);
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from looprelay.config.model import Config, load_config
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:
+    from looprelay.ports import DispatchFeed, RunnerDirectory
     from looprelay.service.ingress import Ingress
     from looprelay.service.runners import RunnerApi
     from looprelay.service.status import StatusReader
@@ -86,11 +88,31 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     )
 
 
-def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
+@dataclass(frozen=True)
+class CloudRunnerApi:
+    """The runner API's handler and the listeners it reads, which are not started:
+    :meth:`start` them in the process that serves (``app.asgi.build_asgi``'s ``start``)."""
+
+    api: RunnerApi
+    listeners: tuple[DispatchFeed | RunnerDirectory, ...]
+
+    def start(self) -> None:
+        """Open each listener in this process (once a process)."""
+        for listener in self.listeners:
+            listener.start()
+
+
+def build_runner_api(config: Config, environ: Mapping[str, str]) -> CloudRunnerApi:
     """The runner API's handler, on the configured store. No signal crosses from the worker
     function, so one change feed per instance (a Firestore listener) wakes the waiting polls
     when open dispatches change; without one, polls look again every second. A second
-    listener holds the runners, so authenticating a poll or a heartbeat reads nothing."""
+    listener holds the runners, so authenticating a poll or a heartbeat reads nothing.
+
+    Neither listens yet, and no client has connected: building happens where
+    functions-framework imports the functions, before gunicorn forks the process that serves.
+    Until the listeners are started there, polls look at the store and every runner is
+    authenticated by a read (the directory vouches for nobody).
+    """
     from looprelay.app.adapters import (
         github_client,
         open_dispatch_feed,
@@ -103,7 +125,8 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
 
     waker = DispatchWaker()
     feed = open_dispatch_feed(config, on_change=waker.notify)
-    return wire(
+    directory = open_runner_directory(config)
+    api = wire(
         config,
         store=open_store(config, data_dir=None),
         clock=system_clock(),
@@ -111,8 +134,9 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> RunnerApi:
         github=github_client(config, environ),
         waker=waker if feed is not None else None,
         feed=feed,
-        directory=open_runner_directory(config),
+        directory=directory,
     )
+    return CloudRunnerApi(api, tuple(x for x in (feed, directory) if x is not None))
 
 
 def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:

@@ -160,8 +160,12 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
     if function == "runners":
         from looprelay.app.longpoll import runner_api_handler
 
-        handler = runner_api_handler(cloud.build_runner_api(config, environ), blocking)
-        return build_asgi([Endpoint(RUNNER_PREFIX, handler, _runner_max_body_bytes())])
+        runner_api = cloud.build_runner_api(config, environ)
+        handler = runner_api_handler(runner_api.api, blocking)
+        return build_asgi(
+            [Endpoint(RUNNER_PREFIX, handler, _runner_max_body_bytes())],
+            start=[runner_api.start],
+        )
     if function == "webhook":
         from looprelay.app.ingress_http import size_refusal, webhook_handler
 

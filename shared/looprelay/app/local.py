@@ -7,6 +7,7 @@ import errno
 import logging
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from looprelay.app.compose import WEBHOOK_PATH, LocalApp, build_app, url_host
@@ -49,7 +50,9 @@ class LocalStack:
                 self.local.app,
                 host=config.server.host,
                 port=config.server.port,
-                limits=limits,
+                limits=replace(
+                    limits, max_connections=config.server.max_connections or limits.max_connections
+                ),
                 listener=listener,
             )
         except BaseException:

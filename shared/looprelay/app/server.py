@@ -32,9 +32,8 @@ from looprelay.app.watchdog import Watchdog
 
 log = logging.getLogger("looprelay.server")
 
-MAX_CONNECTIONS = 2048
-"""Connections open at once (fewer if the descriptor limit says so); past it the oldest idle
-one is closed for a new one, or the new one is if none is idle."""
+FD_CEILING = 1_048_576
+"""Where the descriptor limit is raised to when its hard limit is unlimited."""
 KEEP_ALIVE_SECONDS = 15
 """A connection with no request under way is closed after this long without a byte."""
 HEAD_SECONDS = 10.0
@@ -49,14 +48,19 @@ GRACEFUL_SECONDS = 5.0
 """On stop, how long requests under way (a long poll) may finish before they are cancelled."""
 FD_RESERVE = 256
 """Descriptors kept free of connections: the databases, the log, the process' own pipes."""
-_FD_WANTED = MAX_CONNECTIONS + FD_RESERVE
+MIN_CONNECTIONS = 16
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one server allows (the module's constants; tests pass smaller ones)."""
+    """What one server allows (the module's constants; tests pass smaller ones).
 
-    max_connections: int = MAX_CONNECTIONS
+    ``max_connections``: connections open at once (``server.maxConnections``); None, as many
+    as the descriptor limit allows once raised to its hard limit (``FD_RESERVE`` kept
+    free). Past it the oldest idle connection is closed for a new one, or the new one is if
+    none is idle."""
+
+    max_connections: int | None = None
     keep_alive_seconds: int = KEEP_ALIVE_SECONDS
     head_seconds: float = HEAD_SECONDS
     max_head_bytes: int = MAX_HEAD_BYTES
@@ -171,7 +175,7 @@ class LocalServer:
         return 0 if guard is None else sum(not c.idle for c in list(guard.open))
 
     def _new_server(self) -> _Uvicorn:
-        cap = min(self._limits.max_connections, _connection_cap())
+        cap = connection_cap(self._limits.max_connections)
         self._guard = ConnectionGuard(
             max_connections=cap,
             head_seconds=self._limits.head_seconds,
@@ -234,26 +238,30 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _connection_cap() -> int:
-    """``MAX_CONNECTIONS``, or fewer when the descriptor limit cannot be raised to fit it
-    (an ``accept`` at the limit fails and is retried; connections must stay under it)."""
+def connection_cap(wanted: int | None) -> int:
+    """How many connections may be open at once: ``wanted``, or with None as many as the
+    descriptor limit (``RLIMIT_NOFILE``) allows; the soft limit is raised toward the hard one
+    to fit either (an ``accept`` at the limit fails and is retried, so connections must stay
+    under it). Logs a warning when the limit allows fewer than ``wanted``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < _FD_WANTED:
-        raised = _FD_WANTED if hard == resource.RLIM_INFINITY else min(hard, _FD_WANTED)
+    target = FD_CEILING if wanted is None else wanted + FD_RESERVE
+    if hard != resource.RLIM_INFINITY:
+        target = min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-    if soft == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS
-    cap = min(MAX_CONNECTIONS, soft - FD_RESERVE)
-    if cap < MAX_CONNECTIONS:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    allowed = FD_CEILING if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
+    cap = allowed if wanted is None else min(wanted, allowed)
+    if wanted is not None and cap < wanted:
         log.warning(
-            "the descriptor limit (%d) allows %d connections, not %d; raise `ulimit -n`",
+            "the descriptor limit (%d) allows %d connections, not server.maxConnections %d; "
+            "raise `ulimit -n`",
             soft,
-            max(cap, 16),
-            MAX_CONNECTIONS,
+            max(cap, MIN_CONNECTIONS),
+            wanted,
         )
-    return max(cap, 16)
+    return max(cap, MIN_CONNECTIONS)
 
 
 def _then(on_stopping: Callable[[], None], server: _Uvicorn) -> None:

@@ -477,10 +477,11 @@ class SweeperConfig(_Section):
         "130 deliveries a second); a run cut short lists the same stretch again next time.",
     )
     max_run_seconds: float = Field(
-        default=480.0,
+        default=240.0,
         gt=0,
         description="A run stops listing and asking after this long and leaves the rest for "
-        "the next; keep it under the sweeper function's timeout.",
+        "the next, and no call it makes outlasts it; keep it 30 s under the sweeper "
+        "function's timeout (300 s in infra/).",
     )
 
 
@@ -489,6 +490,13 @@ class ServerConfig(_Section):
 
     host: str = Field(default="127.0.0.1", description="Address to bind; loopback by default.")
     port: int = Field(default=8484, ge=0, le=65535, description="Port to bind (0 = any free).")
+    max_connections: int | None = Field(
+        default=None,
+        ge=16,
+        description="Most connections open at once (each waiting agent poll holds one). Unset: "
+        "as many as the descriptor limit (`ulimit -n`, raised to its hard limit) allows, less "
+        "256 kept for files.",
+    )
     operator_token_env: str | None = Field(
         default=None,
         description="Name of an environment variable holding a token (at least 16 characters) "

@@ -52,11 +52,10 @@ class FirestoreDispatchFeed(ListenerBacked[DispatchRecord]):
     def from_config(
         cls, cfg: FirestoreConfig, *, on_change: Callable[[], None]
     ) -> FirestoreDispatchFeed:
-        """Open the database ``store.firestore`` names and start listening; ``ConfigError``
-        without credentials."""
-        feed = cls(open_client(cfg), on_change=on_change, collection_prefix=cfg.collection_prefix)
-        feed.start()
-        return feed
+        """The feed on the database ``store.firestore`` names, not listening yet:
+        :meth:`start` it in the process that serves (until then polls look at the store).
+        Raises ``ConfigError`` without credentials."""
+        return cls(open_client(cfg), on_change=on_change, collection_prefix=cfg.collection_prefix)
 
     def open_dispatches(self) -> Sequence[DispatchRecord] | None:
         """See ``DispatchFeed.open_dispatches``. None also while a document cannot be read

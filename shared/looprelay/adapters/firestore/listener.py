@@ -8,11 +8,18 @@ or left the result (at least one for the first). If the stream ends for good (th
 library already resumes a stream that merely broke), the result is dropped, so callers read
 the store themselves, and a new listener is opened after a backoff; its first push brings the
 whole result again.
+
+The listener's thread and its gRPC stream belong to the process that started it. A process
+forked from it (gunicorn's worker, forked from the arbiter that imported the functions) holds a
+copy of the last result that nothing updates any more, and a gRPC stream that must not be
+touched: there the listener answers None, as one not yet open, until it is started in that
+process too. So nothing is vouched for from memory that was not pushed to this very process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,18 +81,29 @@ class ListenedQuery(Generic[T]):
         self._opened = 0
         self._watch: Any = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._supervise, name=f"looprelay-{name}-listener", daemon=True
-        )
+        self._thread: threading.Thread | None = None
+        self._started_in: int | None = None
+        """The id of the process whose thread listens: the only one whose result is live."""
 
     def start(self) -> None:
-        """Open the listener (on a thread of its own, which also re-opens it)."""
-        self._thread.start()
+        """Open the listener (on a thread of its own, which also re-opens it) in this process.
+        Once a process: a second call in the process that started it does nothing."""
+        with self._lock:
+            if self._started_in == os.getpid():
+                return
+            self._started_in = os.getpid()
+            self._result = None  # pushed to the process this one was forked from, if any
+            self._watch = None
+            self._thread = threading.Thread(
+                target=self._supervise, name=f"looprelay-{self._name}-listener", daemon=True
+            )
+            self._thread.start()
 
     def current(self) -> Listened[T] | None:
-        """The result as last pushed, or None while no listener has pushed since it opened."""
+        """The result as last pushed to this process, or None while no listener of this
+        process has pushed since it opened (never started here included)."""
         with self._lock:
-            return self._result
+            return self._result if self._started_in == os.getpid() else None
 
     @property
     def reads(self) -> int:
@@ -103,13 +121,14 @@ class ListenedQuery(Generic[T]):
     def close(self) -> None:
         """Stop listening; :meth:`current` answers None from then on."""
         self._stop.set()
-        if self._thread.is_alive():
+        here = self._started_in == os.getpid()
+        if here and self._thread is not None and self._thread.is_alive():
             self._thread.join()
         with self._lock:
             self._result = None
             self._listener += 1  # a push still in flight is dropped
-        if self._watch is not None:
-            self._watch.unsubscribe()
+        if here and self._watch is not None:
+            self._watch.unsubscribe()  # another process's stream is not this one's to end
 
     def _supervise(self) -> None:
         # Keep one listener open: check it every few seconds, re-open it after a backoff

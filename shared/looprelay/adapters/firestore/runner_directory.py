@@ -46,11 +46,10 @@ class FirestoreRunnerDirectory(ListenerBacked[RunnerRecord]):
 
     @classmethod
     def from_config(cls, cfg: FirestoreConfig) -> FirestoreRunnerDirectory:
-        """Open the database ``store.firestore`` names and start listening; ``ConfigError``
-        without credentials."""
-        directory = cls(open_client(cfg), collection_prefix=cfg.collection_prefix)
-        directory.start()
-        return directory
+        """The directory on the database ``store.firestore`` names, not listening yet:
+        :meth:`start` it in the process that serves (until then :meth:`find` vouches for
+        nobody). Raises ``ConfigError`` without credentials."""
+        return cls(open_client(cfg), collection_prefix=cfg.collection_prefix)
 
     def find(self, runner_id: str) -> RunnerRecord | None:
         """See ``RunnerDirectory.find``."""
