@@ -148,6 +148,9 @@ class Plan:
         of the constant trust notices, put in the prompt above the UNTRUSTED block."""
         session = self.item.sessions.get(endpoint)
         if session is not None and session.status in LIVE_STATUSES and not spawn_fresh:
+            if head is not None and session.head != head:  # a trusted head moved, or none known
+                session = session.model_copy(update={"head": head})
+                self._set_session(session)
             prompt = self._prompt(session, spawn=False, notice=notice)
             return self._add("deliver", session, prompt)
         seq = self.item.next_seq
