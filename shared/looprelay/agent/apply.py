@@ -5,8 +5,9 @@ the two together so a restart reports instead of re-applying.
 
 Scenario (tmux), for ``spawn`` and ``deliver`` alike:
   - the session's pane is live         -> paste the prompt into it (``delivered``);
-  - it is dead or missing              -> (re)spawn it with the prompt as boot prompt,
-    ``--resume <id>`` for a deliver or a ``resume: true`` spawn (``spawned``, ``resumed``);
+  - it is dead or missing              -> (re)spawn it, ``--resume <id>`` for a deliver or a
+    ``resume: true`` spawn (``spawned``, ``resumed``), then paste the prompt as its boot prompt
+    (never in argv, which any local user can read in ``/proc``);
   - the resumed harness dies within ``resume_probe_seconds`` -> spawn fresh with a new id;
   - the stored id is not a UUID        -> never passed on; fresh id, reason ``resume-failed``.
 """
@@ -149,7 +150,6 @@ class Applier:
             harness.interactive_argv,
             binary=harness.resolve_binary(d.harness),
             harness=d.harness,
-            prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
         prepared = self.preparer.prepare(d, trust=True)
@@ -173,6 +173,7 @@ class Applier:
             self.terminal.kill(name)
             self.terminal.spawn(name, cwd=cwd, argv=argv_for(session_id=fresh, resume=False))
         self._remember(d, session_id, prepared.checkout)
+        self.terminal.paste(name, d.prompt)  # waits until the harness reads its terminal
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
@@ -254,12 +255,16 @@ class Applier:
             harness=d.harness,
             session_id=session_id,
             resume=resume,
-            prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
         if local is None:  # the tree is ours even if this turn fails; no id to resume yet
             self._remember(d, "", checkout)
-        run = run_headless(argv, cwd=checkout.path, timeout_seconds=self.headless_timeout_seconds)
+        run = run_headless(
+            argv,
+            cwd=checkout.path,
+            prompt=d.prompt,
+            timeout_seconds=self.headless_timeout_seconds,
+        )
         turn = parse_turn(
             d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
         )
