@@ -2,11 +2,13 @@
 
 The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv and
 cwd when it starts, ``ready`` once its terminal is raw with bracketed paste on and its first
-screen drawn, then every chunk it reads. Marker files beside it change its behaviour
+screen drawn, then every chunk it reads; a headless turn (``-p``) records what it read on stdin
+(``stdin``), its prompt. Marker files beside it change its behaviour
 (``ignore-term``, ``exit-once``, ``draw-late``: raw a second before it draws, dropping what came
 in between, as Claude does,
 ``resume-fails``, ``headless-fail``: Claude's real "Not logged in" result with exit 1,
-``headless-hang``, and ``headless-answer``, whose text is the answer a headless turn prints).
+``headless-hang``, ``headless-hold``: a turn waits, after reading its stdin, until a ``release``
+file appears, and ``headless-answer``, whose text is the answer a headless turn prints).
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ note(event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd())
 if (HERE / "ignore-term").exists():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if "-p" in ARGV:
+    note(event="stdin", data=sys.stdin.buffer.read().decode("utf-8", "surrogateescape"))
     if (HERE / "headless-hang").exists():
         time.sleep(60)
+    if (HERE / "headless-hold").exists():
+        for _ in range(600):
+            if (HERE / "release").exists():
+                break
+            time.sleep(0.05)
     flags = ("--session-id", "--resume")
     sid = next((ARGV[i + 1] for i, a in enumerate(ARGV) if a in flags), None)
     sid = sid or "11111111-2222-4333-8444-555555555555"
@@ -147,9 +155,33 @@ class FakeHarness:
         ready = {c["pid"] for c in self.calls() if c["event"] == "ready"}
         return [start for start in self.starts() if start["pid"] in ready]
 
+    def stdin(self) -> list[str]:
+        """What each headless turn read on stdin (its prompt), in order."""
+        return [c["data"] for c in self.calls() if c["event"] == "stdin"]
+
     def received(self, pid: int) -> str:
         """Everything the fake with ``pid`` read from its terminal, in order."""
-        return "".join(c["data"] for c in self.calls() if c["event"] == "input" and c["pid"] == pid)
+        chunks = [c["data"] for c in self.calls() if c["event"] == "input" and c["pid"] == pid]
+        # A read may end inside a UTF-8 sequence: join the bytes, then decode.
+        joined = b"".join(chunk.encode("utf-8", "surrogateescape") for chunk in chunks)
+        return joined.decode("utf-8", "surrogateescape")
+
+
+def cmdlines_holding(text: str) -> dict[int, str]:
+    """Every process on the machine whose ``/proc/<pid>/cmdline`` (readable by any local
+    user) holds ``text``, with that command line; processes ending meanwhile are skipped."""
+    needle = text.encode("utf-8")
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode("utf-8", "replace")
+    return found
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from tests.gitrepos import git, operator_checkout
 from tests.samples import payload
 from tests.test_up import LOOPRELAY, UpProcess, cli
 
-PASTE_START = "\x1b[200~"
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
 
 @pytest.fixture
@@ -108,7 +108,14 @@ class TestOneMachine:
             assert tree.parent == state / "worktrees" and tree.name.startswith("loop-github-")
             assert git("rev-parse", "HEAD", cwd=tree) == git("rev-parse", "HEAD", cwd=checkout)
             assert spawned["argv"][0] == "--session-id"
-            boot_prompt = spawned["argv"][-1]
+            assert len(spawned["argv"]) == 2  # the id; the boot prompt is pasted, never in argv
+            boot_prompt = wait_until(
+                lambda: (
+                    PASTE_END in fake_harness.received(spawned["pid"])
+                    and fake_harness.received(spawned["pid"])
+                )
+            )
+            assert boot_prompt.count(PASTE_START) == 1
             assert "## Interaction mode: work-item" in boot_prompt
             assert boot_prompt.index("Interaction mode") < boot_prompt.index("UNTRUSTED")
 
@@ -122,7 +129,7 @@ class TestOneMachine:
                     and fake_harness.received(spawned["pid"])
                 )
             )
-            assert pasted.count(PASTE_START) == 1
+            assert pasted.startswith(boot_prompt) and pasted.count(PASTE_START) == 2
             assert "Second thought:" in pasted and "line two" in pasted
             assert len(fake_harness.starts()) == 1  # the same session, not a second one
 

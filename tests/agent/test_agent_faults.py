@@ -508,10 +508,10 @@ class TestOrder:
         assert [d.status for d in (spawn, first, second)] == ["succeeded"] * 3
         assert [d.result for d in (spawn, first, second)] == ["spawned", "delivered", "delivered"]
         [start] = fake_harness.starts()
-        assert start["argv"][-1] == texts[0]
-        # One paste after the other, each whole: the second began after the first one's Enter.
+        assert texts[0] not in start["argv"]  # the boot prompt is pasted, never in argv
+        # One paste after the other, each whole: the next began after the one before's Enter.
         _eventually_equal(
-            lambda: fake_harness.received(start["pid"]), _bracketed(texts[1]) + _bracketed(texts[2])
+            lambda: fake_harness.received(start["pid"]), "".join(map(_bracketed, texts))
         )
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
 
@@ -535,10 +535,10 @@ class TestParallelism:
         one, two = relay.wait_settled("dp-1-1", "dp-2-1")
         assert (one.status, two.status) == ("succeeded", "succeeded")
         assert {one.lease_holder, two.lease_holder} == {agent.runner_id}
-        assert sorted(s["argv"][-1] for s in fake_harness.starts()) == [
-            "event 1 of #1",
-            "event 1 of #2",
-        ]
+        _eventually_equal(
+            lambda: sorted(fake_harness.received(s["pid"]) for s in fake_harness.starts()),
+            [_bracketed("event 1 of #1"), _bracketed("event 1 of #2")],
+        )
 
 
 class TestKilledRunner:
@@ -713,7 +713,10 @@ class TestWedgedTmux:
         [done] = relay.wait_settled("dp-1-2")
         assert (done.status, done.result) == ("succeeded", "delivered")
         [start] = fake_harness.starts()
-        _eventually_equal(lambda: fake_harness.received(start["pid"]), _bracketed("still there?"))
+        _eventually_equal(
+            lambda: fake_harness.received(start["pid"]),
+            _bracketed("event 1 of #1") + _bracketed("still there?"),
+        )
 
 
 class TestCrashBetweenApplyAndReport:
@@ -734,7 +737,8 @@ class TestCrashBetweenApplyAndReport:
             session_status="live",
             session_runner=box.runner_id,
         )
-        _eventually_equal(lambda: fake_harness.received(pid), _bracketed(text))
+        boot = _bracketed("event 1 of #1")
+        _eventually_equal(lambda: fake_harness.received(pid), boot + _bracketed(text))
         assert relay.stall.caught.wait(DEADLINE), "the result was not reported"
         box.kill()
         relay.stall.release(deliver=False)  # the result never reaches the desk
@@ -748,7 +752,7 @@ class TestCrashBetweenApplyAndReport:
         # Pasted once: a later paste arrives after anything pasted before it.
         relay.seed(1, relay.dispatch(1, 3, kind="deliver", prompt="sentinel"))
         _eventually_equal(
-            lambda: fake_harness.received(pid), _bracketed(text) + _bracketed("sentinel")
+            lambda: fake_harness.received(pid), boot + _bracketed(text) + _bracketed("sentinel")
         )
         relay.wait_settled("dp-1-3")
         _eventually_equal(lambda: len(fake_harness.starts()), 1)

@@ -24,6 +24,10 @@ PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 FLAG_SHAPED = "--dangerously-skip-permissions"
 
 
+BOOT = make_dispatch().prompt
+"""The prompt a dispatch carries unless a test names one."""
+
+
 def _bracketed(text: str) -> str:
     return PASTE_START + text.replace("\n", "\r") + PASTE_END + "\r"
 
@@ -57,13 +61,11 @@ class TestSpawn:
         assert (tree / ".claude" / "skills" / "looprelay" / "SKILL.md").is_file()
         assert git("status", "--porcelain", cwd=tree) == ""  # the skill ignores itself
         (start,) = fake_harness.wait_ready()
-        assert start["argv"] == [
-            "--session-id",
-            SESSION_ID,
-            "--model",
-            "opus",
-            "# Issue 15\nfix the bug",
-        ]
+        assert start["argv"] == ["--session-id", SESSION_ID, "--model", "opus"]
+        # The boot prompt is never in argv: it is pasted once the harness is up.
+        wait_until(
+            lambda: fake_harness.received(start["pid"]) == _bracketed("# Issue 15\nfix the bug")
+        )
         assert start["cwd"] == str(tree)
         assert git("rev-parse", "HEAD", cwd=tree) == git("rev-parse", "HEAD", cwd=rig.checkout)
         assert rig.ledger.session(SESSION) == LocalSession(
@@ -89,9 +91,10 @@ class TestSpawn:
             SESSION,
             SESSION_ID,
         )
-        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed(text))
-        time.sleep(0.1)  # nothing more arrives: one paste, one Enter
-        assert fake_harness.received(start["pid"]) == _bracketed(text)
+        pasted = _bracketed(BOOT) + _bracketed(text)
+        wait_until(lambda: fake_harness.received(start["pid"]) == pasted)
+        time.sleep(0.1)  # nothing more arrives: one paste, one Enter each
+        assert fake_harness.received(start["pid"]) == pasted
         assert len(fake_harness.starts()) == 1
 
     def test_a_spawn_that_finds_the_session_live_delivers_into_it(
@@ -101,7 +104,8 @@ class TestSpawn:
         (start,) = fake_harness.wait_ready()
         result = rig.applier.apply(make_dispatch(prompt="again", resume=True))
         assert result.status == "delivered"
-        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("again"))
+        pasted = _bracketed(BOOT) + _bracketed("again")
+        wait_until(lambda: fake_harness.received(start["pid"]) == pasted)
         assert len(fake_harness.starts()) == 1
 
     def test_a_pull_request_endpoint_gets_a_workspace_directory(
@@ -178,7 +182,8 @@ class TestRespawn:
             "",
         )
         (start,) = fake_harness.wait_ready()
-        assert start["argv"] == ["--resume", SESSION_ID, "--model", "opus", " -v next event"]
+        assert start["argv"] == ["--resume", SESSION_ID, "--model", "opus"]
+        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("-v next event"))
 
     def test_an_unresumable_conversation_falls_back_to_a_fresh_session(
         self, rig: Rig, fake_harness: FakeHarness
@@ -193,7 +198,8 @@ class TestRespawn:
             "resume-failed",
         )
         (start,) = fake_harness.wait_ready()
-        assert start["argv"] == ["--session-id", FRESH_ID, "--model", "opus", "hello"]
+        assert start["argv"] == ["--session-id", FRESH_ID, "--model", "opus"]
+        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("hello"))
         local = rig.ledger.session(SESSION)
         assert local is not None and local.session_id == FRESH_ID
 
@@ -346,11 +352,11 @@ class TestHeadless:
         second = rig.applier.apply(make_dispatch(runner_kind="process", kind="deliver", seq=2))
         assert (second.status, second.resumed) == ("done", True)
         argvs = [start["argv"] for start in fake_harness.starts()]
-        assert argvs[0] == [
-            *("-p", "--output-format", "json", "--session-id", SESSION_ID),
-            *("--model", "opus", " -- go"),
+        assert argvs == [
+            ["-p", "--output-format", "json", "--session-id", SESSION_ID, "--model", "opus"],
+            ["-p", "--output-format", "json", "--resume", SESSION_ID, "--model", "opus"],
         ]
-        assert argvs[1][:6] == ["-p", "--output-format", "json", "--resume", SESSION_ID, "--model"]
+        assert fake_harness.stdin() == ["-- go", BOOT]  # the prompts, on stdin only
         assert {start["cwd"] for start in fake_harness.starts()} == {str(rig.workspace / SESSION)}
 
     def test_the_answer_is_the_reply_whole_however_long(

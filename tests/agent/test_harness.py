@@ -16,32 +16,18 @@ FLAG_SHAPED = "--dangerously-skip-permissions"
 
 class TestInteractiveArgv:
     @pytest.mark.parametrize(
-        ("resume", "prompt", "expected"),
+        ("resume", "expected"),
         [
-            (False, "fix it", ["/bin/claude", "--session-id", SID, "--model", "opus", "fix it"]),
-            (True, "fix it", ["/bin/claude", "--resume", SID, "--model", "opus", "fix it"]),
-            (
-                False,
-                "# Issue 15",
-                ["/bin/claude", "--session-id", SID, "--model", "opus", "# Issue 15"],
-            ),
-            (
-                False,
-                "--help me",
-                ["/bin/claude", "--session-id", SID, "--model", "opus", " --help me"],
-            ),
-            (False, "", ["/bin/claude", "--session-id", SID, "--model", "opus"]),
+            (False, ["/bin/claude", "--session-id", SID, "--model", "opus"]),
+            (True, ["/bin/claude", "--resume", SID, "--model", "opus"]),
         ],
     )
-    def test_flags_come_first_and_the_prompt_last(
-        self, resume: bool, prompt: str, expected: list[str]
-    ) -> None:
+    def test_flags_only_the_prompt_is_pasted_later(self, resume: bool, expected: list[str]) -> None:
         argv = harness.interactive_argv(
             binary="/bin/claude",
             harness="claude",
             session_id=SID,
             resume=resume,
-            prompt=prompt,
             extra=["--model", "opus"],
         )
         assert argv == expected
@@ -54,15 +40,9 @@ class TestInteractiveArgv:
     ) -> None:
         with pytest.raises(RunnerError) as caught:
             harness.interactive_argv(
-                binary="claude", harness="claude", session_id=session_id, resume=True, prompt="p"
+                binary="claude", harness="claude", session_id=session_id, resume=True
             )
         assert caught.value.reason == "invalid-session-id"
-
-    def test_a_prompt_argv_cannot_carry_is_made_safe(self) -> None:
-        argv = harness.interactive_argv(
-            binary="c", harness="claude", session_id=SID, resume=False, prompt="a\x00b\ud800c"
-        )
-        assert argv[-1] == "ab?c"
 
     def test_cursor_agent_cannot_be_hosted(self) -> None:
         with pytest.raises(RunnerError) as caught:
@@ -71,7 +51,6 @@ class TestInteractiveArgv:
                 harness="cursor-agent",
                 session_id=SID,
                 resume=False,
-                prompt="p",
             )
         assert caught.value.reason == "harness-unsupported"
 
@@ -84,20 +63,20 @@ class TestHeadlessArgv:
                 "claude",
                 SID,
                 False,
-                ["c", "-p", "--output-format", "json", "--session-id", SID, "-x", "go"],
+                ["c", "-p", "--output-format", "json", "--session-id", SID, "-x"],
             ),
             (
                 "claude",
                 SID,
                 True,
-                ["c", "-p", "--output-format", "json", "--resume", SID, "-x", "go"],
+                ["c", "-p", "--output-format", "json", "--resume", SID, "-x"],
             ),
-            ("cursor-agent", None, False, ["c", "-p", "--output-format", "json", "-x", "go"]),
+            ("cursor-agent", None, False, ["c", "-p", "--output-format", "json", "-x"]),
             (
                 "cursor-agent",
                 SID,
                 True,
-                ["c", "-p", "--output-format", "json", "--resume", SID, "-x", "go"],
+                ["c", "-p", "--output-format", "json", "--resume", SID, "-x"],
             ),
         ],
     )
@@ -109,10 +88,23 @@ class TestHeadlessArgv:
             harness=name,
             session_id=session_id,
             resume=resume,
-            prompt="go",
             extra=["-x"],
         )
         assert argv == expected
+
+    @pytest.mark.parametrize(
+        ("prompt", "expected"),
+        [
+            ("go", b"go"),
+            ("--help me", b"--help me"),  # stdin is no option parser's: no space needed
+            ("# Issue 15\nfix it", b"# Issue 15\nfix it"),
+            ("a\x00b\ud800c", b"ab?c"),  # NUL dropped, a lone surrogate replaced
+            ("é", "é".encode()),
+            ("", b""),
+        ],
+    )
+    def test_the_prompt_goes_on_stdin_as_utf8(self, prompt: str, expected: bytes) -> None:
+        assert harness.prompt_input(prompt) == expected
 
     @pytest.mark.parametrize(
         ("name", "session_id", "resume"),
@@ -122,9 +114,7 @@ class TestHeadlessArgv:
         self, name: str, session_id: str | None, resume: bool
     ) -> None:
         with pytest.raises(RunnerError) as caught:
-            harness.headless_argv(
-                binary="c", harness=name, session_id=session_id, resume=resume, prompt="go"
-            )
+            harness.headless_argv(binary="c", harness=name, session_id=session_id, resume=resume)
         assert caught.value.reason == "invalid-session-id"
 
 

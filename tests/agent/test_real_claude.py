@@ -1,10 +1,11 @@
 """Smoke tests against the real, pinned Claude Code CLI (tests/claude_cli.py), offline.
 
-They pin down what the runner relies on: a spawn prompt and a paste reach the session's
-transcript with its cwd and session id, an untrusted folder stops at the trust dialog, a
-headless turn without a login is an error result, an id in use is refused and ``--resume``
-continues the same transcript. The binary answers "Not logged in"; its transcript, not its
-answer, is the oracle.
+They pin down what the runner relies on: a boot prompt pasted right after the spawn (never in
+argv) and a later paste reach the session's transcript with its cwd and session id, an
+untrusted folder stops at the trust dialog (the boot paste answers nothing), a headless turn
+(its prompt on stdin) without a login is an error result, an id in use is refused and
+``--resume`` continues the same transcript. The binary answers "Not logged in"; its transcript,
+not its answer, is the oracle.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.claude_cli import (
     screen,
     wait_for_message,
 )
-from tests.fake_harness import wait_until
+from tests.fake_harness import cmdlines_holding, wait_until
 
 PROMPT = "Work on github:octo/repo#15"
 NOT_LOGGED_IN = "Not logged in · Please run /login"
@@ -39,12 +40,16 @@ def _work_dir(tmp_path: Path) -> Path:
 def _spawn_and_wait(
     terminal: TmuxTerminal, claude_home: ClaudeHome, work: Path, session_id: str
 ) -> UserMessage:
-    terminal.spawn(SESSION, cwd=work, argv=claude_home.command("--session-id", session_id, PROMPT))
-    return wait_for_message(
+    """Spawn Claude as the applier does: no prompt in argv, the boot prompt pasted at once."""
+    terminal.spawn(SESSION, cwd=work, argv=claude_home.command("--session-id", session_id))
+    terminal.paste(SESSION, PROMPT)
+    message = wait_for_message(
         claude_home.home,
         lambda message: message.session_id == session_id,
         explain=lambda: screen(terminal, SESSION),
     )
+    assert cmdlines_holding(PROMPT) == {}  # Claude runs, and no command line holds the prompt
+    return message
 
 
 class TestSession:
@@ -73,13 +78,14 @@ class TestSession:
         )
         assert (message.cwd, message.session_id) == (str(work.resolve()), session_id)
 
-    def test_an_untrusted_folder_stops_at_the_trust_dialog_before_the_prompt(
+    def test_an_untrusted_folder_stops_at_the_trust_dialog_and_the_boot_paste_answers_nothing(
         self, terminal: TmuxTerminal, claude_home: ClaudeHome, tmp_path: Path
     ) -> None:
         work = _work_dir(tmp_path)
         terminal.spawn(
-            SESSION, cwd=work, argv=claude_home.command("--session-id", str(uuid.uuid4()), PROMPT)
+            SESSION, cwd=work, argv=claude_home.command("--session-id", str(uuid.uuid4()))
         )
+        terminal.paste(SESSION, PROMPT)  # waits for the first screen: the dialog
         wait_until(
             lambda: "Yes, I trust this folder" in screen(terminal, SESSION),
             seconds=DEADLINE_SECONDS,
@@ -87,17 +93,21 @@ class TestSession:
             explain=lambda: screen(terminal, SESSION),
         )
         assert read_user_messages(claude_home.home) == []
+        config = json.loads(claude_home.config_path.read_text(encoding="utf-8"))
+        assert str(work.resolve()) not in config.get("projects", {})  # the Enter trusted nothing
+        assert terminal.pane_dead(SESSION) is False
 
 
 class TestHeadless:
     def _turn(
-        self, claude_home: ClaudeHome, work: Path, *args: str
+        self, claude_home: ClaudeHome, work: Path, *args: str, prompt: str = PROMPT
     ) -> subprocess.CompletedProcess[str]:
+        """One turn as the applier runs it: the prompt on stdin, never in argv."""
         return subprocess.run(
             [str(claude_home.claude), "-p", "--output-format", "json", *args],
             cwd=work,
             env=claude_home.environ(),
-            stdin=subprocess.DEVNULL,
+            input=prompt,
             capture_output=True,
             text=True,
             timeout=DEADLINE_SECONDS,
@@ -108,7 +118,7 @@ class TestHeadless:
         self, claude_home: ClaudeHome, tmp_path: Path
     ) -> None:
         work, session_id = _work_dir(tmp_path), str(uuid.uuid4())
-        turn = self._turn(claude_home, work, "--session-id", session_id, PROMPT)
+        turn = self._turn(claude_home, work, "--session-id", session_id)
         assert turn.returncode == 1, turn.stderr
         result = json.loads(turn.stdout)
         assert (result["type"], result["is_error"], result["result"]) == (
@@ -126,8 +136,8 @@ class TestHeadless:
         self, claude_home: ClaudeHome, tmp_path: Path
     ) -> None:
         work, session_id = _work_dir(tmp_path), str(uuid.uuid4())
-        self._turn(claude_home, work, "--session-id", session_id, PROMPT)
-        again = self._turn(claude_home, work, "--session-id", session_id, PROMPT)
+        self._turn(claude_home, work, "--session-id", session_id)
+        again = self._turn(claude_home, work, "--session-id", session_id)
         assert again.returncode == 1
         assert again.stdout == ""
         assert again.stderr.strip() == f"Error: Session ID {session_id} is already in use."
@@ -136,8 +146,8 @@ class TestHeadless:
         self, claude_home: ClaudeHome, tmp_path: Path
     ) -> None:
         work, session_id = _work_dir(tmp_path), str(uuid.uuid4())
-        self._turn(claude_home, work, "--session-id", session_id, PROMPT)
-        resumed = self._turn(claude_home, work, "--resume", session_id, "and again")
+        self._turn(claude_home, work, "--session-id", session_id)
+        resumed = self._turn(claude_home, work, "--resume", session_id, prompt="and again")
         assert json.loads(resumed.stdout)["session_id"] == session_id
         transcripts = list((claude_home.home / ".claude" / "projects").glob("*/*.jsonl"))
         assert [t.name for t in transcripts] == [f"{session_id}.jsonl"]

@@ -182,3 +182,73 @@ class TestWhatItServes:
         assert f"workspace {tmp_path / 'ws'}: any repository" in text
         assert f"harness claude: {fake_harness.claude} (--model=opus)" in text
         assert f"tmux -L {default_tmux_socket(RUNNER_A)}" in text
+
+
+def _git_only(tmp_path: Path) -> Path:
+    """A PATH directory with git and nothing else (no bwrap)."""
+    tools = tmp_path / "git-only"
+    tools.mkdir()
+    (tools / "git").symlink_to(shutil.which("git") or "/usr/bin/git")
+    return tools
+
+
+class TestSandboxChoice:
+    @pytest.mark.parametrize(
+        ("mode", "without_bwrap", "line"),
+        [
+            ("never", False, "sandbox never: no session runs in bubblewrap"),
+            (
+                "untrusted",
+                True,
+                "sandbox untrusted: UNAVAILABLE (bwrap is not on PATH (Debian: apt-get install "
+                "bubblewrap)); fork pull-request sessions are refused (sandbox-unavailable)",
+            ),
+        ],
+    )
+    def test_runner_run_says_at_start_whether_the_sandbox_is_available(
+        self,
+        tmp_path: Path,
+        repos: GitRepos,
+        state_home: Path,
+        fake_harness: FakeHarness,
+        monkeypatch: pytest.MonkeyPatch,
+        mode: str,
+        without_bwrap: bool,
+        line: str,
+    ) -> None:
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        if without_bwrap:
+            monkeypatch.setenv("PATH", f"{fake_harness.bin}:{_git_only(tmp_path)}")
+        agent = build_agent(_options(tmp_path, checkout, sandbox=mode))
+        assert agent.serving[-1] == line
+        assert agent.applier.sandbox.mode == mode
+        assert agent.applier.sandbox.hidden == (
+            (tmp_path / f"{RUNNER_A}.json").absolute(),
+            agent.state.path.parent.absolute(),
+        )
+
+    def test_the_default_sandboxes_fork_sessions_where_bwrap_works(
+        self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
+    ) -> None:
+        if shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap is not installed")
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        agent = build_agent(_options(tmp_path, checkout))
+        bwrap = agent.applier.sandbox.probe.bwrap
+        assert bwrap is not None
+        assert agent.serving[-1] == (
+            f"sandbox untrusted: fork pull-request sessions run in bubblewrap ({bwrap})"
+        )
+
+    def test_always_without_bwrap_is_refused_at_start(
+        self,
+        tmp_path: Path,
+        repos: GitRepos,
+        state_home: Path,
+        fake_harness: FakeHarness,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        monkeypatch.setenv("PATH", f"{fake_harness.bin}:{_git_only(tmp_path)}")
+        with pytest.raises(ConfigError, match="--sandbox always, but bwrap is not on PATH"):
+            build_agent(_options(tmp_path, checkout, sandbox="always"))

@@ -21,7 +21,7 @@ PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
 
 def _spawn(terminal: TmuxTerminal, fake: FakeHarness, cwd: Path, *, name: str = "loop-t1") -> int:
-    terminal.spawn(name, cwd=cwd, argv=[fake.claude, "--session-id", SESSION_ID, "boot"])
+    terminal.spawn(name, cwd=cwd, argv=[fake.claude, "--session-id", SESSION_ID])
     return int(fake.wait_ready()[-1]["pid"])
 
 
@@ -31,15 +31,15 @@ class TestSpawn:
     ) -> None:
         cwd = tmp_path / "check#{pane_id}out"
         cwd.mkdir()
-        prompt = "# Issue\n$(touch pwned) `id` ~ #{pane_id} 'q' \"dq\" a;b ends with;"
-        argv = [fake_harness.claude, "--session-id", SESSION_ID, "x\\;", prompt]
+        odd = "# Issue\n$(touch pwned) `id` ~ #{pane_id} 'q' \"dq\" a;b ends with;"
+        argv = [fake_harness.claude, "--session-id", SESSION_ID, "x\\;", odd]
         terminal.spawn("loop-t1", cwd=cwd, argv=argv)
         (start,) = fake_harness.wait_ready()
         assert start["argv"] == argv[1:]
         assert start["cwd"] == str(cwd)
         assert not (cwd / "pwned").exists()
 
-    def test_a_prompt_too_long_for_a_tmux_command_goes_through_a_file(
+    def test_a_boot_prompt_too_long_for_a_tmux_command_is_pasted_whole_from_no_file_left(
         self,
         terminal: TmuxTerminal,
         fake_harness: FakeHarness,
@@ -49,12 +49,14 @@ class TestSpawn:
         private_tmp = tmp_path / "tmp"
         private_tmp.mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
-        prompt = "é" * 30_000 + " ends;"  # 60 KB of UTF-8: tmux alone refuses ~16 KB
-        terminal.spawn(
-            "loop-t1", cwd=tmp_path, argv=[fake_harness.claude, "--resume", SESSION_ID, prompt]
-        )
+        prompt = "é" * 30_000 + " ends;"  # 60 KB of UTF-8: tmux refuses a ~16 KB command
+        terminal.spawn("loop-t1", cwd=tmp_path, argv=[fake_harness.claude, "--resume", SESSION_ID])
+        terminal.paste("loop-t1", prompt)
         (start,) = fake_harness.wait_ready()
-        assert start["argv"] == ["--resume", SESSION_ID, prompt]
+        assert start["argv"] == ["--resume", SESSION_ID]
+        wait_until(
+            lambda: fake_harness.received(start["pid"]) == f"{PASTE_START}{prompt}{PASTE_END}\r"
+        )
         assert list(private_tmp.iterdir()) == []
 
     def test_a_missing_directory_is_refused_before_tmux(

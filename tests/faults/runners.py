@@ -45,6 +45,7 @@ REPO = REPOSITORY.lower()
 DEADLINE = 60.0
 """How long a fault test waits for the system to settle; generous for a loaded 2-core box."""
 POLL_WAIT = "1"
+PASTE_END = "\x1b[201~"
 TOKEN = re.compile(r"tok-w(\d+)-c(\d+)-x")
 """The unique token each comment carries: work item and comment index."""
 SETTLED = ("succeeded", "failed")
@@ -328,7 +329,8 @@ def socket_name() -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Sighting:
-    """One comment token seen by one harness process: at argv (a boot prompt) or pasted."""
+    """One comment token seen by one harness process: in its boot prompt (its first paste)
+    or pasted later."""
 
     number: int
     index: int
@@ -344,9 +346,10 @@ def sightings(fake: FakeHarness) -> list[Sighting]:
     seen: list[Sighting] = []
     for start in starts:
         pid, cwd = int(start["pid"]), str(start["cwd"])
-        boot = " ".join(start["argv"])
+        # The first paste a harness gets is its boot prompt (never in argv); the rest came later.
+        assert not TOKEN.findall(" ".join(start["argv"])), f"a prompt in argv: {start['argv']}"
+        boot, _, pasted = fake.received(pid).partition(PASTE_END)
         seen += [Sighting(int(n), int(i), pid, cwd, True) for n, i in TOKEN.findall(boot)]
-        pasted = fake.received(pid)
         seen += [Sighting(int(n), int(i), pid, cwd, False) for n, i in TOKEN.findall(pasted)]
     return seen
 

@@ -5,8 +5,9 @@ the two together so a restart reports instead of re-applying.
 
 Scenario (tmux), for ``spawn`` and ``deliver`` alike:
   - the session's pane is live         -> paste the prompt into it (``delivered``);
-  - it is dead or missing              -> (re)spawn it with the prompt as boot prompt,
-    ``--resume <id>`` for a deliver or a ``resume: true`` spawn (``spawned``, ``resumed``);
+  - it is dead or missing              -> (re)spawn it, ``--resume <id>`` for a deliver or a
+    ``resume: true`` spawn (``spawned``, ``resumed``), then paste the prompt as its boot prompt
+    (never in argv, which any local user can read in ``/proc``);
   - the resumed harness dies within ``resume_probe_seconds`` -> spawn fresh with a new id;
   - the stored id is not a UUID        -> never passed on; fresh id, reason ``resume-failed``.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, asdict, dataclass, fields, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from looprelay.agent.headless import parse_turn
 from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
 from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
+from looprelay.agent.sandbox import Sandbox
 from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
 from looprelay.agent.workspaces import Checkout
 from looprelay.core.replies import failure_note
@@ -79,7 +81,8 @@ class Applier:
     a dispatch never carries any); ``kill_grace_seconds``
     is the SIGTERM-to-SIGKILL grace of terminate; ``headless_timeout_seconds`` bounds one headless
     turn; ``resume_probe_seconds`` is how long a resumed harness must stay up before its id is
-    trusted; ``new_uuid`` makes fresh session ids.
+    trusted; ``new_uuid`` makes fresh session ids; ``sandbox`` says which sessions run in
+    bubblewrap (none by default; ``runner run`` sandboxes fork pull requests' sessions).
     """
 
     terminal: TmuxTerminal
@@ -91,6 +94,7 @@ class Applier:
     headless_timeout_seconds: float = 1_800.0
     resume_probe_seconds: float = 3.0
     new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
+    sandbox: Sandbox = field(default_factory=Sandbox)
 
     @property
     def harness_args(self) -> Mapping[str, Sequence[str]]:
@@ -130,6 +134,7 @@ class Applier:
             return self._cleanup(d)
         if d.kind == "terminate":
             return self._terminate(d)
+        self.sandbox.check(untrusted=untrusted(d))  # before any tree is made for it
         if d.runner_kind == "process":
             return self._headless(d)
         if d.kind == "spawn":
@@ -149,7 +154,6 @@ class Applier:
             harness.interactive_argv,
             binary=harness.resolve_binary(d.harness),
             harness=d.harness,
-            prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
         prepared = self.preparer.prepare(d, trust=True)
@@ -162,7 +166,7 @@ class Applier:
             if swapped:
                 reason = swapped
                 notes.append(Note("session.id_replaced", {"was": stored_id, "now": session_id}))
-        argv = argv_for(session_id=session_id, resume=resumed)
+        argv = self._contain(d, argv_for(session_id=session_id, resume=resumed), cwd, notes)
         # Known before the harness starts, so a spawn that fails still leaves its tree to cleanup.
         self._remember(d, session_id, prepared.checkout)
         if state is True:
@@ -171,8 +175,10 @@ class Applier:
         if resumed and self.terminal.wait_dead(name, self.resume_probe_seconds):
             session_id, reason, resumed = fresh, "resume-failed", False
             self.terminal.kill(name)
-            self.terminal.spawn(name, cwd=cwd, argv=argv_for(session_id=fresh, resume=False))
+            again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
+            self.terminal.spawn(name, cwd=cwd, argv=again)
         self._remember(d, session_id, prepared.checkout)
+        self.terminal.paste(name, d.prompt)  # waits until the harness reads its terminal
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
@@ -237,7 +243,7 @@ class Applier:
     def _headless(self, d: Dispatch) -> ApplyResult:
         binary = harness.resolve_binary(d.harness)
         prepared = self.preparer.prepare(d, trust=False)  # no trust dialog without a TUI
-        checkout, events = prepared.checkout, tuple(n.to_record() for n in prepared.notes)
+        checkout, notes = prepared.checkout, list(prepared.notes)
         local, fresh = self.ledger.session(d.session_name), str(self.new_uuid())
         session_id, resume, reason = harness.headless_session(
             d.harness,
@@ -254,12 +260,18 @@ class Applier:
             harness=d.harness,
             session_id=session_id,
             resume=resume,
-            prompt=d.prompt,
             extra=self.harness_args.get(d.harness, ()),
         )
+        argv = self._contain(d, argv, checkout.path, notes)
+        events = tuple(note.to_record() for note in notes)
         if local is None:  # the tree is ours even if this turn fails; no id to resume yet
             self._remember(d, "", checkout)
-        run = run_headless(argv, cwd=checkout.path, timeout_seconds=self.headless_timeout_seconds)
+        run = run_headless(
+            argv,
+            cwd=checkout.path,
+            prompt=d.prompt,
+            timeout_seconds=self.headless_timeout_seconds,
+        )
         turn = parse_turn(
             d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
         )
@@ -285,12 +297,26 @@ class Applier:
             events=events,
         )
 
+    def _contain(self, d: Dispatch, argv: list[str], tree: Path, notes: list[Note]) -> list[str]:
+        """``argv`` inside the sandbox when this session runs in one (noted), else as it is."""
+        fork = untrusted(d)
+        if not self.sandbox.wraps(untrusted=fork):
+            return argv
+        wrapped = self.sandbox.wrap(argv, harness_name=d.harness, tree=tree, trusted=not fork)
+        notes.append(Note("session.sandboxed", {"tree": str(tree), "mode": self.sandbox.mode}))
+        return wrapped
+
     def _remember(self, d: Dispatch, session_id: str, checkout: Checkout) -> None:
         self.ledger.remember(
             LocalSession.from_dispatch(
                 d, session_id=session_id, checkout=checkout.path, created_checkout=checkout.created
             )
         )
+
+
+def untrusted(d: Dispatch) -> bool:
+    """Tell whether ``d``'s session runs a fork's pull request head (untrusted, SPEC §3)."""
+    return d.head is not None and d.head.fork
 
 
 def _check(d: Dispatch) -> None:

@@ -1,6 +1,8 @@
 """One child program run to its end or its deadline: an argv list, no shell, no terminal.
 
-Both git and a headless harness turn run this way. Output goes to unlinked temp files, so a
+Both git and a headless harness turn run this way. Input (a headless turn's prompt, which never
+goes into argv: /proc/PID/cmdline is world-readable) and output go through unlinked temp files
+(0600, gone from the file system before the child starts), so a
 grandchild that keeps them open (ssh, a remote helper) cannot make the wait hang, and memory
 stays bounded by the tails kept. The child leads its own process group, so a deadline kills
 everything it started.
@@ -42,23 +44,31 @@ def run_child(
     cwd: Path | None,
     timeout_seconds: float,
     env: Mapping[str, str] | None = None,
+    stdin: bytes = b"",
     stdout_limit: int | None = None,
     stderr_limit: int | None = None,
     errors: str = "replace",
 ) -> Finished:
-    """Run ``argv`` in ``cwd`` with stdin empty until it exits or ``timeout_seconds`` pass.
+    """Run ``argv`` in ``cwd`` until it exits or ``timeout_seconds`` pass; it reads ``stdin``
+    (empty by default) from a private unlinked file, so no other user can read it.
 
     Keeps the last ``stdout_limit``/``stderr_limit`` bytes of each stream (None: all of it),
     decoded as UTF-8 with ``errors`` (``surrogateescape`` keeps the bytes). Raises ``OSError``
     when the program cannot be started and :class:`Overran` when it outlives the timeout (its
     whole group is SIGKILLed first).
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as given,
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+    ):
+        given.write(stdin)
+        given.seek(0)
         child = subprocess.Popen(  # noqa: S603 - an argv list from this package, never a shell
             list(argv),
             cwd=cwd,
             env=None if env is None else dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=given if stdin else subprocess.DEVNULL,
             stdout=out,
             stderr=err,
             start_new_session=True,

@@ -1,10 +1,12 @@
 """Each harness's argv, as pure functions, and its binary on PATH.
 
 Claude (``claude``) is hosted in tmux or run headless; ``cursor-agent`` only runs headless, because
-it cannot be hosted in a terminal the agent pastes into. The prompt is always the last argv
-element. A prompt that starts with ``-`` gets one leading space so no option parser (commander in
-both CLIs) reads it as a flag; an LLM does not care about the space. A session id that is not a
-canonical UUID never reaches argv: the builders refuse it, and the applier swaps in a fresh one.
+it cannot be hosted in a terminal the agent pastes into. No prompt ever goes into argv: any
+user on the machine can read ``/proc/PID/cmdline``. A hosted harness gets its boot prompt as one
+bracketed paste (``TmuxTerminal.paste``), a headless turn reads it from stdin (a private unlinked
+file, :func:`prompt_input`): ``claude -p`` and ``cursor-agent -p`` both read their prompt from
+stdin when argv has none. A session id that is not a canonical UUID never reaches argv: the
+builders refuse it, and the applier swaps in a fresh one.
 """
 
 from __future__ import annotations
@@ -57,13 +59,12 @@ def interactive_argv(
     harness: str,
     session_id: str,
     resume: bool,
-    prompt: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv of a harness hosted in tmux.
+    """Return the argv of a harness hosted in tmux, which never holds the prompt.
 
-    Spawn: ``claude --session-id <uuid> [extra] <prompt>``; resume: ``claude --resume <uuid>
-    [extra] <prompt>``. An empty prompt is left out. Raises ``RunnerError``
+    Spawn: ``claude --session-id <uuid> [extra]``; resume: ``claude --resume <uuid> [extra]``;
+    the boot prompt is pasted once the harness is up. Raises ``RunnerError``
     ``harness-unsupported`` for a harness that cannot be hosted (cursor-agent) and
     ``invalid-session-id`` for an id that is not a canonical UUID.
     """
@@ -74,7 +75,7 @@ def interactive_argv(
         )
     _check_session_id(session_id)
     flag = "--resume" if resume else "--session-id"
-    return [binary, flag, session_id, *extra, *_prompt_tail(prompt)]
+    return [binary, flag, session_id, *extra]
 
 
 def headless_argv(
@@ -83,17 +84,16 @@ def headless_argv(
     harness: str,
     session_id: str | None,
     resume: bool,
-    prompt: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv of one headless turn.
+    """Return the argv of one headless turn, which reads its prompt from stdin.
 
-    ``claude -p --output-format json (--session-id|--resume) <uuid> [extra] <prompt>``;
-    ``cursor-agent -p --output-format json [--resume <id>] [extra] <prompt>`` (cursor-agent picks
-    its own id on a first turn, so ``session_id`` may be None there; ``-p`` is a boolean flag in
-    both CLIs, so the prompt may come last). Raises ``RunnerError`` ``harness-unsupported`` for
-    an unknown harness and ``invalid-session-id`` for an id that is not a canonical UUID or a
-    missing id Claude needs.
+    ``claude -p --output-format json (--session-id|--resume) <uuid> [extra]``;
+    ``cursor-agent -p --output-format json [--resume <id>] [extra]`` (cursor-agent picks its own
+    id on a first turn, so ``session_id`` may be None there; ``-p`` is a boolean flag in both
+    CLIs, so with no positional prompt each reads stdin; see :func:`prompt_input`). Raises
+    ``RunnerError`` ``harness-unsupported`` for an unknown harness and ``invalid-session-id``
+    for an id that is not a canonical UUID or a missing id Claude needs.
     """
     if harness not in HARNESSES:
         raise RunnerError(f"unknown harness {harness[:40]!r}", reason="harness-unsupported")
@@ -107,7 +107,13 @@ def headless_argv(
             argv += ["--resume", session_id]
         elif harness == CLAUDE:
             argv += ["--session-id", session_id]
-    return [*argv, *extra, *_prompt_tail(prompt)]
+    return [*argv, *extra]
+
+
+def prompt_input(prompt: str) -> bytes:
+    """Return ``prompt`` as the bytes a headless turn reads on stdin: UTF-8, a lone surrogate
+    (valid in JSON, not encodable) replaced and NUL dropped (a harness reads text). Never raises."""
+    return prompt.replace("\x00", "").encode("utf-8", "replace")
 
 
 def usable_session_id(stored: str, *, resume: bool, fresh: str) -> tuple[str, str]:
@@ -144,12 +150,3 @@ def _check_session_id(session_id: str) -> None:
             "the session id is not a canonical UUID and never goes into argv",
             reason="invalid-session-id",
         )
-
-
-def _prompt_tail(prompt: str) -> list[str]:
-    # argv cannot carry NUL, and a lone surrogate (valid in JSON) cannot be encoded.
-    prompt = prompt.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    if not prompt:
-        return []
-    # A leading '-' would parse as an option; a leading space cannot (never a flag).
-    return [" " + prompt if prompt.startswith("-") else prompt]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from looprelay.agent.children import Overran, run_child
+from looprelay.agent.harness import prompt_input
 from looprelay.errors import RunnerError
 
 STDOUT_TAIL_BYTES = 1024 * 1024
@@ -24,8 +25,9 @@ class HeadlessRun(NamedTuple):
     stderr_tail: str
 
 
-def run_headless(argv: list[str], *, cwd: Path, timeout_seconds: float) -> HeadlessRun:
-    """Run ``argv`` in ``cwd`` with stdin empty and return its exit code and output tails.
+def run_headless(argv: list[str], *, cwd: Path, prompt: str, timeout_seconds: float) -> HeadlessRun:
+    """Run ``argv`` in ``cwd`` with ``prompt`` on stdin (never in argv: any user can read
+    ``/proc/PID/cmdline``) and return its exit code and output tails.
 
     Memory stays bounded by ``STDOUT_TAIL_BYTES`` and ``STDERR_TAIL_BYTES`` whatever the
     harness prints (a result line longer than the stdout tail cannot be read); after
@@ -40,6 +42,7 @@ def run_headless(argv: list[str], *, cwd: Path, timeout_seconds: float) -> Headl
         run = run_child(
             argv,
             cwd=cwd,
+            stdin=prompt_input(prompt),
             timeout_seconds=timeout_seconds,
             stdout_limit=STDOUT_TAIL_BYTES,
             stderr_limit=STDERR_TAIL_BYTES,

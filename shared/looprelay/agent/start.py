@@ -21,6 +21,7 @@ from looprelay.agent.credentials import Credentials, read_credentials
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
+from looprelay.agent.sandbox import SANDBOX_MODES, Probe, Sandbox, sandbox_available
 from looprelay.agent.statedir import StateLock, default_state_dir
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces, parse_checkout_pairs
@@ -51,6 +52,7 @@ class RunnerOptions:
     poll_wait_seconds: float = 25.0
     keep_session_on_terminate: bool = True
     harness_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    sandbox: str = "untrusted"
 
 
 def default_tmux_socket(runner_id: str) -> str:
@@ -103,6 +105,7 @@ def _assemble(
         )
     socket_name = options.tmux_socket or default_tmux_socket(credentials.runner_id)
     terminal = TmuxTerminal(socket_name)
+    sandbox = runner_sandbox(options, state_dir)
     ledger = Ledger(state_dir / LEDGER_FILE)
     repositories = sorted(configured)
 
@@ -123,6 +126,7 @@ def _assemble(
             ledger,
             SessionPreparer(workspaces, ledger, options.harness_args),
             keep_session_on_terminate=options.keep_session_on_terminate,
+            sandbox=sandbox,
         ),
         state=AgentState(state_dir / STATUS_FILE),
         describe=describe,
@@ -130,8 +134,40 @@ def _assemble(
         capacity=options.capacity,
         poll_wait_seconds=options.poll_wait_seconds,
         locks=locks,
-        serving=serving_lines(options, binaries, state_dir, socket_name),
+        serving=[
+            *serving_lines(options, binaries, state_dir, socket_name),
+            sandbox_line(sandbox),
+        ],
     )
+
+
+def runner_sandbox(options: RunnerOptions, state_dir: Path) -> Sandbox:
+    """Return the sandbox ``options`` ask for, probed once; it hides the runner's credentials
+    and state directory. Raises ``ConfigError`` for an unknown mode, and for ``always`` where
+    bubblewrap does not work (no session could be served)."""
+    if options.sandbox not in SANDBOX_MODES:
+        raise ConfigError(f"--sandbox {options.sandbox!r} is not one of {', '.join(SANDBOX_MODES)}")
+    probe = Probe(None, "--sandbox never") if options.sandbox == "never" else sandbox_available()
+    if options.sandbox == "always" and probe.bwrap is None:
+        raise ConfigError(
+            f"--sandbox always, but {probe.reason}; install bubblewrap or run with "
+            "--sandbox untrusted"
+        )
+    hidden = (options.credentials_path.absolute(), state_dir.absolute())
+    return Sandbox(mode=options.sandbox, probe=probe, hidden=hidden)
+
+
+def sandbox_line(sandbox: Sandbox) -> str:
+    """Say at start whether sessions run sandboxed, for ``runner run``'s serving lines."""
+    if sandbox.mode == "never":
+        return "sandbox never: no session runs in bubblewrap"
+    if sandbox.probe.bwrap is None:
+        return (
+            f"sandbox {sandbox.mode}: UNAVAILABLE ({sandbox.probe.reason}); fork pull-request "
+            "sessions are refused (sandbox-unavailable)"
+        )
+    which = "every session" if sandbox.mode == "always" else "fork pull-request sessions"
+    return f"sandbox {sandbox.mode}: {which} run in bubblewrap ({sandbox.probe.bwrap})"
 
 
 def available_harnesses() -> dict[str, str]:

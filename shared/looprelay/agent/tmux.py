@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import tempfile
 import termios
 import time
@@ -32,22 +31,18 @@ POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 2.0  # how long a SIGKILLed harness may take to be reaped
 COMMAND_TIMEOUT_SECONDS = 10.0
 """Longest one tmux command may take; a local server answers in milliseconds."""
-READY_WAIT_SECONDS = 10.0
-"""Longest a paste waits for a just-started harness to take its terminal raw (see paste)."""
-MAX_INLINE_COMMAND_BYTES = 12_000
-"""tmux refuses a command over ~16 KiB ("command too long"); past this budget the prompt goes
-through a file that a tiny launcher reads, unlinks and hands to the harness as its last arg."""
+READY_WAIT_SECONDS = 30.0
+"""Longest a paste waits for a just-started harness to take its terminal raw and draw (see
+paste). Every spawn's boot prompt is such a paste: Claude is ready in about a second, much later
+on a loaded machine; the wait ends as soon as it is."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ABSENT = re.compile(
     r"no server running|no current target|can't find (session|pane|window)"
     r"|error connecting to .*\((No such file or directory|Connection refused)\)"
 )
+_EXITED = "looprelay-pane-dead"
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_LAUNCHER = (  # argv: prompt file, then the harness argv; the prompt file is not inherited
-    "import os,sys;p=sys.argv[1];t=open(p,encoding='utf-8').read();os.unlink(p);"
-    "os.execv(sys.argv[2],sys.argv[2:]+[t])"
-)
 
 
 @dataclass(frozen=True)
@@ -109,6 +104,9 @@ class TmuxTerminal:
     def spawn(self, name: str, *, cwd: Path, argv: list[str]) -> None:
         """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
 
+        ``argv`` never holds a prompt (it is world-readable in ``/proc``): the caller pastes the
+        boot prompt once the harness is up (:meth:`paste` waits for that).
+
         remain-on-exit is set globally in the same tmux invocation that may start the server, so
         even a harness that exits at once leaves a dead pane to read, and
         exit-empty off keeps the server up when a respawn kills its last session.
@@ -118,18 +116,12 @@ class TmuxTerminal:
         _check_name(name)
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
-        command, prompt_file = _boot_command(argv)
-        try:
-            self._run(
-                *("set-option", "-g", "exit-empty", "off", ";"),
-                *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
-                *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
-                *(_literal(arg) for arg in command),
-            )
-        except RunnerError:
-            if prompt_file is not None:
-                os.unlink(prompt_file)
-            raise
+        self._run(
+            *("set-option", "-g", "exit-empty", "off", ";"),
+            *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
+            *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
+            *(_literal(arg) for arg in argv),
+        )
 
     def paste(self, name: str, text: str, *, listed: Pane | None = None) -> None:
         """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
@@ -145,33 +137,34 @@ class TmuxTerminal:
 
         A pane seen drawn once is not captured again (each tmux call is a process started).
 
-        ``load-buffer`` from a private temp file (always unlinked) and ``paste-buffer -p -d``
-        in one tmux call, then ``send-keys Enter``. CR and CRLF become LF and control
-        characters other than tab and LF are dropped, so a hostile text cannot close the
-        bracket (``ESC [201~``) and type keys. Empty text does nothing. Raises
-        ``RunnerError``: ``session-missing``, ``tmux-failed`` (nothing was pasted) or
-        ``submit-failed`` (pasted, Enter not sent).
+        ``load-buffer`` from a private temp file (0600, always unlinked) and ``paste-buffer -p
+        -d`` (only into a live pane) in one tmux call, then ``send-keys Enter``. CR and CRLF
+        become LF and control characters other than tab and LF are dropped, so a hostile text
+        cannot close the bracket (``ESC [201~``) and type keys. Empty text does nothing. Raises
+        ``RunnerError``: ``session-missing``, ``harness-exited`` (its pane died first),
+        ``tmux-failed`` (nothing was pasted) or ``submit-failed`` (pasted, Enter not sent).
         """
         clean = _UNPRINTABLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
         if not clean:
             return
-        pane = listed or self._first_pane(name)
-        if pane is None:
-            raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
-        deadline = time.monotonic() + self._ready_wait_seconds
-        while time.monotonic() < deadline and (_canonical(pane.tty) or not self._drawn(pane)):
-            time.sleep(POLL_SECONDS)
-        buffer = f"looprelay-{name}"
+        pane = self._ready_pane(name, listed or self._first_pane(name))
+        buffer = f"looprelay-{name}"  # both it and a pane id are safe in a tmux command string
         fd, path = tempfile.mkstemp(prefix="looprelay-paste-")
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(clean.encode("utf-8", "replace"))
-            self._run(
-                *("load-buffer", "-b", buffer, path, ";"),
-                *("paste-buffer", "-p", "-d", "-b", buffer, "-t", pane.pane_id),
+            # tmux 3.3a's server crashes on a paste into a dead pane, taking every session with
+            # it: the server itself checks the pane, in the same command, before it pastes.
+            said = self._run(
+                *("load-buffer", "-b", buffer, path, ";", "if-shell", "-F", "-t", pane.pane_id),
+                "#{pane_dead}",
+                f"delete-buffer -b {buffer} ; display-message -p {_EXITED}",
+                f"paste-buffer -p -d -b {buffer} -t {pane.pane_id}",
             )
         finally:
             os.unlink(path)
+        if _EXITED in said:
+            raise _exited(name)
         try:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
         except RunnerError as exc:
@@ -228,6 +221,22 @@ class TmuxTerminal:
             return None
         pane_id, dead, pid, tty = lines[0].split(" ", 3)
         return Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
+
+    def _ready_pane(self, name: str, pane: Pane | None) -> Pane:
+        """Wait, up to ``ready_wait_seconds``, until ``pane``'s harness reads its terminal raw
+        and has drawn (see :meth:`paste`); listed again while waiting, so a harness that exits
+        meanwhile is noticed. Raises ``RunnerError`` ``session-missing`` or ``harness-exited``."""
+        deadline = time.monotonic() + self._ready_wait_seconds
+        while True:
+            if pane is None:
+                raise RunnerError(f"tmux session {name} is gone", reason="session-missing")
+            if pane.dead:
+                raise _exited(name)
+            ready = not _canonical(pane.tty) and self._drawn(pane)
+            if ready or time.monotonic() >= deadline:
+                return pane
+            time.sleep(POLL_SECONDS)
+            pane = self._first_pane(name)
 
     def _drawn(self, pane: Pane) -> bool:
         """Tell whether the pane shows anything but blanks (its program drew its screen), or
@@ -289,19 +298,17 @@ def _check_name(name: str) -> None:
         )
 
 
+def _exited(name: str) -> RunnerError:
+    return RunnerError(
+        f"the harness in {name} exited before it could be given the prompt; nothing was "
+        f"pasted (its pane shows why)",
+        reason="harness-exited",
+    )
+
+
 def _literal(arg: str) -> str:
     # tmux reads a trailing ';' as a command separator and a trailing '\;' as a literal ';'.
     return arg[:-1] + "\\;" if arg.endswith(";") else arg
-
-
-def _boot_command(argv: list[str]) -> tuple[list[str], str | None]:
-    size = sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in argv)
-    if size <= MAX_INLINE_COMMAND_BYTES:
-        return argv, None
-    fd, path = tempfile.mkstemp(prefix="looprelay-prompt-")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(argv[-1])
-    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, path, *argv[:-1]], path
 
 
 def _canonical(tty: str) -> bool:

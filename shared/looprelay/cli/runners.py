@@ -328,6 +328,15 @@ def runner_register(
     show_default=True,
     help="After `stop`, keep the tmux session (the pane shows how the harness ended) or kill it.",
 )
+@click.option(
+    "--sandbox",
+    type=click.Choice(["always", "untrusted", "never"]),
+    default="untrusted",
+    show_default=True,
+    help="Run sessions in bubblewrap (tree and harness config writable, the rest of $HOME, "
+    "runner.json and the state hidden): every session, fork pull requests' sessions "
+    "(refused when bwrap does not work here), or none.",
+)
 @log_options
 def runner_run(
     credentials_path: Path | None,
@@ -344,6 +353,7 @@ def runner_run(
     state_dir: Path | None,
     poll_wait: float,
     keep_session_on_terminate: bool,
+    sandbox: str,
     log_level: str,
     log_format: LogFormat,
 ) -> None:
@@ -370,6 +380,7 @@ def runner_run(
             poll_wait_seconds=poll_wait,
             keep_session_on_terminate=keep_session_on_terminate,
             harness_args=parse_harness_args(harness_args),
+            sandbox=sandbox,
         )
     )
 
