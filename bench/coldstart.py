@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ROOT / "functions"
-ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper")
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "status")
 FLOORS = {
     "bare": "",
     "bare+google-auth": "import google.auth.transport.requests\n",

@@ -63,7 +63,7 @@ class _Served(Response):
 # that serves, and the runner API's listeners start in that worker on its first request
 # (looprelay.app.asgi.StartInServingProcess). What loaded is frozen before the fork, so the
 # worker shares those pages instead of copying them as the collector would touch them.
-if os.environ.get("FUNCTION_TARGET") in ("webhook", "worker", "runners", "sweeper"):
+if os.environ.get("FUNCTION_TARGET") in ("webhook", "worker", "runners", "sweeper", "status"):
     _app(os.environ["FUNCTION_TARGET"])
 
 
@@ -89,3 +89,9 @@ async def runners(request: Request) -> Response:
 async def sweeper(request: Request) -> Response:
     """Cloud Scheduler's target: redeliver failed GitHub deliveries the ledger lacks."""
     return _Served("sweeper")
+
+
+@functions_framework.aio.http
+async def status(request: Request) -> Response:
+    """Operators, through IAM: the status page and its JSON (``GET /status``)."""
+    return _Served("status")

@@ -1,4 +1,4 @@
-# The four Cloud Functions (2nd gen), built from one source archive (functions/build.sh).
+# The five Cloud Functions (2nd gen), built from one source archive (functions/build.sh).
 
 resource "google_storage_bucket" "source" {
   #checkov:skip=CKV_GCP_62:holds only the build archive, uploaded by terraform and read by Cloud Build; Cloud Audit Logs record access, a second access-log bucket adds nothing
@@ -34,7 +34,7 @@ resource "google_storage_bucket_object" "source" {
 }
 
 resource "google_cloudfunctions2_function" "fn" {
-  #checkov:skip=CKV_GCP_124:the webhook and the runner API must be reachable from GitHub and from runner machines; the worker and the sweeper are closed by Cloud Run IAM instead (only their OIDC identities may invoke, iam.tf)
+  #checkov:skip=CKV_GCP_124:the webhook and the runner API must be reachable from GitHub and from runner machines; the worker, the sweeper and the status page are closed by Cloud Run IAM instead (only their OIDC identities, or the operators, may invoke: iam.tf)
   for_each = local.functions
 
   project     = var.project
@@ -66,7 +66,7 @@ resource "google_cloudfunctions2_function" "fn" {
     max_instance_request_concurrency = each.value.concurrency
     all_traffic_on_latest_revision   = true
     # Reachable from the internet; who may invoke is IAM's job (iam.tf): the worker and the
-    # sweeper only by their OIDC identities.
+    # sweeper only by their OIDC identities, the status page only by operator_members.
     ingress_settings = "ALLOW_ALL"
 
     # functions-framework serves the entry points in its ASGI mode (uvicorn): a request waits

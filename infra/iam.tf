@@ -5,8 +5,10 @@
 #   worker   Firestore (this database only); the App key
 #   runners  Firestore (this database only); the App key
 #   sweeper  Firestore (this database only); the App key
+#   status   Firestore read-only (this database only); no secret
 #   tasks    the only invoker of the worker
-#   scheduler the sweeper's invoker (and operator_members, for its status page)
+#   scheduler the only invoker of the sweeper
+#   operator_members the only invokers of the status page
 # Each function reads only its own secrets (secrets.tf). No identity gets a project-wide role
 # without a condition naming the database.
 
@@ -68,6 +70,19 @@ resource "google_project_iam_member" "firestore_user" {
   }
 }
 
+# The status page reads the store and writes nothing (service/status.py): viewer, not user.
+resource "google_project_iam_member" "status_firestore_viewer" {
+  project = var.project
+  role    = "roles/datastore.viewer"
+  member  = google_service_account.fn["status"].member
+
+  condition {
+    title       = "looprelay-database-only"
+    description = "Only the looprelay Firestore database."
+    expression  = "resource.name == \"projects/${var.project}/databases/${google_firestore_database.main.name}\""
+  }
+}
+
 # --- invokers -------------------------------------------------------------------------------
 
 # The worker is invoked by the queue's OIDC identity and nobody else (SPEC §4). It verifies
@@ -88,15 +103,15 @@ resource "google_cloud_run_service_iam_member" "sweeper_invoker" {
   member   = google_service_account.scheduler.member
 }
 
-# Operators read the status page (GET /status) on the sweeper: the one function that reads the
-# store and is closed by IAM (docs/operations.md, "The status page"). It also lets them POST a
-# sweep, which `looprelay deliveries sweep` does anyway.
+# Operators read the status page (GET /status) on its own function, closed by IAM to them
+# alone (docs/operations.md, "The status page"). Never public: the page names runners, repositories
+# and sessions.
 resource "google_cloud_run_service_iam_member" "operator_status_reader" {
   for_each = toset(var.operator_members)
 
   project  = var.project
-  location = google_cloudfunctions2_function.fn["sweeper"].location
-  service  = google_cloudfunctions2_function.fn["sweeper"].name
+  location = google_cloudfunctions2_function.fn["status"].location
+  service  = google_cloudfunctions2_function.fn["status"].name
   role     = "roles/run.invoker"
   member   = each.value
 }

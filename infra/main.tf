@@ -1,4 +1,4 @@
-# looprelay on Google Cloud: four Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
+# looprelay on Google Cloud: five Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
 # Secret Manager and a Cloud Scheduler job. docs/architecture.md has the picture.
 
 locals {
@@ -12,7 +12,8 @@ locals {
   # One entry per @functions_framework.aio.http entry point in functions/main.py
   # (tests/infra/test_terraform.py keeps the two equal). secret_env lists the environment
   # variables each function gets from Secret Manager, and no others: the webhook verifies
-  # signatures and never calls GitHub; the others call GitHub as the App.
+  # signatures and never calls GitHub; the status page only reads Firestore; the others call
+  # GitHub as the App.
   functions = {
     webhook = {
       entry_point     = "webhook"
@@ -54,6 +55,21 @@ locals {
       concurrency     = 1
       max_instances   = var.max_instances.sweeper
       secret_env      = [var.github_app_key_env]
+    }
+    # The operators' status page, apart from the sweeper: the sweeper serves one request on one
+    # instance, so a page view there waited out a sweep and could make a scheduled one be
+    # skipped (issue 22). A few operators at a time: one instance's blocking pool serves them
+    # (each view is a handful of Firestore reads), and two instances bound what a stuck
+    # browser tab reloading every 10 s can cost.
+    status = {
+      entry_point     = "status"
+      description     = "Operators' status page and its JSON (GET /status), behind IAM; reads only."
+      memory          = "512Mi"
+      cpu             = "1"
+      timeout_seconds = 60
+      concurrency     = 16
+      max_instances   = 2
+      secret_env      = []
     }
   }
 

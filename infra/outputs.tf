@@ -9,8 +9,13 @@ output "runner_api_url" {
 }
 
 output "sweeper_url" {
-  description = "The sweeper function; `<url>/status` is the status page (behind IAM: docs/operations.md)."
+  description = "The sweeper function, Cloud Scheduler's target (behind IAM)."
   value       = google_cloudfunctions2_function.fn["sweeper"].service_config[0].uri
+}
+
+output "status_url" {
+  description = "The status page's function: `<url>/status` for operator_members (behind IAM: docs/operations.md)."
+  value       = google_cloudfunctions2_function.fn["status"].service_config[0].uri
 }
 
 output "worker_url" {

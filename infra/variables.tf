@@ -38,7 +38,7 @@ variable "source_archive" {
 variable "python_runtime" {
   type        = string
   default     = "python312"
-  description = "Cloud Functions runtime of the four functions."
+  description = "Cloud Functions runtime of the five functions."
 }
 
 variable "build_service_account" {
@@ -324,5 +324,5 @@ variable "sweeper_time_zone" {
 variable "operator_members" {
   type        = list(string)
   default     = []
-  description = "IAM members (user:, group:, serviceAccount:) who run the looprelay CLI against the cloud: Firestore access, enqueue + act-as for `looprelay deliveries replay`, and the sweeper's invoker role for the status page (GET /status)."
+  description = "IAM members (user:, group:, serviceAccount:) who run the looprelay CLI against the cloud: Firestore access, enqueue + act-as for `looprelay deliveries replay`, and the status function's invoker role for the status page (GET /status)."
 }

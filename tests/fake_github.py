@@ -48,6 +48,9 @@ APP_ID = 4242
 APP_LOGIN = "looprelay-test[bot]"
 INSTALLATION_ID = 77
 MAX_BODY_CHARS = 65_536
+HOLD_SECONDS = 60.0
+"""The longest a scripted answer held with ``until`` waits: a test that never releases it
+fails on its own timeout, not by hanging the fake."""
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
 
 _REPO = r"/repos/(?P<repo>[^/]+/[^/]+)"
@@ -142,6 +145,7 @@ class _Scripted:
     body: Any
     delay: float
     after: bool
+    until: threading.Event | None
 
 
 @dataclass(frozen=True)
@@ -216,13 +220,17 @@ class FakeGitHub:
         body: Any = None,
         delay: float = 0.0,
         after: bool = False,
+        until: threading.Event | None = None,
     ) -> None:
         """Answer the next ``count`` calls whose ``"METHOD /path"`` matches ``match`` (a regex,
         searched) with ``status``, ``headers`` and ``body`` after ``delay`` seconds; status None
         answers as usual after the delay (a hang). ``after``: the call is carried out first
         (a comment is stored) and only its answer is replaced, as when GitHub did the work and
-        a proxy answers 502 or the answer never arrives."""
-        entry = _Scripted(re.compile(match), count, status, headers or {}, body, delay, after)
+        a proxy answers 502 or the answer never arrives. ``until``: the answer waits, after
+        the delay, until the test sets it (at most ``HOLD_SECONDS``), to hold a caller mid-call."""
+        entry = _Scripted(
+            re.compile(match), count, status, headers or {}, body, delay, after, until
+        )
         with self._lock:
             self._script.append(entry)
 
@@ -253,6 +261,8 @@ class FakeGitHub:
             with self._lock:
                 usual = self._route(request)
         time.sleep(scripted.delay)
+        if scripted.until is not None:
+            scripted.until.wait(HOLD_SECONDS)
         if scripted.status is not None:
             return scripted.status, scripted.headers, scripted.body
         if scripted.after:

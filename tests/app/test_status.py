@@ -9,7 +9,9 @@ give a test).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,8 +23,9 @@ import requests
 from starlette.applications import Starlette
 
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
+from looprelay.app.compose import build_app
 from looprelay.app.local import LocalStack
-from looprelay.config.model import Config, ServerConfig
+from looprelay.config.model import Config, GitHubConfig, ServerConfig, SqliteConfig, StoreConfig
 from looprelay.core.model import (
     DeliveryRecord,
     DispatchRecord,
@@ -32,9 +35,13 @@ from looprelay.core.model import (
 )
 from looprelay.errors import ConfigError
 from looprelay.ports import RunnerStatus
+from tests.fake_github import APP_ID, AppKey, FakeGitHub
 from tests.test_up import cli
 
 TOKEN = "operator-token-0123456789abcdef"
+KEY_ENV = "TEST_GH_APP_KEY"
+CLOUD_PEER = "169.254.8.1"  # Cloud Run's front end, as a function sees its callers
+JSON = {"accept": "application/json"}
 TOKEN_ENV = "TEST_LOOPRELAY_OPERATOR_TOKEN"
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 PROMPT = "PRIVATE-PROMPT-TEXT do not show"
@@ -126,14 +133,20 @@ def with_token(tmp_path: Path) -> Iterator[Seeded]:
 
 
 def call(
-    app: Starlette, path: str, *, client: str, headers: Mapping[str, str]
+    app: Starlette,
+    path: str,
+    *,
+    client: str,
+    headers: Mapping[str, str],
+    method: str = "GET",
 ) -> tuple[int, dict[str, str], bytes]:
-    """One GET through the ASGI application as if ``client`` had connected."""
+    """One request (a GET unless ``method``) through the ASGI application as if ``client``
+    had connected."""
 
     async def run() -> tuple[int, dict[str, str], bytes]:
         sent: list[dict[str, Any]] = []
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
             "root_path": "", "client": (client, 40000), "server": ("127.0.0.1", 8484),
             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
@@ -326,3 +339,66 @@ def test_an_interrupted_dispatch_is_sent_again_by_the_command_the_page_gives(
     assert (retried["kind"], retried["seq"], retried["status"]) == ("deliver", 4, "pending")
     again = cli("dispatches", "--data", str(seeded.stack.data_dir), "resend", "dp-waiting")
     assert again.returncode == 1 and "only interrupted ones are sent again" in again.stderr
+
+
+class TestItsOwnCloudFunction:
+    """Issue 22: on the sweeper's one instance at concurrency 1, a sweep held the page up and
+    a page view could make a scheduled sweep be skipped. The two are separate functions now."""
+
+    def _apps(
+        self, tmp_path: Path, fake_github: FakeGitHub, key: AppKey
+    ) -> tuple[Starlette, Starlette]:
+        fake_github.app_public_key = key.public_key
+        config = Config(
+            github=GitHubConfig(api_url=fake_github.url, app_id=APP_ID, private_key_env=KEY_ENV),
+            store=StoreConfig(sqlite=SqliteConfig(path=str(tmp_path / "store.db"))),
+        )
+        environ = {KEY_ENV: key.private_pem}
+        sweeper = build_app(config, environ, function="sweeper")
+        return sweeper, build_app(config, environ, function="status")
+
+    def test_the_sweeper_serves_no_status_page_and_the_status_function_only_that(
+        self, tmp_path: Path, fake_github: FakeGitHub, github_app_key: AppKey
+    ) -> None:
+        sweeper, status = self._apps(tmp_path, fake_github, github_app_key)
+        anywhere = {"host": "looprelay-status-abc.a.run.app"}
+
+        assert call(sweeper, "/status", client=CLOUD_PEER, headers=anywhere)[0] == 404
+        # Behind IAM, which has checked the caller: no loopback rule in the cloud.
+        assert call(status, "/status", client=CLOUD_PEER, headers=anywhere)[0] == 200
+        assert call(status, "/", client=CLOUD_PEER, headers=anywhere)[1]["location"] == "/status"
+        assert call(status, "/sweeper", client=CLOUD_PEER, headers=anywhere)[0] == 404
+        posted = call(status, "/", client=CLOUD_PEER, headers=anywhere, method="POST")
+        assert posted[0] != 200 and fake_github.calls("GET", "/app/hook/deliveries") == []
+
+    def test_a_sweep_in_progress_does_not_hold_up_the_page(
+        self, tmp_path: Path, fake_github: FakeGitHub, github_app_key: AppKey
+    ) -> None:
+        sweeper, status = self._apps(tmp_path, fake_github, github_app_key)
+        listing, answers = threading.Event(), []
+        fake_github.script(match="GET /app/hook/deliveries", until=listing)
+        sweep = threading.Thread(
+            target=lambda: answers.append(
+                call(sweeper, "/", client=CLOUD_PEER, headers={}, method="POST")
+            )
+        )
+        sweep.start()
+        try:
+            _wait_for(lambda: bool(fake_github.calls("GET", "/app/hook/deliveries")))
+
+            page = call(status, "/status", client=CLOUD_PEER, headers=JSON)
+
+            assert page[0] == 200 and json.loads(page[2])["runners"] == []
+            assert sweep.is_alive() and answers == [], "the sweep is still held by GitHub"
+        finally:
+            listing.set()
+            sweep.join(timeout=60)
+        [(swept, _, body)] = answers
+        assert swept == 200, body
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s"
+        time.sleep(0.01)

@@ -32,7 +32,7 @@ from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
 from tests.samples import payload_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper")
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "status")
 SECRET = "archive-test-secret"
 INSTALL_BUDGET_SECONDS = 180
 
@@ -220,14 +220,25 @@ class TestFromACleanVenv:
         assert response.status_code == 200, served.output()
         assert response.json()["redelivered"] == 1
         assert fake_github.redelivered == [31]
-        # The operator's status page rides on this function, the one behind IAM.
+        # The status page is the status function's, not the sweeper's (issue 22).
+        assert requests.get(served.url + "/status", timeout=30).status_code == 404
+
+    def test_the_status_function_serves_the_page_and_its_json(
+        self, serve: Callable[..., Served], tmp_path: Path
+    ) -> None:
+        served = serve("status", LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"))
+        served.wait_until_listening()
+
         page = requests.get(served.url + "/status", timeout=30)
-        assert page.status_code == 200, served.output()
-        assert "<title>looprelay status</title>" in page.text
         view = requests.get(
             served.url + "/status", headers={"Accept": "application/json"}, timeout=30
         ).json()
+        root = requests.get(served.url + "/", timeout=30, allow_redirects=False)
+
+        assert page.status_code == 200, served.output()
+        assert "<title>looprelay status</title>" in page.text
         assert view["runners"] == [] and view["replays"] == []
+        assert (root.status_code, root.headers["location"]) == (307, "/status")
 
 
 def test_the_clean_install_stays_within_its_budget(deployed: Deployed) -> None:

@@ -188,3 +188,22 @@ class TestTheDeployedEntryPoint:
             LOOPRELAY__store__backend='"firestore"',
             LOOPRELAY__store__firestore__project='"demo-coldstart"',
         )
+
+    def test_the_status_page_is_built_at_import_and_starts_no_thread(self) -> None:
+        # Its own function now (issue 22): built at import like the others, so a
+        # misconfigured deployment fails its rollout, and connecting nothing before the fork.
+        code = (
+            "import sys, threading\n"
+            "import main\n"
+            "assert 'looprelay.service.status' in sys.modules, 'the status page was not built'\n"
+            "assert 'looprelay.service.sweeper' not in sys.modules, 'built the sweeper too'\n"
+            "assert threading.active_count() == 1, threading.enumerate()\n"
+        )
+
+        _modules_after(
+            code,
+            FUNCTION_TARGET="status",
+            FIRESTORE_EMULATOR_HOST="127.0.0.1:9",  # nothing may be sent while building
+            LOOPRELAY__store__backend='"firestore"',
+            LOOPRELAY__store__firestore__project='"demo-coldstart"',
+        )

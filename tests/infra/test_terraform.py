@@ -57,11 +57,12 @@ NOT_WIRED = {
     cloud.CONFIG_ENV: "optional config file; the deployment uses LOOPRELAY__ overrides instead",
 }
 # The handler each entry point serves, built by looprelay.app.cloud from the environment.
-BUILDERS = {
-    "webhook": "build_ingress",
-    "worker": "build_worker",
-    "runners": "build_runner_api",
-    "sweeper": "build_sweeper",
+BUILDERS: dict[str, Callable[[Config, dict[str, str]], object]] = {
+    "webhook": cloud.build_ingress,
+    "worker": cloud.build_worker,
+    "runners": cloud.build_runner_api,
+    "sweeper": cloud.build_sweeper,
+    "status": lambda config, environ: cloud.build_status_reader(config),
 }
 # Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
 TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
@@ -342,6 +343,7 @@ def _functions() -> dict[str, dict[str, Any]]:
             "name": ev.value(body["name"]),
             "env": ev.value(service.get("environment_variables", {})),
             "secrets": {block["key"]: block for block in _secret_blocks(service, ev)},
+            "service": {key: ev.value(value) for key, value in service.items() if key != "dynamic"},
         }
     return deployed
 
@@ -444,7 +446,7 @@ def test_each_function_builds_its_handler_from_exactly_its_environment(
     monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", "127.0.0.1:9")
     test_only = {"LOOPRELAY__queue__cloudtasks__apiEndpoint": '"http://127.0.0.1:9"'}
     for entry_point, fn in _functions().items():
-        builder = getattr(cloud, BUILDERS[entry_point])
+        builder = BUILDERS[entry_point]
         config = _config({**fn["env"], **test_only})
         values = {
             name: app_key if name == config.github.private_key_env else secrets.token_hex(32)
@@ -474,14 +476,15 @@ def test_secrets_come_from_secret_manager_and_never_as_plain_values() -> None:
     )
 
 
-def test_the_webhook_gets_only_webhook_secrets_and_the_rest_only_the_app_key() -> None:
+def test_the_webhook_gets_only_webhook_secrets_the_status_page_none_and_the_rest_the_app_key() -> (
+    None
+):
     for entry_point, fn in _functions().items():
         config = _config(fn["env"])
-        wanted = (
-            set(config.github.webhook_secrets)
-            if entry_point == "webhook"
-            else {config.github.private_key_env}
-        )
+        wanted = {
+            "webhook": set(config.github.webhook_secrets),
+            "status": set(),
+        }.get(entry_point, {config.github.private_key_env})
         assert set(fn["secrets"]) == wanted, entry_point
 
 
@@ -510,8 +513,9 @@ def test_the_queue_retry_policy_and_rate_limits_are_explicit_and_match_the_confi
     assert config.cloudtasks.queue == "<google_cloud_tasks_queue.deliveries.name>"
 
 
-def test_who_may_invoke_each_function() -> None:
-    invokers: dict[str, set[str]] = {}
+def _invokers() -> dict[str, dict[str, str]]:
+    """Function key -> {IAM binding address: member} of every invoker binding in infra/."""
+    invokers: dict[str, dict[str, str]] = {}
     for kind, named in _infra()["resource"].items():
         if not re.fullmatch(
             r"google_(cloud_run(_v2)?_service|cloudfunctions2?_function)_iam_\w+", kind
@@ -523,10 +527,14 @@ def test_who_may_invoke_each_function() -> None:
             key = re.search(rf'{FUNCTION}\.fn\["(\w+)"\]', target)
             assert key, f"{kind}.{name} names no function: {target}"
             assert body["role"] in ("roles/run.invoker", "roles/cloudfunctions.invoker")
-            invokers.setdefault(key.group(1), set()).add(body["member"])
+            invokers.setdefault(key.group(1), {})[f"{kind}.{name}"] = body["member"]
+    return invokers
+
+
+def test_who_may_invoke_each_function() -> None:
+    invokers = {key: set(bindings.values()) for key, bindings in _invokers().items()}
     assert invokers["worker"] == {"${google_service_account.tasks.member}"}
-    # Operators open the status page on the sweeper (docs/operations.md).
-    assert invokers["sweeper"] == {"${google_service_account.scheduler.member}", "${each.value}"}
+    assert invokers["sweeper"] == {"${google_service_account.scheduler.member}"}
     public = {key for key, members in invokers.items() if "allUsers" in members}
     assert public == {"webhook", "runners"}, "only the HMAC- and secret-checked functions"
     config = _config(_functions()["webhook"]["env"])
@@ -539,6 +547,41 @@ def test_who_may_invoke_each_function() -> None:
     (job,) = _resources("google_cloud_scheduler_job").values()
     oidc = _block(_block(job, "http_target"), "oidc_token")
     assert oidc["service_account_email"] == "${google_service_account.scheduler.email}"
+
+
+def test_the_status_page_has_a_function_of_its_own_for_operators_only() -> None:
+    """Issue 22: on the sweeper (one request, one instance) a sweep held the page up and a
+    page view could make a scheduled sweep be skipped."""
+    service = _functions()["status"]["service"]
+    assert service["max_instance_request_concurrency"] > 1
+    assert 1 <= service["max_instance_count"] <= 3
+    sweeper = _functions()["sweeper"]["service"]
+    assert sweeper["max_instance_request_concurrency"] == 1
+    # Its invokers are operator_members, one binding each, and nobody public.
+    bindings = _invokers()["status"]
+    assert set(bindings.values()) == {"${each.value}"}, bindings
+    for address in bindings:
+        kind, name = address.split(".")
+        assert _resources(kind)[name]["for_each"] == "${toset(var.operator_members)}", address
+    assert "allUsers" not in bindings.values()
+
+
+def test_the_status_function_may_read_firestore_and_nothing_else() -> None:
+    # Grants name it directly, or per function key (for_each over function names); secret
+    # access follows local.functions' secret_env, checked empty here.
+    direct, keyed = '${google_service_account.fn["status"].member}', "fn[each.key]"
+    roles = set()
+    for kind, named in _infra()["resource"].items():
+        for name, body in named.items():
+            member = str(body.get("member", ""))
+            granted = member == direct or (
+                keyed in member and "status" in _Eval().value(body["for_each"])
+            )
+            if kind.endswith("_iam_member") and granted:
+                roles.add(body["role"])
+                assert "database" in body["condition"][0]["expression"], f"{kind}.{name}"
+    assert roles == {"roles/datastore.viewer"}
+    assert _functions()["status"]["secrets"] == {}
 
 
 def test_firestore_ttl_policies_cover_every_expiring_collection() -> None:

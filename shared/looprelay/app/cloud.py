@@ -174,8 +174,8 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
 
 
 def build_status_reader(config: Config) -> StatusReader:
-    """The status page's reader, on the configured stores (served by the sweeper, which is
-    behind IAM)."""
+    """The status page's reader, on the configured stores (the ``status`` function's, behind
+    IAM). It only reads: the function's identity may read Firestore and nothing else."""
     from datetime import timedelta
 
     from looprelay.adapters.clock import SystemClock

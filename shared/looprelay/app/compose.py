@@ -9,6 +9,10 @@ Two shapes serve the same paths:
     GET  /healthz       liveness
     GET  /status        the operator's status page, or its JSON (app/status.py)
 
+In the cloud each function serves its own path: the status page is the ``status`` function's,
+apart from the sweeper, so a sweep (one at a time, on one instance) never holds a page view up
+and a page view never takes the instance a scheduled sweep needs.
+
 ``build_app(config, environ, data_dir=...)`` is ``looprelay up``'s: the data directory locked,
 the SQLite stores, the embedded queue (an enqueue is synced before its 202, and its
 dispatchers POST to this same application's ``/worker``), and an in-process signal that wakes
@@ -50,7 +54,7 @@ WORKER_PATH = "/worker"
 HEALTH_PATH = "/healthz"
 RUNNER_PREFIX = "/runner/"
 SWEEPER_PATH = "/sweeper"
-FUNCTIONS = ("webhook", "worker", "runners", "sweeper")
+FUNCTIONS = ("webhook", "worker", "runners", "sweeper", "status")
 """The Cloud Functions entry points, one endpoint each."""
 _HEALTH_MAX_BODY_BYTES = 1024
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
@@ -181,8 +185,7 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
 
         worker = blocking(worker_handler(cloud.build_worker(config, environ)))
         endpoints = [Endpoint(path, worker, MAX_TASK_BYTES) for path in ("/", WORKER_PATH)]
-    else:
-        from looprelay.app.status import STATUS_PATH, status_handler
+    elif function == "sweeper":
         from looprelay.app.sweep import SweepHandler
 
         sweeper = SweepHandler(cloud.build_sweeper(config, environ))
@@ -190,11 +193,16 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)
         ]
-        # The operator's status page rides on the one function that is behind IAM and reads
-        # the store: Cloud Run has authenticated every caller (docs/operations.md).
+    else:
+        from looprelay.app.status import STATUS_PATH, status_handler, to_status
+
+        # Behind IAM: Cloud Run has authenticated every caller (docs/operations.md).
         reader = cloud.build_status_reader(config)
         handler = status_handler(reader.read, blocking, local_only=False)
-        endpoints.append(Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES))
+        endpoints = [
+            Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES),
+            Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
+        ]
     return build_asgi(endpoints)
 
 
