@@ -29,6 +29,7 @@ def pull_request_opened(
     pr["head"]["sha"] = head_sha
     pr["head"]["repo"]["full_name"] = head_repository
     pr["base"]["repo"]["full_name"] = REPOSITORY
+    pr["base"]["ref"] = "main"  # the offline repository's default branch
     if head_repository != REPOSITORY:  # looprelay tells a fork by its repository id
         pr["head"]["repo"]["id"] = FORK_REPOSITORY_ID
     return installed(data, installation)

@@ -165,6 +165,8 @@ AgentEventName = Literal[
     "skill.installed",
     "skill.install_failed",
     "session.id_replaced",
+    "session.sandboxed",
+    "workspace.untrusted_config_restored",
 ]
 """Events a runner may report with a result; the server logs each beside the dispatch's own."""
 MAX_AGENT_EVENTS = 16
