@@ -277,3 +277,41 @@ class TestTruthfulStatus:
         elsewhere = desk.dispatch(8).model_copy(update={"repository": "octo/elsewhere"})
         desk.seed(8, elsewhere)
         assert _waiting(_status(desk))["dp-8-1"] == "repository-not-served"
+
+
+class TestOneAgentPerRunner:
+    def _beat(self, desk: Desk, runner: Runner, **body: Any) -> requests.Response:
+        return desk.post("heartbeat", {"repositories": [REPOSITORY], **body}, auth=runner.auth)
+
+    def test_a_second_live_agent_on_the_same_credentials_is_refused(self, desk: Desk) -> None:
+        runner = desk.runner("box")
+        assert self._beat(desk, runner, agent_id="first", restarted=True).status_code == 200
+        refused = self._beat(desk, runner, agent_id="second", restarted=True)
+        assert refused.status_code == 409
+        assert "served by another live agent (id first" in refused.json()["error"]
+        assert "`looprelay runner register`" in refused.json()["error"]
+        poll = desk.post("poll", {"wait_seconds": 0, "agent_id": "second"}, auth=runner.auth)
+        assert poll.status_code == 409
+        own = desk.post("poll", {"wait_seconds": 0, "agent_id": "first"}, auth=runner.auth)
+        assert own.status_code == 204
+        assert [e["agent_id"] for e in desk.events("runner.second_agent_refused")] == [
+            "second",
+            "second",
+        ]
+
+    def test_a_restart_on_the_dead_agents_state_directory_is_accepted_at_once(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box")
+        assert self._beat(desk, runner, agent_id="first").status_code == 200
+        restarted = self._beat(desk, runner, agent_id="again", replaces="first", restarted=True)
+        assert restarted.status_code == 200
+        assert self._beat(desk, runner, agent_id="first").status_code == 409  # it is gone
+
+    def test_an_agent_is_accepted_once_the_one_before_fell_silent(self, desk: Desk) -> None:
+        runner = desk.runner("box")
+        assert self._beat(desk, runner, agent_id="first").status_code == 200
+        desk.clock.advance(CONFIG.lost_after_seconds + 1)
+        assert self._beat(desk, runner, agent_id="elsewhere").status_code == 200
+        record = desk.stores.registry.get_runner(runner.runner_id)
+        assert record is not None and record.agent_id == "elsewhere"

@@ -316,6 +316,8 @@ class RunnerStatus:
     repositories: tuple[str, ...] = ()
     workspace: bool = False
     sessions: int = 0
+    agent_id: str = ""
+    """The agent process sending it (``core.identity``); empty from an agent that names none."""
 
 
 class RunnerRegistry(Protocol):

@@ -191,7 +191,8 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     type=int,
     default=2,
     show_default=True,
-    help="Sessions this runner may hold at once.",
+    help="Harnesses this runner runs at once: one per tmux session, one per headless turn "
+    "in flight (a headless session holds none between turns).",
 )
 @_credentials_option("Where to write the credentials")
 @click.option(

@@ -65,6 +65,7 @@ def reports_new_status(runner: RunnerRecord, status: RunnerStatus) -> bool:
         repositories=tuple(runner.repositories),
         workspace=runner.workspace,
         sessions=runner.sessions,
+        agent_id=runner.agent_id,
     )
     return held != status
 
