@@ -155,12 +155,15 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class SessionSlot:
-    """The session slot a spawn takes on the runner it is leased to: one per endpoint, at
-    most ``capacity`` per runner."""
+    """The session slot a lease that starts a harness takes on the runner it is leased to
+    (``core.slots.takes_slot``): one per endpoint, at most ``capacity`` per runner. ``frees``
+    names the runners whose slot of the same endpoint the same write gives back (the session
+    moved away from them, or their lease of it lapsed)."""
 
     endpoint: str
     work_item: str
     capacity: int
+    frees: tuple[str, ...] = ()
 
 
 class WorkItemStore(Protocol):
@@ -250,7 +253,8 @@ class WorkItemStore(Protocol):
         With ``slot``, the same atomic write gives ``runner_id`` the session slot of
         ``slot.endpoint`` (kept, re-dated, if it holds it already), and the lease is refused
         (None) when the runner holds ``slot.capacity`` slots of other endpoints: racing
-        spawns never put more sessions on a runner than its capacity.
+        spawns never put more sessions on a runner than its capacity. The same write frees
+        the endpoint's slot on each runner of ``slot.frees``.
         """
         ...
 
@@ -312,6 +316,8 @@ class RunnerStatus:
     repositories: tuple[str, ...] = ()
     workspace: bool = False
     sessions: int = 0
+    agent_id: str = ""
+    """The agent process sending it (``core.identity``); empty from an agent that names none."""
 
 
 class RunnerRegistry(Protocol):

@@ -81,7 +81,9 @@ class TestEachRegistrationKeepsItsOwnState:
         with pytest.raises(ConfigError) as refused:
             build_agent(_options(tmp_path, checkout))
         assert f"another runner agent (pid {os.getpid()})" in str(refused.value)
-        assert "--state" in str(refused.value)
+        # Not `--state`: that starts a second agent on the same credentials.
+        assert "--state" not in str(refused.value)
+        assert "own --credentials" in str(refused.value)
 
         for lock in first.locks:
             lock.release()

@@ -123,7 +123,12 @@ class TestRestartAtCapacity:
         released = _dispatch(kind="spawn", runner_id=None, status="pending", result="")
         other = "github:octo/widgets#8"
         fresh = released.model_copy(
-            update={"dispatch_id": "dp-8-1", "lease_holder": None, "endpoint": other}
+            update={
+                "dispatch_id": "dp-8-1",
+                "lease_holder": None,
+                "endpoint": other,
+                "work_item": other,
+            }
         )
         # The slot the spawn took when it was first leased outlives the restart's release.
         holding = {released.endpoint: released.work_item}

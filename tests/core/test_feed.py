@@ -35,7 +35,11 @@ def test_only_heads_this_runner_may_take_are_worth_a_look() -> None:
         lease_expires_at=T0 + timedelta(seconds=30),
     )
     lapsed = held.model_copy(
-        update={"work_item": "github:octo/app#5", "lease_expires_at": T0 - timedelta(seconds=1)}
+        update={
+            "work_item": "github:octo/app#5",
+            "endpoint": "github:octo/app#5",
+            "lease_expires_at": T0 - timedelta(seconds=1),
+        }
     )
     pushed = [behind_mine, mine, other_repository, other_labels, held, lapsed]
     assert [d.dispatch_id for d in worth_a_look(pushed, RUNNER, now=T0)] == [

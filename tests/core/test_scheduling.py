@@ -153,7 +153,7 @@ class TestIsLive:
             ),
             pytest.param(
                 {"last_seen_at": None, "registered_at": T0 - timedelta(seconds=5)},
-                True,
+                False,
                 id="never-heard-from-but-just-registered",
             ),
             pytest.param(

@@ -60,6 +60,13 @@ def default_tmux_socket(runner_id: str) -> str:
     return runner_socket(runner_id)
 
 
+_SECOND_AGENT_ADVICE = (
+    "one agent per runner (the server refuses a second one on the same credentials); "
+    "to run another runner on this machine, register it (`looprelay runner register`) and "
+    "start it with its own --credentials"
+)
+
+
 def build_agent(options: RunnerOptions) -> Agent:
     """Check ``options`` and assemble the agent, holding its state directory's lock.
 
@@ -69,12 +76,14 @@ def build_agent(options: RunnerOptions) -> Agent:
         raise ConfigError(f"--capacity {options.capacity}: a runner applies at least 1 at once")
     credentials = read_credentials(options.credentials_path)
     state_dir = options.state_dir or default_state_dir(credentials.runner_id)
-    locks = [StateLock.acquire(state_dir, option="--state (or its own --credentials)")]
+    locks = [StateLock.acquire(state_dir, option=_SECOND_AGENT_ADVICE)]
     try:
         if options.workspace is not None:
             # Session trees are named after their work item: two agents on one root would
             # share a tree whenever they served the same issue.
-            locks.append(StateLock.acquire(options.workspace, option="--workspace"))
+            locks.append(
+                StateLock.acquire(options.workspace, option="give this one its own --workspace")
+            )
         return _assemble(options, credentials, state_dir, locks)
     except BaseException:
         for lock in locks:

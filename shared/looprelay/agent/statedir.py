@@ -31,11 +31,11 @@ class StateLock:
         self.directory = directory
 
     @classmethod
-    def acquire(cls, directory: Path, *, option: str = "--state") -> StateLock:
+    def acquire(cls, directory: Path, *, option: str = "its own --state") -> StateLock:
         """Create ``directory`` (mode 0700) and lock it for this process.
 
         Raises ``ConfigError`` when another agent holds it (naming its pid and ``option``, the
-        flag that gives this agent a directory of its own) or the directory cannot be made.
+        fix for wanting a second one) or the directory cannot be made.
         """
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -48,8 +48,8 @@ class StateLock:
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             raise ConfigError(
-                f"another runner agent (pid {holder}) is using {directory}; stop it, or give "
-                f"this one its own {option}"
+                f"another runner agent (pid {holder}) is using {directory}; stop it first, or: "
+                f"{option}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

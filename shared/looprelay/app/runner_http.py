@@ -161,7 +161,9 @@ class RunnerHttp:
 
         def admit() -> Response:
             runner = _worker(self._api, request)
-            admitted.append((runner, parse_body(request, PollBody)))
+            body = parse_body(request, PollBody)
+            self._api.admit_poll(runner, body)
+            admitted.append((runner, body))
             return NOTHING_TO_LEASE
 
         refused = self._answer(admit)

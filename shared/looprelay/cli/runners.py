@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 import click
 
 from looprelay.cli.common import data_path, load, log_options, state_options, table
-from looprelay.core.model import RunnerRecord
 from looprelay.logs import LogFormat
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,12 +68,12 @@ def runners_openapi() -> None:
 @state_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
-    """List registered runners (never their secrets): live, lost (silent longer than
-    runners.lostAfterSeconds) or revoked."""
+    """List registered runners (never their secrets): not-started, live, lost (silent longer
+    than runners.lostAfterSeconds) or revoked, as `looprelay status` says."""
     from datetime import UTC, datetime, timedelta
 
     from looprelay.app.adapters import open_runner_registry
-    from looprelay.core.scheduling import is_live
+    from looprelay.core.scheduling import runner_state
 
     config = load(config_path)
     registry = open_runner_registry(config, data_dir=data_path(data_dir))
@@ -82,8 +81,7 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     rows = []
     for runner in registry.list_runners():
         data = runner.model_dump(mode="json", exclude={"secret_hash"})
-        live = is_live(runner, now=now, lost_after=lost_after)
-        data["status"] = runner_status_word(runner, live=live)
+        data["status"] = runner_state(runner, now=now, lost_after=lost_after)
         if as_json:
             click.echo(json.dumps(data))
         rows.append(
@@ -98,16 +96,6 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
             ("runner_id", "name", "status", "capacity", "version", "labels", "last_seen_at"),
             now=now,
         )
-
-
-def runner_status_word(runner: RunnerRecord, *, live: bool) -> str:
-    """``revoked``, ``not-started`` (registered, its agent never heard from), ``live`` or
-    ``lost``."""
-    if runner.revoked:
-        return "revoked"
-    if runner.last_seen_at is None:
-        return "not-started"
-    return "live" if live else "lost"
 
 
 @runners_group.command("revoke")
@@ -203,7 +191,8 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     type=int,
     default=2,
     show_default=True,
-    help="Sessions this runner may hold at once.",
+    help="Harnesses this runner runs at once: one per tmux session, one per headless turn "
+    "in flight (a headless session holds none between turns).",
 )
 @_credentials_option("Where to write the credentials")
 @click.option(

@@ -112,6 +112,8 @@ class RunnerRecord(BaseModel):
     """Whether it can create a checkout per session (so any repository, and PR sessions)."""
     sessions: int = 0
     """Sessions it holds now, from its last heartbeat."""
+    agent_id: str = ""
+    """The agent process serving it, as its heartbeats name it (one at a time per runner)."""
 
     @property
     def revoked(self) -> bool:

@@ -4,10 +4,12 @@ Scenario: work item #7's session lives on runner A. Its next dispatch (seq 5) wa
 of the same session is settled, then goes to A alone while A is live; if A falls silent past
 ``lostAfterSeconds``, any eligible runner may take it and respawn the session there. A spawn
 goes to a live runner that serves the repository (a checkout of it, or a workspace), carries
-every label the dispatch asks for, and has a free session slot (counted from the sessions the
-server assigned it). Runners never wait on each other, and sessions never wait on each other:
-a pull request's session nobody can take holds back only that session's later dispatches, not
-those of the work item's own session.
+every label the dispatch asks for, and has a free session slot (``core.slots``); a pull
+request's own session goes only to a runner that can make its checkout. Runners never wait on
+each other, and sessions never wait on each other: a pull request's session nobody can take
+holds back only that session's later dispatches, not those of the work item's own session.
+The one exception is ending them: the stops and cleanups of one work item's sessions go one at
+a time (the runner's cleanups of one work item's checkouts must not race each other).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from looprelay.core.model import DISPATCH_OPEN, DispatchRecord, RunnerRecord, WorkItemRecord
+from looprelay.core.slots import ENDING_KINDS, can_make_checkout, needs_own_checkout, takes_slot
 from looprelay.ports import RunnerStatus
 
 
@@ -29,9 +32,20 @@ class Waiting:
 
 
 def is_live(runner: RunnerRecord, *, now: datetime, lost_after: timedelta) -> bool:
-    """Whether ``runner`` has been heard from recently and is not revoked."""
-    seen = runner.last_seen_at or runner.registered_at
-    return not runner.revoked and now - seen <= lost_after
+    """Whether ``runner`` has been heard from recently and is not revoked (one never heard
+    from, ``not-started``, is not live)."""
+    seen = runner.last_seen_at
+    return not runner.revoked and seen is not None and now - seen <= lost_after
+
+
+def runner_state(runner: RunnerRecord, *, now: datetime, lost_after: timedelta) -> str:
+    """The one word every view uses for ``runner``: ``revoked``, ``not-started`` (registered,
+    its agent never heard from), ``live`` or ``lost`` (silent past ``lost_after``)."""
+    if runner.revoked:
+        return "revoked"
+    if runner.last_seen_at is None:
+        return "not-started"
+    return "live" if is_live(runner, now=now, lost_after=lost_after) else "lost"
 
 
 def with_last_seen(runner: RunnerRecord, last_seen: datetime | None) -> RunnerRecord:
@@ -51,6 +65,7 @@ def reports_new_status(runner: RunnerRecord, status: RunnerStatus) -> bool:
         repositories=tuple(runner.repositories),
         workspace=runner.workspace,
         sessions=runner.sessions,
+        agent_id=runner.agent_id,
     )
     return held != status
 
@@ -69,8 +84,25 @@ def heads_of_line(
         held = first.get(line)
         if held is None or dispatch.seq < held.seq:
             first[line] = dispatch
-    ready = [d for d in first.values() if _leasable(d, now)]
+    ending = _first_ending(first.values())
+    ready = [
+        d
+        for d in first.values()
+        if _leasable(d, now)
+        and (d.kind not in ENDING_KINDS or ending[d.work_item].dispatch_id == d.dispatch_id)
+    ]
     return sorted(ready, key=lambda d: (d.created_at, d.seq, d.dispatch_id))
+
+
+def _first_ending(firsts: Iterable[DispatchRecord]) -> dict[str, DispatchRecord]:
+    """Per work item, its lowest-``seq`` stop or cleanup among its endpoints' first open
+    dispatches (in flight or not): the only one of them that may go now."""
+    ending: dict[str, DispatchRecord] = {}
+    for dispatch in firsts:
+        held = ending.get(dispatch.work_item)
+        if dispatch.kind in ENDING_KINDS and (held is None or dispatch.seq < held.seq):
+            ending[dispatch.work_item] = dispatch
+    return ending
 
 
 def needs_session_pin(dispatch: DispatchRecord) -> bool:
@@ -117,14 +149,17 @@ def why_not(
     """
     if dispatch.runner_id not in (None, runner.runner_id) and dispatch.runner_id in live:
         return "session-on-another-runner"
-    if _needs_slot(dispatch, runner, holding):
-        return "runner-at-capacity"
+    # What the runner can never take is said before what it cannot take now (capacity).
     if not runner.workspace and dispatch.repository.lower() not in {
         repository.lower() for repository in runner.repositories
     }:
         return "repository-not-served"
     missing = {k: v for k, v in dispatch.labels.items() if runner.labels.get(k) != v}
-    return f"labels-missing:{','.join(sorted(missing))}" if missing else None
+    if missing:
+        return f"labels-missing:{','.join(sorted(missing))}"
+    if needs_own_checkout(dispatch) and not can_make_checkout(runner):
+        return "no-separate-checkout"
+    return "runner-at-capacity" if _needs_slot(dispatch, runner, holding) else None
 
 
 def _needs_slot(
@@ -134,7 +169,7 @@ def _needs_slot(
     if holding is None:
         new_session = dispatch.runner_id is None and dispatch.kind == "spawn"
         return new_session and runner.sessions >= runner.capacity
-    starts = dispatch.kind == "spawn" and dispatch.endpoint not in holding
+    starts = takes_slot(dispatch, runner.runner_id) and dispatch.endpoint not in holding
     return starts and len(holding) >= runner.capacity
 
 

@@ -22,7 +22,7 @@ from looprelay.core.model import (
     SessionRecord,
     WorkItemRecord,
 )
-from looprelay.core.scheduling import is_live, waiting_reasons
+from looprelay.core.scheduling import runner_state, waiting_reasons
 
 AFTER_EARLIER = "after-earlier-dispatch-of-its-session"
 """Why a pending dispatch that is not its work item's head waits."""
@@ -45,7 +45,8 @@ class RunnerRow(_Row):
     runner_id: str
     name: str
     state: str
-    """``live``, ``lost`` (silent past ``runners.lostAfterSeconds``) or ``revoked``."""
+    """``not-started`` (registered, its agent never heard from), ``live``, ``lost`` (silent
+    past ``runners.lostAfterSeconds``) or ``revoked`` (``core.scheduling.runner_state``)."""
     capacity: int
     sessions: int
     last_seen_at: datetime | None
@@ -220,9 +221,7 @@ def explain_waits(
 
 
 def _runner_state(runner: RunnerRecord, now: datetime, lost_after: timedelta) -> str:
-    if runner.revoked:
-        return "revoked"
-    return "live" if is_live(runner, now=now, lost_after=lost_after) else "lost"
+    return runner_state(runner, now=now, lost_after=lost_after)
 
 
 def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) -> RunnerRow:

@@ -5,9 +5,11 @@ by compare-and-set, so of two racing runners exactly one gets it. While it appli
 it renews the lease; when it reports, only the lease holder's result counts, the session is
 recorded on the work item, and the next dispatch of that work item becomes offerable. A lease
 that lapses (a runner killed mid-apply) makes the dispatch offerable again; the agent's local
-ledger keeps a paste from happening twice on the runner that died and comes back. A spawn
-also takes one of the runner's session slots in the lease's own write (its capacity, counted
-from what the server assigned); a stop, a cleanup or a failed spawn gives the slot back.
+ledger keeps a paste from happening twice on the runner that died and comes back. A lease that
+starts a harness (a spawn, a move to this runner, a headless turn) takes one of the runner's
+session slots in its own write, and frees the slot the session held on the runner it left;
+settling gives it back as ``core.slots`` says (a stop, a cleanup, a failed spawn, the end of
+a headless turn).
 
 The desk returns values and raises the project's errors (``NotFound``, ``Conflict``,
 ``Transient``); the runner API turns them into HTTP answers.
@@ -29,6 +31,7 @@ from looprelay.core.scheduling import (
     needs_session_pin,
     pin_to_sessions,
 )
+from looprelay.core.slots import frees_on_lease, frees_on_settle, takes_slot
 from looprelay.errors import Conflict, NotFound, Transient
 from looprelay.ports import (
     Clock,
@@ -62,18 +65,6 @@ LAPSE_MARGIN_SECONDS = 0.05
 than now)."""
 LEASE_PASSED_ON = "this runner no longer holds that lease"
 """Why a renew or a result is refused (``Conflict``, 409) after the lease moved on."""
-
-
-SESSION_ENDING_KINDS = frozenset({"terminate", "cleanup"})
-"""Dispatches whose success ends a session on its runner, freeing its slot."""
-
-
-def _ends_session(dispatch: DispatchRecord, status: str) -> bool:
-    """Whether ``dispatch`` settling as ``status`` leaves its session without a harness on
-    the runner: stopped or cleaned up, or a spawn that failed for good."""
-    if dispatch.kind in SESSION_ENDING_KINDS:
-        return status == "succeeded"
-    return dispatch.kind == "spawn" and status == "failed"
 
 
 def leasable_heads(
@@ -279,15 +270,12 @@ class LeaseDesk:
             if pick is None:
                 return None
             until = now + timedelta(seconds=self._config.lease_seconds)
-            # A spawn takes a session slot in the lease's own write: racing polls never give
-            # a runner more sessions than its capacity.
-            slot = (
-                SessionSlot(pick.endpoint, pick.work_item, runner.capacity)
-                if pick.kind == "spawn"
-                else None
-            )
             leased = self._items.lease_dispatch(
-                pick.dispatch_id, runner_id=runner.runner_id, now=now, until=until, slot=slot
+                pick.dispatch_id,
+                runner_id=runner.runner_id,
+                now=now,
+                until=until,
+                slot=self._slot(pick, runner),
             )
             if leased is not None:
                 self._note_lease(pick, leased, runner, now)
@@ -295,20 +283,22 @@ class LeaseDesk:
             candidates = [d for d in candidates if d.dispatch_id != pick.dispatch_id]
         return None
 
-    def _free_moved_slots(self, spawn: DispatchRecord, runner: RunnerRecord) -> None:
-        """A session spawned on ``runner`` no longer occupies a slot on the runner it lived
-        on before (lost) or on a runner whose lease of this spawn lapsed."""
-        item = self._items.get_work_item(spawn.work_item)
-        session = item.sessions.get(spawn.endpoint) if item else None
-        for before in {spawn.lease_holder, session.runner_id if session else None}:
-            if before not in (None, runner.runner_id):
-                self._items.release_session(before, endpoint=spawn.endpoint)
+    def _slot(self, pick: DispatchRecord, runner: RunnerRecord) -> SessionSlot | None:
+        """The slot leasing ``pick`` to ``runner`` takes, in the lease's own write (racing
+        polls never give a runner more harnesses than its capacity), with the slots of the
+        endpoint it frees on the runners the session leaves."""
+        if not takes_slot(pick, runner.runner_id):
+            return None
+        item = self._items.get_work_item(pick.work_item)
+        session = item.sessions.get(pick.endpoint) if item else None
+        frees = frees_on_lease(
+            pick, runner.runner_id, session_runner=session.runner_id if session else None
+        )
+        return SessionSlot(pick.endpoint, pick.work_item, runner.capacity, frees)
 
     def _note_lease(
         self, before: DispatchRecord, leased: DispatchRecord, runner: RunnerRecord, now: datetime
     ) -> None:
-        if before.kind == "spawn":
-            self._free_moved_slots(before, runner)
         if before.status == "leased":
             self._event(
                 "lease.expired", leased, now, {"from": before.lease_holder, "to": runner.runner_id}
@@ -359,7 +349,7 @@ class LeaseDesk:
         ):
             raise Conflict(LEASE_PASSED_ON)
         self._progress.record(dispatch, runner, body, final_status=status, announce=announce)
-        freed = _ends_session(dispatch, status)
+        freed = frees_on_settle(dispatch, status)
         if freed:
             self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)
         self._ring_after_result(dispatch, runner, freed_slot=freed)

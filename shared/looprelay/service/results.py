@@ -89,7 +89,9 @@ class Progress:
                 dispatch,
                 {"runner_id": runner.runner_id, "session_id": result.session_id},
             )
-        if result.status == "spawned":
+        # A headless first turn is its spawn: it answers ``done`` where tmux says ``spawned``.
+        first_turn = dispatch.kind == "spawn" and _turn_taken(dispatch, result)
+        if result.status == "spawned" or first_turn:
             self._event(
                 "session.respawned" if result.resumed else "session.spawned",
                 dispatch,

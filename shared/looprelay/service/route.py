@@ -31,6 +31,7 @@ from looprelay.core.model import (
 from looprelay.core.order import ORDER_LOOKBACK, Earlier, judge_order
 from looprelay.core.plan import RoutingPolicy
 from looprelay.core.policy import pin_to_record
+from looprelay.core.slots import can_make_checkout
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import Clock, GitHub, RunnerRegistry, Store, WorkItemStore
@@ -42,7 +43,6 @@ log = logging.getLogger("looprelay.service.route")
 
 MAX_SAVE_ROUNDS = 8
 """Decide-and-save rounds on one contended work item before the queue is asked to retry."""
-WORKSPACE_LABEL = "workspace"
 """Runner label (``workspace=true``) an operator sets to say a runner can give a pull request
 its own checkout, besides the workspace root the runner itself reports (``RunnerRecord``)."""
 DEFAULT_ORDER_WAIT = timedelta(seconds=5)
@@ -238,13 +238,19 @@ class Router:
         return text.body if text else None
 
     def _pr_checkouts(self, item: WorkItemRecord | None) -> bool:
+        """Whether a runner can give a pull request of ``item`` a checkout of its own: the
+        PR's spawn goes only to such a runner (``core.scheduling.why_not``), so it is judged
+        for any runner that may take it, not only the one the work item's session is on.
+        None registered: the PR's events go to the work item's session, declined."""
         session = item.sessions.get(item.ref) if item else None
         runner = (
             self._runners.get_runner(session.runner_id) if session and session.runner_id else None
         )
-        if runner is None:
+        if runner is not None and can_make_checkout(runner):
+            return True  # one read: the session's own runner can, as it mostly does
+        if item is None:
             return False
-        return runner.workspace or runner.labels.get(WORKSPACE_LABEL) == "true"
+        return any(can_make_checkout(r) and not r.revoked for r in self._runners.list_runners())
 
     def _save(self, situation: Situation, decision: Decision) -> bool:
         assert decision.work_item is not None

@@ -18,9 +18,10 @@ import logging
 from datetime import datetime, timedelta
 
 from looprelay.config.model import RunnersConfig
+from looprelay.core.identity import second_agent, second_agent_message
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
 from looprelay.core.scheduling import reports_new_status
-from looprelay.errors import NotFound, Unauthorized
+from looprelay.errors import Conflict, NotFound, Unauthorized
 from looprelay.ports import Clock, RunnerDirectory, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.failover import Failover
 from looprelay.service.lease_desk import LeaseDesk
@@ -148,7 +149,10 @@ class RunnerApi:
 
     def heartbeat(self, runner: RunnerRecord, body: HeartbeatBody) -> HeartbeatHints:
         """Record that ``runner`` is alive and what it serves; settle the sessions it reports
-        released, held elsewhere or lost to a restart."""
+        released, held elsewhere or lost to a restart. Raises ``Conflict`` for a second live
+        agent on ``runner``'s credentials (``core.identity``)."""
+        now = self._clock.now()
+        self._one_agent(runner, agent_id=body.agent_id, replaces=body.replaces, now=now)
         status = RunnerStatus(
             version=body.version,
             # Sessions the runner may hold are set at registration (`runner register
@@ -157,8 +161,8 @@ class RunnerApi:
             repositories=tuple(body.repositories),
             workspace=body.workspace,
             sessions=body.sessions,
+            agent_id=body.agent_id or runner.agent_id,
         )
-        now = self._clock.now()
         if not reports_new_status(runner, status):
             # Authentication has just refused a revoked runner: no need to read it again.
             self._registry.record_alive(runner.runner_id, at=now)
@@ -175,6 +179,25 @@ class RunnerApi:
             moved=moved,
             released_leases=released,
         )
+
+    def admit_poll(self, runner: RunnerRecord, body: PollBody) -> None:
+        """Refuse (``Conflict``) a poll of an agent other than the one ``runner``'s last
+        heartbeat named while that one is live; the record a directory held is read again
+        first (a restart's first heartbeat may not have reached it)."""
+        if not body.agent_id or body.agent_id == runner.agent_id or not runner.agent_id:
+            return
+        fresh = self._registry.get_runner(runner.runner_id) or runner
+        self._one_agent(fresh, agent_id=body.agent_id, replaces="", now=self._clock.now())
+
+    def _one_agent(
+        self, runner: RunnerRecord, *, agent_id: str, replaces: str, now: datetime
+    ) -> None:
+        lost_after = timedelta(seconds=self._config.lost_after_seconds)
+        if second_agent(
+            runner, agent_id=agent_id, replaces=replaces, now=now, lost_after=lost_after
+        ):
+            self._event("runner.second_agent_refused", runner, {"agent_id": agent_id})
+            raise Conflict(second_agent_message(runner, lost_after=lost_after))
 
     def rotate(self, runner: RunnerRecord) -> Rotated:
         """Replace ``runner``'s secret; the old one stops working."""
@@ -203,7 +226,9 @@ class RunnerApi:
 
     def poll(self, runner: RunnerRecord, body: PollBody) -> Leased | None:
         """Lease the next dispatch ``runner`` may take, waiting on this thread; None when
-        nothing came within the wait (``app.longpoll`` waits without a thread instead)."""
+        nothing came within the wait (``app.longpoll`` waits without a thread instead).
+        Raises ``Conflict`` as :meth:`admit_poll` does."""
+        self.admit_poll(runner, body)
         return leased(self.work_desk().poll(runner, body))
 
     def renew(self, runner: RunnerRecord, body: RenewBody) -> Renewed:

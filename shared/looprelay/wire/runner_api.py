@@ -38,6 +38,7 @@ MAX_BODY_BYTES = 1024 * 1024
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 _LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
 _REPOSITORY_PATTERN = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
+_AGENT_ID_PATTERN = r"^([A-Za-z0-9_-]{1,64})?$"
 _NAME = re.compile(_NAME_PATTERN)
 _LABEL_PART = re.compile(_LABEL_PATTERN)
 _REPOSITORY = re.compile(_REPOSITORY_PATTERN)
@@ -135,6 +136,21 @@ class HeartbeatBody(_Body):
         description="Sessions the runner stopped since its last heartbeat because the "
         "server said they moved to another runner.",
     )
+    agent_id: str = Field(
+        default="",
+        max_length=64,
+        pattern=_AGENT_ID_PATTERN,
+        description="This agent process's id, new at each start. While another agent's id "
+        "is on record and that agent is live, the heartbeat is refused (409): one agent per "
+        "runner's credentials.",
+    )
+    replaces: str = Field(
+        default="",
+        max_length=64,
+        pattern=_AGENT_ID_PATTERN,
+        description="The id of the agent that used this state directory before (it held "
+        "the directory's lock, so it is gone): a restart is accepted at once.",
+    )
 
     @field_validator("repositories")
     @classmethod
@@ -149,6 +165,13 @@ class PollBody(_Body):
     """A long poll for work."""
 
     wait_seconds: float = Field(default=25.0, ge=0, le=55)
+    agent_id: str = Field(
+        default="",
+        max_length=64,
+        pattern=_AGENT_ID_PATTERN,
+        description="The polling agent process's id (as on its heartbeats); a poll of an "
+        "agent other than the one on record is refused (409).",
+    )
 
 
 class RenewBody(_Body):

@@ -148,6 +148,7 @@ class FirestoreRunnerRegistry:
             "repositories": list(status.repositories),
             "workspace": status.workspace,
             "sessions": status.sessions,
+            "agent_id": status.agent_id,
         }
         if not self._change(runner_id, fields, "record a heartbeat"):
             return False

@@ -346,11 +346,24 @@ class FirestoreWorkItemStore:
             batch.update(slots_ref, {"sessions": entries}, option=option)
         else:
             batch.create(slots_ref, {"runner_id": runner_id, "sessions": entries})
+        for freed in slot.frees:
+            self._free_in(batch, freed, slot.endpoint)
         try:
             batch.commit()
         except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound):
             return False, None
         return True, current.model_copy(update=fields)
+
+    def _free_in(self, batch: firestore.WriteBatch, runner_id: str, endpoint: str) -> None:
+        """Add to ``batch`` the freeing of ``endpoint``'s slot on ``runner_id``, under the
+        slots document's last update time (nothing when it holds none)."""
+        freed_ref = self._slots.document(runner_id)
+        freed = freed_ref.get()
+        entries = (freed.to_dict() or {}).get("sessions", [])
+        kept = [entry for entry in entries if entry["endpoint"] != endpoint]
+        if len(kept) != len(entries):
+            option = self._client.write_option(last_update_time=freed.update_time)
+            batch.update(freed_ref, {"sessions": kept}, option=option)
 
     def held_sessions(self, runner_id: str) -> dict[str, str]:
         """See ``WorkItemStore.held_sessions``; ``Transient`` when unavailable."""

@@ -131,4 +131,5 @@ def _status_fields(status: RunnerStatus) -> dict[str, Any]:
         "repositories": list(status.repositories),
         "workspace": status.workspace,
         "sessions": status.sessions,
+        "agent_id": status.agent_id,
     }

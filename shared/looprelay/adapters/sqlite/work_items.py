@@ -233,6 +233,10 @@ class SqliteWorkItemStore:
                 " SET work_item = excluded.work_item, since = excluded.since",
                 (runner_id, slot.endpoint, slot.work_item, utc_text(now)),
             )
+            db.executemany(
+                "DELETE FROM runner_sessions WHERE runner_id = ? AND endpoint = ?",
+                [(freed, slot.endpoint) for freed in slot.frees],
+            )
             return True
 
         return self._transition(
