@@ -35,6 +35,10 @@ READY_WAIT_SECONDS = 30.0
 """Longest a paste waits for a just-started harness to take its terminal raw and draw (see
 paste). Every spawn's boot prompt is such a paste: Claude is ready in about a second, much later
 on a loaded machine; the wait ends as soon as it is."""
+SETTLED_SECONDS = 0.4
+"""How long a first screen must stay unchanged before the first paste goes in."""
+SCREEN_POLL_SECONDS = 0.1
+"""How often a pane's screen is captured while waiting for it to settle."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ABSENT = re.compile(
@@ -80,6 +84,8 @@ class TmuxTerminal:
         self._client = ["tmux", "-L", socket_name, "-f", config_file]
         self._timeout = command_timeout_seconds
         self._drawn_panes: set[tuple[str, int]] = set()
+        self._screens: dict[tuple[str, int], tuple[str, float, float]] = {}
+        """A pane's last screen, when it was captured, and since when it has not changed."""
         """Panes (id, process) whose harness has drawn its screen: a later paste into one
         needs no screen capture to know it is ready."""
 
@@ -132,8 +138,8 @@ class TmuxTerminal:
         away when it does. Claude also goes raw about half a second (seconds, under load)
         before it draws its first screen, and input that arrives in between lands in its input
         box without the Enter. So the paste waits, up to ``ready_wait_seconds``, for the pane's
-        terminal to leave canonical mode and for something to be drawn on the pane; a program
-        that never does gets the paste after that.
+        terminal to leave canonical mode and for a screen drawn on the pane to settle; a
+        program that never does gets the paste after that.
 
         A pane seen drawn once is not captured again (each tmux call is a process started).
 
@@ -239,16 +245,33 @@ class TmuxTerminal:
             pane = self._first_pane(name)
 
     def _drawn(self, pane: Pane) -> bool:
-        """Tell whether the pane shows anything but blanks (its program drew its screen), or
-        did when it was last asked."""
+        """Tell whether the pane shows a screen that has stayed the same for
+        ``SETTLED_SECONDS`` (its program drew it and now waits for input), or did once.
+
+        Drawn alone is not enough: Claude may print a line of its own ("the fullscreen
+        renderer didn't finish starting last time") before its TUI reads keys, and a paste
+        submitted then stays in the input box without its Enter."""
         seen = (pane.pane_id, pane.pid)
         if seen in self._drawn_panes:
             return True
+        now = time.monotonic()
+        last = self._screens.get(seen)
+        if last is not None and now - last[1] < SCREEN_POLL_SECONDS:
+            return False
         lines = self._query("capture-pane", "-p", "-t", pane.pane_id) or []
-        drawn = any(line.strip() for line in lines)
-        if drawn:
-            self._drawn_panes.add(seen)
-        return drawn
+        screen = "\n".join(lines)
+        if not screen.strip():
+            self._screens.pop(seen, None)
+            return False
+        if last is None or last[0] != screen:
+            self._screens[seen] = (screen, now, now)
+            return False
+        self._screens[seen] = (screen, now, last[2])
+        if now - last[2] < SETTLED_SECONDS:
+            return False
+        self._screens.pop(seen, None)
+        self._drawn_panes.add(seen)
+        return True
 
     def wait_dead(self, name: str, seconds: float) -> bool:
         """Tell whether ``name``'s pane dies (or its session goes) within ``seconds``.
