@@ -26,14 +26,15 @@ from looprelay.agent.sandbox import (
     sandbox_available,
 )
 from looprelay.core.model import PullRequestHead
+from looprelay.core.prsessions import tmux_session_name
 from looprelay.wire.runner_api import Dispatch
 from tests.agent.conftest import SESSION_ID, Rig, make_dispatch
 from tests.claude_cli import ClaudeHome, UserMessage, read_user_messages
 from tests.fake_harness import DEADLINE_SECONDS, FakeHarness, wait_until
 
 REQUIRE_ENV = "LOOPRELAY_REQUIRE_SANDBOX"
-FORK = PullRequestHead(fork=True, sha="a" * 40, base_ref="main")
-SAME_REPOSITORY = PullRequestHead(fork=False, sha="b" * 40, base_ref="main")
+PULL_REQUEST = "github:octo/repo#16"
+"""The rig's pull request (``refs/pull/16/head``), whose own session a head names."""
 
 
 @pytest.fixture(scope="module")
@@ -193,20 +194,28 @@ def _wrapped(directory: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def _fork(**fields: object) -> Dispatch:
-    return make_dispatch(head=FORK, **fields)
+def _on_pull_request(rig: Rig, *, fork: bool | None, **fields: object) -> Dispatch:
+    """A dispatch for the rig's pull request's own session, its head a fork's or the base
+    repository's own; with ``fork`` None, one for the work item's session (no head)."""
+    if fork is None:
+        return make_dispatch(**fields)
+    sha = rig.repos.tip("octo/repo", "refs/pull/16/head")
+    head = PullRequestHead(fork=fork, sha=sha, base_ref="main")
+    return make_dispatch(
+        endpoint=PULL_REQUEST, session_name=tmux_session_name(PULL_REQUEST), head=head, **fields
+    )
 
 
 class TestWhichSessionsAreWrapped:
     @pytest.mark.parametrize(
-        ("mode", "head", "wrapped"),
+        ("mode", "fork", "wrapped"),
         [
-            ("untrusted", FORK, True),
-            ("untrusted", SAME_REPOSITORY, False),
+            ("untrusted", True, True),
+            ("untrusted", False, False),
             ("untrusted", None, False),
             ("always", None, True),
-            ("always", FORK, True),
-            ("never", FORK, False),
+            ("always", True, True),
+            ("never", True, False),
         ],
     )
     def test_headless_turns(
@@ -215,11 +224,11 @@ class TestWhichSessionsAreWrapped:
         fake_harness: FakeHarness,
         tmp_path: Path,
         mode: str,
-        head: PullRequestHead | None,
+        fork: bool | None,
         wrapped: bool,
     ) -> None:
         rig.applier.sandbox = Sandbox(mode=mode, probe=_recording_bwrap(tmp_path / "bw"))
-        result = rig.applier.apply(make_dispatch(runner_kind="process", head=head))
+        result = rig.applier.apply(_on_pull_request(rig, fork=fork, runner_kind="process"))
         assert result.status == "done", result.detail
         calls = _wrapped(tmp_path / "bw")
         assert len(calls) == int(wrapped)
@@ -237,7 +246,9 @@ class TestWhichSessionsAreWrapped:
         self, rig: Rig, fake_harness: FakeHarness, tmp_path: Path
     ) -> None:
         rig.applier.sandbox = Sandbox(mode="untrusted", probe=_recording_bwrap(tmp_path / "bw"))
-        assert rig.applier.apply(_fork(prompt="review it")).status == "spawned"
+        assert rig.applier.apply(_on_pull_request(rig, fork=True, prompt="review it")).status == (
+            "spawned"
+        )
         (start,) = fake_harness.wait_ready()
         [call] = _wrapped(tmp_path / "bw")
         assert call[call.index("--") + 1 :] == [
@@ -257,7 +268,7 @@ class TestWhichSessionsAreWrapped:
         with monkeypatch.context() as patch:
             patch.setenv("PATH", f"{fake_harness.bin}:/nowhere")  # no bwrap on it
             rig.applier.sandbox = Sandbox(mode="untrusted", probe=sandbox_available())
-        refused = rig.applier.apply(_fork(runner_kind=runner_kind))
+        refused = rig.applier.apply(_on_pull_request(rig, fork=True, runner_kind=runner_kind))
         assert (refused.status, refused.reason, refused.retryable) == (
             "failed",
             "sandbox-unavailable",
@@ -265,7 +276,7 @@ class TestWhichSessionsAreWrapped:
         )
         assert "bwrap is not on PATH" in refused.detail
         assert fake_harness.starts() == []
-        assert rig.ledger.session(make_dispatch().session_name) is None  # no tree was made
+        assert rig.ledger.session(tmux_session_name(PULL_REQUEST)) is None  # no tree was made
         served = rig.applier.apply(make_dispatch(runner_kind=runner_kind, dispatch_id="d-2"))
         assert served.status in ("spawned", "done"), served.detail
 

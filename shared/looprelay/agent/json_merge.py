@@ -200,7 +200,10 @@ def _peer_lock(lock_dir: Path | None, deadline: float, reason: str) -> Iterator[
             os.mkdir(lock_dir, 0o700)
             break
         except FileExistsError:
-            if _stale(lock_dir) and _removed(lock_dir):
+            age = _age(lock_dir)
+            if age is None:
+                continue  # released meanwhile: take it, never remove what may be a new holder's
+            if age > PEER_LOCK_STALE_SECONDS and _removed(lock_dir):
                 continue
             why = f"{lock_dir} stays held; if no program is using it, remove it"
             _wait_or_fail(deadline, why, reason)
@@ -214,11 +217,12 @@ def _peer_lock(lock_dir: Path | None, deadline: float, reason: str) -> Iterator[
                 os.rmdir(lock_dir)
 
 
-def _stale(lock_dir: Path) -> bool:
+def _age(lock_dir: Path) -> float | None:
+    """Seconds since the lock was made or refreshed; None when it is gone."""
     try:
-        return time.time() - os.stat(lock_dir).st_mtime > PEER_LOCK_STALE_SECONDS
+        return time.time() - os.stat(lock_dir).st_mtime
     except FileNotFoundError:
-        return True  # released meanwhile: try again at once
+        return None
 
 
 def _removed(lock_dir: Path) -> bool:

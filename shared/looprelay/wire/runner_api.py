@@ -374,6 +374,7 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         "Report liveness, capacity and what the runner serves.",
         HeartbeatBody,
         {200: HeartbeatHints},
+        errors=(400, 401, 409, 413, 503),  # 409: another live agent serves this runner
     ),
     "rotate": Endpoint("Replace this runner's secret.", EmptyBody, {200: Rotated}),
     "deregister": Endpoint(
@@ -385,6 +386,7 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         "Long-poll for the next dispatch this runner may take; leases it.",
         PollBody,
         {200: Leased, 204: None},
+        errors=(400, 401, 409, 413, 503),  # 409: another live agent serves this runner
     ),
     "renew": Endpoint(
         "Extend the lease of a dispatch being applied.",
