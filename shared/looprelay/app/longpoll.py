@@ -111,6 +111,8 @@ async def long_poll(
         remaining = deadline - desk.monotonic()
         if remaining <= 0 or (waker is not None and waker.closed):
             return NOTHING_TO_LEASE  # the wait is over, or the process is stopping
+        if woken_by is None and looked is first:
+            log.debug("a poll of runner %s waits", runner.runner_id)  # tests wait for it
         if waker is not None:
             # Woken only by a ring this runner might act on, and only as many of its polls
             # as it opened dispatches for: the others cost it no look.
