@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -18,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from looprelay.agent.client import RunnerClient
+from looprelay.agent.credentials import read_credentials
 from looprelay.cli.sender import post_delivery
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from tests.samples import FIXTURES, payload_bytes
@@ -312,3 +315,39 @@ class TestRunnerRegistration:
         assert cli("runners", "revoke", "--data", str(data_dir), saved["runner_id"]).returncode == 0
         again = cli("runners", "list", "--data", str(data_dir))
         assert "revoked" in again.stdout
+
+
+class TestQuietStop:
+    @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+    def test_a_stop_with_a_poll_waiting_answers_it_and_prints_no_traceback(
+        self, sig: int, data_dir: Path, tmp_path: Path
+    ) -> None:
+        # Issue 24: Ctrl-C with an agent connected waited 5 s, then printed the watchdog's
+        # "health check failed", "Cancel 2 running task(s)" and two tracebacks.
+        up = UpProcess(data_dir, "--log-level", "DEBUG")
+        try:
+            credentials = tmp_path / "runner.json"
+            token = cli("runners", "token", "--data", str(data_dir)).stdout.strip()
+            server = up.webhook_url.removesuffix("/webhook")
+            registered = cli(
+                "runner", "register", "--server", server, "--token", token,
+                "--name", "quiet", "--credentials", str(credentials),
+            )  # fmt: skip
+            assert registered.returncode == 0, registered.stderr
+            client = RunnerClient(read_credentials(credentials))
+            polled: list[object] = []
+            waiting = threading.Thread(target=lambda: polled.append(client.poll(50)))
+            waiting.start()
+            deadline = time.monotonic() + START_TIMEOUT
+            waits = f"a poll of runner {client.runner_id} waits"
+            while waits not in up.stderr_path.read_text():
+                assert time.monotonic() < deadline, "the poll never reached the server"
+                time.sleep(0.1)
+            assert up.stop(sig) == 0
+            waiting.join(START_TIMEOUT)
+            assert polled == [None]  # answered "no work" (204), not cut off
+        finally:
+            up.stop(signal.SIGKILL)
+        log = up.stderr_path.read_text()
+        for noise in ("Traceback", "Cancel ", "health check", "Exception in ASGI application"):
+            assert noise not in log, log

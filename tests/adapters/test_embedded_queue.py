@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from looprelay.adapters.sqlite.queue import QueuedTask, SqliteQueue
+from looprelay.adapters.sqlite.queue_sql import LEASE_MARGIN_SECONDS
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
 from looprelay.errors import Permanent, Transient
 from looprelay.ports import MAX_TASK_BYTES, Task
@@ -669,3 +670,28 @@ class TestGroupOrder:
         queue = open_queue()
         assert [(t.name, t.state) for t in queue.list_tasks()] == [("old", "pending")]
         assert queue.enqueue(Task(name="new", body=b"{}", group="o/r#1", order_key="k"))
+
+
+class TestLeases:
+    def test_a_task_whose_lease_expired_is_taken_again_and_its_group_goes_on(
+        self, open_queue: QueueFactory, worker: RecordingWorker
+    ) -> None:
+        # A dispatcher that hangs (or cannot write its outcome) past its lease holds the
+        # group no longer: another dispatcher of the same process takes the task again.
+        clock = FakeTime()
+        worker.script("gh-hung", Answer(hang=True))
+        queue = open_queue(now=clock)
+        queue.enqueue(Task(name="gh-hung", body=b"first", group="issue-1", order_key="1"))
+        queue.enqueue(Task(name="gh-next", body=b"second", group="issue-1", order_key="2"))
+        queue.start(worker_url=worker.url, auth_token=TOKEN)
+        worker.wait_for("gh-hung", 1)
+        time.sleep(QUIET_SECONDS)
+        assert worker.requests_for("gh-next") == []  # held behind the live lease
+
+        clock.advance(2 * SETTINGS.dispatch_deadline_seconds + LEASE_MARGIN_SECONDS + 1)
+        _wait_for_state(queue, "gh-hung", "done")
+        _wait_for_state(queue, "gh-next", "done")
+        worker.release()  # the first dispatcher's answer never comes; it writes nothing
+        time.sleep(QUIET_SECONDS)
+        assert [_task(queue, name).state for name in ("gh-hung", "gh-next")] == ["done", "done"]
+        assert [r.status for r in worker.requests_for("gh-hung")] == [None, 200]

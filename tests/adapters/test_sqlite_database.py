@@ -28,7 +28,7 @@ class TestSynced:
         assert seen == [NORMAL, NORMAL, FULL, FULL, NORMAL, FULL]
         with database.transaction(synced=False):
             pass
-        assert database.execute("PRAGMA synchronous").fetchone()[0] == FULL  # autocommit
+        assert database.execute("PRAGMA synchronous").rows[0][0] == FULL  # autocommit
         database.close()
 
     def test_a_run_of_unsynced_writes_switches_the_setting_once(self, tmp_path: Path) -> None:
@@ -52,4 +52,21 @@ class TestSynced:
         for synced in (True, False):
             with database.transaction(synced=synced) as db:
                 assert _setting(db) == NORMAL
+        database.close()
+
+
+class TestSharedConnection:
+    def test_a_statement_with_rows_run_on_its_own_leaves_nothing_in_progress_for_a_commit(
+        self, tmp_path: Path
+    ) -> None:
+        # The embedded queue's committer checkpoints with ``execute`` while a dispatcher
+        # commits its bookkeeping on the same connection (issue 24: "cannot commit
+        # transaction - SQL statements in progress" left a task leased for good).
+        database = SqliteDatabase(tmp_path / "s.db", schema=SCHEMA, what="test store")
+        checkpoint = database.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        with database.transaction(synced=False) as db:
+            db.execute("INSERT INTO t (v) VALUES (?)", ("x",))
+        assert len(checkpoint.rows) == 1
+        assert database.execute("INSERT INTO t (v) VALUES (?)", ("y",)).rowcount == 1
+        assert database.rows("SELECT COUNT(*) FROM t")[0][0] == 2
         database.close()

@@ -22,6 +22,12 @@ the store adapters' methods (``SqliteStore`` and ``SqliteWorkItemStore``, the qu
 "database is locked"``, translated by the adapter's own ``SqliteDatabase``, as the real error
 would be: it is raised inside the connection), ``transient`` (``looprelay.errors.Transient``
 from the adapter method) or ``queue`` (``Transient`` from the queue's enqueue).
+
+``LOOPRELAY_QUEUE_FAULT=<write>:<every>:<budget>`` makes every ``every``-th transaction of the
+embedded queue's bookkeeping write ``<write>`` (``claim``, ``finish`` or ``fail``:
+``QUEUE_WRITES``), for the first ``budget`` of them, fail at its COMMIT with the error issue 24
+saw: a write statement is left in progress on the queue's connection, so SQLite itself
+refuses with "cannot commit transaction - SQL statements in progress".
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ from looprelay.errors import Transient
 
 FAULT_ENV = "LOOPRELAY_FAULT"
 STORE_FAULT_ENV = "LOOPRELAY_STORE_FAULT"
+QUEUE_FAULT_ENV = "LOOPRELAY_QUEUE_FAULT"
+QUEUE_WRITES = {
+    "claim": "UPDATE tasks SET state = 'leased'",
+    "finish": "UPDATE tasks SET state = 'done'",
+    "fail": "UPDATE tasks SET state = ?, attempts = ?",
+}
+"""The embedded queue's bookkeeping writes, by how their SQL starts."""
 KILLED_EXIT = 137
 KILL_POINTS = ("before_begin", "after_dispatch_write", "before_settle", "before_response")
 STORE_METHODS: dict[type, tuple[str, ...]] = {
@@ -202,8 +215,63 @@ def _locked(adapter: Any, original: Callable[..., Any], *args: Any, **kwargs: An
         _LOCKED.armed = False
 
 
+class _FailingCommits:
+    """The queue's connection, whose COMMIT of a chosen bookkeeping write fails as issue 24's
+    did: another statement, a write with rows left to read (the committer's checkpoint was
+    one), is in progress on the connection, and SQLite refuses the COMMIT. Its owner finishes
+    it right after, so the ROLLBACK that follows goes through."""
+
+    def __init__(self, real: sqlite3.Connection, write: str, fails: Callable[[], bool]) -> None:
+        self._real = real
+        self._prefix = QUEUE_WRITES[write]
+        self._write = write
+        self._fails = fails
+        self._chosen = False
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        text = sql.strip()
+        if text == "BEGIN IMMEDIATE":
+            self._chosen = False
+        elif text.startswith(self._prefix):
+            self._chosen = self._fails()
+        elif text == "COMMIT" and self._chosen:
+            self._chosen = False
+            sys.stderr.write(f"FAULT: a {self._write} commit fails\n")
+            self._real.execute("CREATE TEMP TABLE IF NOT EXISTS fault (n)")
+            in_progress = self._real.execute("INSERT INTO temp.fault VALUES (1), (2) RETURNING n")
+            try:
+                return self._real.execute(sql, *args)
+            finally:
+                in_progress.close()
+        return self._real.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def install_queue_errors(write: str, every: int, budget: int) -> None:
+    """Fail the COMMIT of every ``every``-th ``write`` of the first ``budget``."""
+    if write not in QUEUE_WRITES:
+        raise SystemExit(f"{QUEUE_FAULT_ENV}: unknown write {write!r}; one of {list(QUEUE_WRITES)}")
+    counter = _Counter()
+
+    def fails() -> bool:
+        number = counter.next()
+        return number <= budget and number % every == 0
+
+    original_init = SqliteQueue.__init__
+
+    def init(self: SqliteQueue, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        books = self._books
+        books._db = _FailingCommits(books._db, write, fails)  # type: ignore[assignment]
+
+    SqliteQueue.__init__ = init  # type: ignore[method-assign]
+
+
 def install_from_environment() -> None:
-    """Install what ``LOOPRELAY_FAULT`` and ``LOOPRELAY_STORE_FAULT`` ask for."""
+    """Install what ``LOOPRELAY_FAULT``, ``LOOPRELAY_STORE_FAULT`` and
+    ``LOOPRELAY_QUEUE_FAULT`` ask for."""
     fault = os.environ.get(FAULT_ENV, "")
     if fault:
         point, _, occurrence = fault.partition(":")
@@ -212,6 +280,10 @@ def install_from_environment() -> None:
     if store_fault:
         kind, every, budget, *rest = store_fault.split(":")
         install_store_errors(kind, int(every), int(budget), float(rest[0]) if rest else 0.0)
+    queue_fault = os.environ.get(QUEUE_FAULT_ENV, "")
+    if queue_fault:
+        write, every, budget = queue_fault.split(":")
+        install_queue_errors(write, int(every), int(budget))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
 from looprelay.cli.sender import post_delivery
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
 from looprelay.core.model import DeliveryRecord, DispatchRecord
+from looprelay.core.signature import sign_body
 from looprelay.datadir import QUEUE_FILE, STORE_FILE, WEBHOOK_SECRET_FILE, read_secret
 from tests.fake_github import APP_LOGIN, FakeComment, FakeGitHub
 from tests.fake_harness import wait_until
@@ -179,6 +180,48 @@ def send_all(url: str, secret: bytes, items: Iterable[Delivery], *, threads: int
         return list(pool.map(lambda item: send(url, secret, item), items))
 
 
+def burst(
+    url: str, secret: bytes, items: Sequence[Delivery], *, connections: int = 4
+) -> tuple[list[int], float]:
+    """POST ``items`` as fast as ``connections`` keep-alive connections go (as ``wrk`` does),
+    each taking every ``connections``-th item; return the statuses in order and the acks a
+    second the burst reached (for the report, never asserted)."""
+    import http.client
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from urllib.parse import urlsplit
+
+    split = urlsplit(url)
+    statuses = [0] * len(items)
+
+    def one_connection(first: int) -> None:
+        connection = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
+        try:
+            for index in range(first, len(items), connections):
+                item = items[index]
+                connection.request(
+                    "POST",
+                    split.path,
+                    body=item.body,
+                    headers={
+                        "Content-Type": "application/json",
+                        "X-GitHub-Event": item.event,
+                        "X-GitHub-Delivery": item.delivery_id,
+                        "X-Hub-Signature-256": sign_body(item.body, secret),
+                    },
+                )
+                response = connection.getresponse()
+                response.read()
+                statuses[index] = response.status
+        finally:
+            connection.close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(connections) as pool:
+        list(pool.map(one_connection, range(connections)))
+    return statuses, len(items) / (time.monotonic() - started)
+
+
 # --- config and processes ------------------------------------------------------------------
 
 
@@ -203,12 +246,19 @@ class Up(UpProcess):
     """``looprelay up`` started through the fault boot wrapper, on a free port."""
 
     def __init__(
-        self, data_dir: Path, config: Path, *, fault: str = "", store_fault: str = ""
+        self,
+        data_dir: Path,
+        config: Path,
+        *,
+        fault: str = "",
+        store_fault: str = "",
+        queue_fault: str = "",
     ) -> None:
         env = os.environ | {
             GITHUB_TOKEN_ENV: GITHUB_TOKEN,
             "LOOPRELAY_FAULT": fault,
             "LOOPRELAY_STORE_FAULT": store_fault,
+            "LOOPRELAY_QUEUE_FAULT": queue_fault,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         super().__init__(data_dir, "--config", str(config), command=BOOT, env=env)

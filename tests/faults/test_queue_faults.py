@@ -13,12 +13,15 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.fake_github import FakeGitHub
 from tests.fake_harness import wait_until
 from tests.faults.deliveries import (
     Outcomes,
     Up,
     assert_exactly_once,
+    burst,
     send_all,
     wait_settled,
     workload,
@@ -63,3 +66,70 @@ class TestQueueRestartedWithTasksInFlight:
         running.append(second)
         outcomes = wait_settled(data_dir, [d.delivery_id for d in load.all])
         assert_exactly_once(outcomes, load.all, github=fake_github)
+
+
+BOOKKEEPING_FAULTS = {
+    # Every 2nd claim commit fails, for the first 20: the claim is rolled back, the task stays
+    # pending and a dispatcher claims it again.
+    "claim": ("claim:2:20", ""),
+    # Every 2nd outcome write of a delivered task fails: the dispatcher, still holding the
+    # lease, writes it again.
+    "finish": ("finish:2:20", ""),
+    # The worker answers 503 to every 3rd store call for a while, so tasks fail and are
+    # retried; every failure's write fails once in two.
+    "fail": ("fail:2:20", "transient:3:60"),
+}
+
+
+class TestQueueBookkeepingFails:
+    @pytest.mark.parametrize("write", sorted(BOOKKEEPING_FAULTS))
+    def test_a_failed_bookkeeping_commit_holds_no_group_and_each_delivery_settles_once(
+        self, write: str, tmp_path: Path, fake_github: FakeGitHub, running: list[Up]
+    ) -> None:
+        # Issue 24: a dispatcher's bookkeeping commit failed ("cannot commit transaction - SQL
+        # statements in progress") and left its task leased, and its issue's later deliveries
+        # behind it, until a restart. The fault is that very error, raised by SQLite itself.
+        queue_fault, store_fault = BOOKKEEPING_FAULTS[write]
+        data_dir = tmp_path / "data"
+        config = write_config(tmp_path / "looprelay.yaml", fake_github)
+        load = workload(fake_github, issues=3, comments_per_issue=6)
+        up = Up(data_dir, config, queue_fault=queue_fault, store_fault=store_fault)
+        running.append(up)
+        assert send_all(up.webhook_url, up.secret, load.starts) == [202] * 3
+        wait_settled(data_dir, [d.delivery_id for d in load.starts])
+        assert send_all(up.webhook_url, up.secret, load.comments) == [202] * len(load.comments)
+
+        outcomes = wait_settled(data_dir, [d.delivery_id for d in load.all])
+        assert_exactly_once(outcomes, load.all, github=fake_github)
+        assert {t.state for t in outcomes.tasks} == {"done"}
+        assert f"FAULT: a {write} commit fails" in up.log()
+        assert "SQL statements in progress" in up.log()
+
+
+BURST = 2_000
+"""Comments on one issue, sent back to back: about 1,100 to 1,500 acks a second here (wrk
+reached 1,100 on one connection when the queue wedged, issue 24)."""
+
+
+class TestBurstOnOneIssue:
+    @pytest.mark.timeout(600)
+    def test_every_delivery_of_a_burst_on_one_issue_settles_once(
+        self, tmp_path: Path, fake_github: FakeGitHub, running: list[Up]
+    ) -> None:
+        # One issue is one group: its tasks run one at a time, so a single task left leased
+        # would hold every later one. The burst is acked while the dispatchers drain it, the
+        # committer checkpoints between its commits, and nothing may hold the group.
+        data_dir = tmp_path / "data"
+        config = write_config(tmp_path / "looprelay.yaml", fake_github)
+        load = workload(fake_github, issues=1, comments_per_issue=BURST)
+        up = Up(data_dir, config)
+        running.append(up)
+        assert send_all(up.webhook_url, up.secret, load.starts) == [202]
+        wait_settled(data_dir, [d.delivery_id for d in load.starts])
+
+        statuses, rate = burst(up.webhook_url, up.secret, load.comments, connections=8)
+        assert statuses == [202] * BURST, f"{rate:.0f} acks/s"
+        print(f"burst: {BURST} deliveries on one issue at {rate:.0f} acks/s")
+        outcomes = wait_settled(data_dir, [d.delivery_id for d in load.all], timeout=300)
+        assert_exactly_once(outcomes, load.all, github=fake_github)
+        assert "embedded queue database error" not in up.log(), f"{rate:.0f} acks/s"

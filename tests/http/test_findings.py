@@ -254,3 +254,19 @@ def _wait_done(server: Server, delivery: str) -> QueuedTask:
 
     found: QueuedTask = wait_until(done, seconds=DEADLINE, what=f"{name} delivered")
     return found
+
+
+def test_600_heads_with_a_content_length_and_no_body_lock_out_no_delivery(server: Server) -> None:
+    # Issue 24: 2,100 connections that each sent a `POST /webhook` head with
+    # `Content-Length: 1000` and then nothing held every slot for the 60 s body deadline,
+    # so every delivery (and the watchdog's own probe) was refused. Three times the cap
+    # here: the flood drops its own oldest, and each delivery arrives at once.
+    head = b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    with ExitStack() as held:
+        for n in range(600):
+            held.enter_context(server.connect()).sendall(head)
+            if n % 100 == 99:
+                server.deliver()
+        for _ in range(5):
+            server.deliver()
+    server.deliver()

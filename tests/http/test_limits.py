@@ -7,10 +7,12 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
 from looprelay.app.asgi import Endpoint, build_asgi
+from looprelay.app.budget import BodyBudget
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.server import Limits, LocalServer
 from tests.fake_harness import wait_until
@@ -27,6 +29,23 @@ async def _echo(request: Request) -> Response:
 def server() -> Iterator[LocalServer]:
     app = build_asgi([Endpoint("/echo", _echo, CAP, body_seconds=0.5)])
     limits = Limits(max_connections=20, keep_alive_seconds=5, head_seconds=5.0, max_headers=20)
+    server = LocalServer(app, host="127.0.0.1", port=0, limits=limits)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def slow_body_server() -> Iterator[LocalServer]:
+    """The server with a minimum body rate that a stalled body fails within a second."""
+    app = build_asgi([Endpoint("/echo", _echo, CAP)])
+    limits = Limits(
+        max_connections=20,
+        keep_alive_seconds=5,
+        head_seconds=5.0,
+        min_body_rate=1000.0,
+        body_grace_seconds=0.3,
+    )
     server = LocalServer(app, host="127.0.0.1", port=0, limits=limits)
     server.start()
     yield server
@@ -92,25 +111,112 @@ def test_a_chunked_body_past_the_cap_gets_413_and_the_connection_closes(
     _serves(address)
 
 
-def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued(
+def test_when_every_connection_is_receiving_the_oldest_request_is_dropped_for_a_new_one(
     server: LocalServer, address: tuple[str, int]
 ) -> None:
-    # 20 connections each mid-head (not idle, so none may be evicted) fill the cap.
+    # 20 connections each mid-head fill the cap: none is idle, so the one whose request has
+    # been arriving the longest makes room (issue 24: a flood of slow heads refused all).
     busy = [socket.create_connection(address, timeout=DEADLINE) for _ in range(20)]
     try:
         for conn in busy:
             conn.sendall(b"GET /echo HTTP/1.1\r\n")
-        wait_until(lambda: server.busy_connections() == 20, what="the server to see 20 heads")
-        with socket.create_connection(address, timeout=DEADLINE) as refused:
-            assert refused.recv(100) == b""  # closed at once
+        wait_until(lambda: server.busy_connections() >= 18, what="the server to see the heads")
+        _serves(address)
+        assert _read_until_closed(busy[0]).startswith(b"HTTP/1.1 408 ")
     finally:
         for conn in busy:
             conn.close()
-    deadline = time.monotonic() + DEADLINE
-    while True:  # their slots free up as the server sees them close
-        try:
+
+
+def test_a_body_slower_than_the_minimum_rate_gets_408_before_the_body_deadline(
+    slow_body_server: LocalServer,
+) -> None:
+    address = slow_body_server.address
+    started = time.monotonic()
+    answer = _exchange(address, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\nab")
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"bytes a second" in answer
+    assert time.monotonic() - started < DEADLINE
+    _serves(address)
+
+
+def test_slow_heads_and_bodies_at_three_times_the_cap_let_ordinary_requests_through(
+    slow_body_server: LocalServer,
+) -> None:
+    # Issue 24: heads with a Content-Length and then nothing held every slot until the
+    # body deadline. Now they drop their own oldest, and a request that arrives at once is
+    # never the oldest.
+    address = slow_body_server.address
+    with ExitStack() as held:
+        for n in range(60):
+            conn = held.enter_context(socket.create_connection(address, timeout=DEADLINE))
+            conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            if n % 10 == 9:
+                _serves(address)
+        for _ in range(5):
             _serves(address)
-            break
-        except (ConnectionError, http.client.RemoteDisconnected):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+
+
+def _read_until_closed(conn: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return b"".join(chunks)
+
+
+KIB = 1024
+
+
+@pytest.fixture
+def budget_server() -> Iterator[LocalServer]:
+    """The server with a small body budget: 64 KiB of each body ordinary, 256 KiB of big
+    bodies' further bytes in flight at once."""
+    budget = BodyBudget(ordinary_body=64 * KIB, ordinary_bytes=1024 * KIB, big_bytes=256 * KIB)
+    app = build_asgi([Endpoint("/echo", _echo, 4096 * KIB)], budget=budget)
+    limits = Limits(max_connections=20, keep_alive_seconds=30, head_seconds=5.0, min_body_rate=0)
+    server = LocalServer(app, host="127.0.0.1", port=0, limits=limits)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _big_body_started(address: tuple[str, int], sent: int) -> socket.socket:
+    """A connection that declared a 1 MiB body and sent ``sent`` bytes of it, then waits."""
+    conn = socket.create_connection(address, timeout=DEADLINE)
+    conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (1024 * KIB))
+    conn.sendall(b"x" * sent)
+    return conn
+
+
+def test_big_bodies_past_the_budget_get_503_while_an_ordinary_one_gets_in(
+    budget_server: LocalServer,
+) -> None:
+    # Issue 24: 40 unsigned 24 MB bodies held about 1 GB. Big bodies now share a budget of
+    # their own; one that would pass it is refused, and an ordinary body still gets in.
+    address = budget_server.address
+    holding = _big_body_started(address, 300 * KIB)  # 64 KiB ordinary + 236 KiB big
+    try:
+        _serves(address)
+        wait_until(lambda: _refused_now(address), what="a second big body to be refused")
+        _serves(address)
+    finally:
+        holding.close()
+    # Released with the request: a big body fits again.
+    wait_until(lambda: not _refused_now(address), what="the budget to be given back")
+
+
+def _refused_now(address: tuple[str, int]) -> bool:
+    """Whether a big body that needs 36 KiB of the big share is refused with 503."""
+    with _big_body_started(address, 100 * KIB) as conn:
+        conn.settimeout(0.5)
+        try:
+            answer = conn.recv(65536)
+        except TimeoutError:
+            return False  # still being read: the budget held it
+    if answer.startswith(b"HTTP/1.1 503 "):
+        assert b"retry-after: " in answer.lower()
+        return True
+    raise AssertionError(answer[:200])

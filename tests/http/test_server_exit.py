@@ -3,9 +3,12 @@ so a supervisor restarts it (the data directory's lock goes with the process).""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -57,6 +60,42 @@ def test_a_signal_stops_it_with_status_0_after_the_stopping_work() -> None:
     assert stopped == [True]
 
 
-def test_a_server_that_fails_its_own_health_check_stops_with_status_1() -> None:
-    server = LocalServer(_app(500), host="127.0.0.1", port=0, watchdog_seconds=0.2)
-    assert _serve_with_timeout(server) == 1
+def test_a_server_whose_event_loop_stops_running_stops_with_status_1() -> None:
+    # The loop is held (a handler that blocks it) for longer than three checks.
+    async def stuck(request: Request) -> Response:
+        time.sleep(2.0)
+        return json_response(200, {})
+
+    app = build_asgi([Endpoint("/stuck", stuck, 1024)])
+    server = LocalServer(app, host="127.0.0.1", port=0, watchdog_seconds=0.2)
+
+    def started() -> None:
+        host, port = server.address
+        threading.Thread(target=_get, args=(host, port, "/stuck"), daemon=True).start()
+
+    timer = threading.Timer(DEADLINE, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        assert server.serve(on_started=started, on_stopping=lambda: None) == 1
+    finally:
+        timer.cancel()
+
+
+def test_a_server_whose_health_route_fails_is_still_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The check is the event loop, not a request: a full or failing listener is no stop.
+    server = LocalServer(_app(500), host="127.0.0.1", port=0, watchdog_seconds=0.1)
+
+    def started() -> None:
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+
+    assert server.serve(on_started=started, on_stopping=lambda: None) == 0
+
+
+def _get(host: str, port: int, path: str) -> None:
+    connection = http.client.HTTPConnection(host, port, timeout=DEADLINE)
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        connection.request("GET", path)
+        connection.getresponse().read()
+    connection.close()

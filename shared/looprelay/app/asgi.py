@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
@@ -27,6 +27,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from looprelay.app.budget import BodyBudget, Loan, OverBudget
 from looprelay.app.messages import Request, Response, json_response
 
 log = logging.getLogger("looprelay.server")
@@ -42,6 +43,8 @@ so a client that sends all before it reads sees the answer; a larger or undeclar
 the 413 with ``Connection: close``."""
 BODY_SECONDS = 60.0
 """Longest a request body may take to arrive once its head has (a slow sender gets 408)."""
+BUDGET_RETRY_SECONDS = 5
+"""The Retry-After of a 503 for a body the budget cannot hold now."""
 BLOCKING_THREADS = 32
 """Threads for blocking handlers at once; further calls wait for one without a thread."""
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -99,17 +102,31 @@ class _BodyTooLarge(Exception):
 class _Served:
     """The ASGI app of one endpoint: read the capped body, call the handler, answer."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, budget: BodyBudget) -> None:
         self._endpoint = endpoint
+        self._budget = budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loan = self._budget.loan()
+        try:
+            await self._serve(scope, receive, send, loan)
+        finally:
+            loan.release()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, loan: Loan) -> None:
         cap = self._endpoint.max_body_bytes
         declared = _declared_length(scope)
         try:
             if declared is not None and declared > cap:
                 raise _BodyTooLarge
             async with asyncio.timeout(self._endpoint.body_seconds):
-                body = await _read_capped(receive, cap)
+                body = await _read_capped(receive, cap, loan)
+        except OverBudget:
+            log.warning("%s refused: bodies in flight hold the body budget", scope["path"])
+            busy = json_response(503, {"error": "too many request bodies in flight; retry later"})
+            retry = {"retry-after": str(BUDGET_RETRY_SECONDS)}
+            await _answer(scope, receive, send, replace(busy, headers=retry), close=True)
+            return
         except TimeoutError:
             slow = json_response(
                 408, {"error": f"body not received within {self._endpoint.body_seconds:g} s"}
@@ -133,9 +150,15 @@ class _Served:
 
 
 def build_asgi(
-    endpoints: Sequence[Endpoint], *, start: Sequence[Callable[[], None]] = ()
+    endpoints: Sequence[Endpoint],
+    *,
+    start: Sequence[Callable[[], None]] = (),
+    budget: BodyBudget | None = None,
 ) -> Starlette:
     """The application serving ``endpoints``: exact paths, then prefixes; 404 elsewhere.
+
+    Every body read is charged to ``budget`` (one per application, so per process; a
+    default one when None): past it a request gets 503 with ``Retry-After``.
 
     ``start`` is called in the process that serves, once, before its first request (or at
     the ASGI lifespan's startup where the server sends one): what opens threads or gRPC
@@ -143,10 +166,11 @@ def build_asgi(
     when it imports the functions, in gunicorn's arbiter, which serves nothing and forks the
     worker that does; and it sends our application no lifespan, since its own routes call it.
     """
+    shared = budget or BodyBudget()
     routes = [
         Route(
             endpoint.path + ("{rest:path}" if _is_prefix(endpoint.path) else ""),
-            _Served(endpoint),
+            _Served(endpoint, shared),
             methods=_METHODS,
         )
         for endpoint in endpoints
@@ -220,9 +244,10 @@ def to_starlette(response: Response, *, close: bool = False) -> StarletteRespons
     )
 
 
-async def _read_capped(receive: Receive, cap: int) -> bytes:
-    """The whole body, read as it streams; raises ``_BodyTooLarge`` the moment it passes
-    ``cap``, and Starlette's ``ClientDisconnect`` when the client leaves mid-body."""
+async def _read_capped(receive: Receive, cap: int, loan: Loan) -> bytes:
+    """The whole body, read as it streams and charged to ``loan``; raises ``_BodyTooLarge``
+    the moment it passes ``cap``, ``OverBudget`` when the budget cannot hold it, and
+    Starlette's ``ClientDisconnect`` when the client leaves mid-body."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -233,6 +258,7 @@ async def _read_capped(receive: Receive, cap: int) -> bytes:
         size += len(chunk)
         if size > cap:
             raise _BodyTooLarge
+        loan.charge(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

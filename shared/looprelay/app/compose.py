@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from looprelay.ports import Store
     from looprelay.service.ingress import Ingress
     from looprelay.service.runners import RunnerApi
+    from looprelay.service.waker import DispatchWaker
     from looprelay.service.worker import Worker
 
 log = logging.getLogger("looprelay.up")
@@ -83,6 +84,7 @@ class LocalApp:
         runner_api: RunnerApi,
         worker: Worker,
         pressure: WebhookPressure,
+        waker: DispatchWaker,
         secret_source: SecretSource,
         worker_token: str,
         data_dir: Path,
@@ -98,6 +100,7 @@ class LocalApp:
         self.data_dir = data_dir
         self._stores = stores
         self._pressure = pressure
+        self._waker = waker
         self._worker_token = worker_token
         self._lock = lock
 
@@ -111,8 +114,10 @@ class LocalApp:
         )
 
     def stop_dispatching(self) -> None:
-        """Let in-flight tasks finish and dispatch no more (their requests need the server,
-        so this comes before it stops)."""
+        """Answer waiting long polls "no work" (and every later one at once), then let
+        in-flight tasks finish and dispatch no more (their requests need the server, so this
+        comes before it stops)."""
+        self._waker.close()
         self.queue.stop()
 
     def close(self) -> None:
@@ -319,6 +324,7 @@ def _open_local(
         runner_api=runner_api,
         worker=worker,
         pressure=pressure,
+        waker=waker,
         secret_source=secret_source,
         worker_token=worker_token,
         data_dir=data_dir,

@@ -91,8 +91,9 @@ async def long_poll(
     first: Look | None = None,
 ) -> Response:
     """Lease the next dispatch ``runner`` may take, waiting up to ``desk.poll_seconds(body)``
-    after ``first`` (a look already made) or a look of its own; 204 when nothing came, 503
-    when the store failed (the runner polls again)."""
+    after ``first`` (a look already made) or a look of its own; 204 when nothing came or the
+    waker closed (the process is stopping), 503 when the store failed (the runner polls
+    again)."""
     deadline = desk.monotonic() + desk.poll_seconds(body)
     waker = desk.waker
     wants = desk.wants(runner)
@@ -108,8 +109,10 @@ async def long_poll(
                 waker.pass_on(woken_by, taken=looked.leased)
             return lease_answer(looked.leased)
         remaining = deadline - desk.monotonic()
-        if remaining <= 0:
-            return NOTHING_TO_LEASE
+        if remaining <= 0 or (waker is not None and waker.closed):
+            return NOTHING_TO_LEASE  # the wait is over, or the process is stopping
+        if woken_by is None and looked is first:
+            log.debug("a poll of runner %s waits", runner.runner_id)  # tests wait for it
         if waker is not None:
             # Woken only by a ring this runner might act on, and only as many of its polls
             # as it opened dispatches for: the others cost it no look.

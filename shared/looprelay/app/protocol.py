@@ -2,11 +2,17 @@
 
 uvicorn closes a keep-alive connection idle between requests, but not one that never sends a
 byte, nor one that sends its head a byte at a time (slowloris), and httptools puts no bound
-on a head's size. Scenario for one connection: it opens (and is counted; at the cap the
-oldest idle connection is closed to make room, or this one when none is idle); it must start
-a request within ``KEEP_ALIVE_SECONDS``; once a head begins it must end within
-``head_seconds`` and ``max_head_bytes``, else the connection gets 408 or 431 and is closed;
-the request is served; then it is idle again.
+on a head's size, nor on how slowly a body may come. Scenario for one connection: it opens
+(and is counted; at the cap the oldest idle connection is closed to make room, else the one
+whose request has been arriving the longest, and this one is refused only when every other
+has its request in full and waits for its answer); it must start a request within
+``KEEP_ALIVE_SECONDS``; once a head begins it is *receiving* until its body has arrived: the
+head must end within ``head_seconds`` and ``max_head_bytes`` (else 408 or 431), and the body
+must arrive at ``min_body_rate`` bytes a second on average once ``body_grace_seconds`` have
+passed (else 408), and receiving connections may hold all but ``reserve`` of the slots (past
+that the one receiving the longest is dropped); the request is served; then it is idle again.
+So a flood of slow heads and bodies drops its own oldest, and an ordinary delivery, which
+arrives in a moment, is never the oldest.
 """
 
 from __future__ import annotations
@@ -31,23 +37,51 @@ class ConnectionGuard:
     head_seconds: float
     max_head_bytes: int
     max_headers: int
+    reserve: int = 0
+    min_body_rate: float = 0.0
+    body_grace_seconds: float = 5.0
     open: OrderedDict[GuardedProtocol, None] = field(default_factory=OrderedDict)
+    receiving: OrderedDict[GuardedProtocol, None] = field(default_factory=OrderedDict)
+    """Connections whose request has begun and not fully arrived, oldest request first."""
 
     def admit(self, connection: GuardedProtocol) -> bool:
-        """Count ``connection``; at the cap close the oldest idle one for it. False when
-        none is idle: the new connection must be closed instead."""
+        """Count ``connection``; at the cap close the oldest idle one for it, else the one
+        whose request has been arriving the longest. False when neither exists (every
+        connection has its request in full): the new connection must be closed instead."""
         if len(self.open) >= self.max_connections:
             oldest_idle = next((c for c in self.open if c.idle), None)
-            if oldest_idle is None:
+            if oldest_idle is not None:
+                oldest_idle.evict()
+            elif self.receiving:
+                next(iter(self.receiving)).drop("the server is full")
+            else:
                 log.warning("%d connections are busy; a new one is refused", len(self.open))
                 return False
-            oldest_idle.evict()
         self.open[connection] = None
         return True
+
+    def receiving_started(self, connection: GuardedProtocol) -> None:
+        """``connection`` began a request; past ``max_connections - reserve`` receiving
+        ones, the oldest other is dropped, so ``reserve`` slots stay for the rest."""
+        self.receiving[connection] = None
+        if len(self.receiving) > max(1, self.max_connections - self.reserve):
+            oldest = next(iter(self.receiving))
+            if oldest is not connection:
+                oldest.drop("too many requests arriving at once")
+
+    def receiving_ended(self, connection: GuardedProtocol) -> None:
+        """``connection``'s request arrived in full, or the connection closed."""
+        self.receiving.pop(connection, None)
+
+    def close_receiving(self) -> None:
+        """Close every connection whose request is still arriving (the server stops)."""
+        for connection in list(self.receiving):
+            connection.drop("the server is stopping")
 
     def forget(self, connection: GuardedProtocol) -> None:
         """``connection`` closed."""
         self.open.pop(connection, None)
+        self.receiving.pop(connection, None)
 
 
 class _HeadTooLarge(Exception):
@@ -65,6 +99,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_lines = 0
         self._refusal: tuple[int, str] | None = None
         self._ended = False  # the client half-closed after sending its request
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_started = 0.0
+        self._body_bytes = 0
 
     @property
     def idle(self) -> bool:
@@ -78,6 +115,18 @@ class GuardedProtocol(HttpToolsProtocol):
     def evict(self) -> None:
         """Close this idle connection to make room for a new one."""
         self.transport.close()
+
+    def drop(self, why: str) -> None:
+        """Close this connection, whose request is still arriving, with a 408 saying
+        ``why`` (unless an answer has begun already)."""
+        log.info("a request still arriving is dropped: %s", why)
+        self._guard.receiving_ended(self)
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+        else:
+            self._refuse(408, f"request dropped: {why}")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -93,6 +142,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._guard.forget(self)
         self._cancel_head_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
@@ -114,6 +164,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = self._head_lines = 0
         self._head_timer = self.loop.call_later(self._guard.head_seconds, self._head_too_slow)
+        self._guard.receiving_started(self)
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url), lines=0)
@@ -126,6 +177,21 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         super().on_headers_complete()
+        if self._guard.min_body_rate > 0:
+            self._body_started = self.loop.time()
+            self._body_bytes = 0
+            self._body_timer = self.loop.call_later(
+                self._guard.body_grace_seconds, self._body_too_slow
+            )
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._cancel_body_timer()
+        self._guard.receiving_ended(self)
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         # httptools reports a callback's exception as a parse error: answer what it was.
@@ -160,6 +226,24 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             seconds = self._guard.head_seconds
             self._refuse(408, f"request head not received within {seconds:g} s")
+
+    def _body_too_slow(self) -> None:
+        """Drop the request unless its body came at ``min_body_rate`` on average so far;
+        look again in a second."""
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        elapsed = self.loop.time() - self._body_started
+        if self._body_bytes < self._guard.min_body_rate * elapsed:
+            rate = self._guard.min_body_rate
+            self.drop(f"body slower than {rate:g} bytes a second")
+            return
+        self._body_timer = self.loop.call_later(1.0, self._body_too_slow)
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

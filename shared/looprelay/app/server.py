@@ -46,6 +46,15 @@ BACKLOG = 2048
 """Connections the kernel holds for ``accept``."""
 GRACEFUL_SECONDS = 5.0
 """On stop, how long requests under way (a long poll) may finish before they are cancelled."""
+MIN_BODY_RATE = 4096.0
+"""Bytes a second a request body must average once ``BODY_GRACE_SECONDS`` have passed since
+its head (a slower one gets 408): GitHub sends a delivery at once."""
+BODY_GRACE_SECONDS = 5.0
+"""How long a body may take before its rate is looked at."""
+RESERVE_FRACTION = 0.125
+"""The share of the connection cap that requests still arriving may never hold: room for
+idle keep-alive connections, long polls and new arrivals while a flood of slow ones
+rotates through the rest."""
 FD_RESERVE = 256
 """Descriptors kept free of connections: the databases, the log, the process' own pipes."""
 MIN_CONNECTIONS = 16
@@ -65,6 +74,8 @@ class Limits:
     head_seconds: float = HEAD_SECONDS
     max_head_bytes: int = MAX_HEAD_BYTES
     max_headers: int = MAX_HEADERS
+    min_body_rate: float = MIN_BODY_RATE
+    body_grace_seconds: float = BODY_GRACE_SECONDS
 
 
 class _Uvicorn(uvicorn.Server):
@@ -103,6 +114,7 @@ class LocalServer:
         self._guard: ConnectionGuard | None = None
         self._thread: threading.Thread | None = None
         self._failed = False
+        self._watchdog: Watchdog | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -115,7 +127,7 @@ class LocalServer:
         ``on_started()`` runs once the server accepts connections; ``on_stopping()`` runs on a
         thread when a signal came, before the server stops (it may still use the server).
         Returns 0 after a signal and 1 when the server stopped serving by itself (its
-        listener failed, or it no longer answered its own health check), so a supervisor
+        listener failed, or its event loop stopped running callbacks: ``Watchdog``), so a supervisor
         restarts it.
         """
         stop_requested = threading.Event()
@@ -129,7 +141,9 @@ class LocalServer:
                     server.force_exit = True  # a second signal: stop now
                     return
                 stop_requested.set()
-                loop.run_in_executor(None, _then, on_stopping, server)
+                if self._watchdog is not None:
+                    self._watchdog.stop()  # first: a stop on purpose is no failure
+                loop.run_in_executor(None, self._then, on_stopping, server, loop)
 
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, on_signal)
@@ -174,6 +188,26 @@ class LocalServer:
         guard = self._guard
         return 0 if guard is None else sum(not c.idle for c in list(guard.open))
 
+    def _then(
+        self, on_stopping: Callable[[], None], server: _Uvicorn, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Run the caller's stopping work (it answers waiting polls), then, on the loop,
+        close the connections whose request is still arriving (nobody will answer them, and
+        uvicorn would wait for them and then cancel them with a traceback each) and let the
+        server stop."""
+        started = time.monotonic()
+        try:
+            on_stopping()
+        except Exception:
+            log.exception("stopping failed after %.1fs", time.monotonic() - started)
+
+        def stop() -> None:
+            if self._guard is not None:
+                self._guard.close_receiving()
+            server.should_exit = True
+
+        loop.call_soon_threadsafe(stop)
+
     def _new_server(self) -> _Uvicorn:
         cap = connection_cap(self._limits.max_connections)
         self._guard = ConnectionGuard(
@@ -181,18 +215,22 @@ class LocalServer:
             head_seconds=self._limits.head_seconds,
             max_head_bytes=self._limits.max_head_bytes,
             max_headers=self._limits.max_headers,
+            reserve=int(cap * RESERVE_FRACTION),
+            min_body_rate=self._limits.min_body_rate,
+            body_grace_seconds=self._limits.body_grace_seconds,
         )
         self._server = _Uvicorn(_config(self._app, self._limits, self._guard))
         return self._server
 
     async def _serve(self, server: _Uvicorn, on_started: Callable[[], None]) -> None:
-        host, port = self.address
+        loop = asyncio.get_running_loop()
 
         def unhealthy() -> None:
             self._failed = True
             server.should_exit = True
 
-        watchdog = Watchdog(host, port, on_failure=unhealthy, period=self._watchdog_seconds)
+        watchdog = Watchdog(loop, on_failure=unhealthy, period=self._watchdog_seconds)
+        self._watchdog = watchdog
         serving = asyncio.ensure_future(server.serve(sockets=[self._socket]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
@@ -262,13 +300,3 @@ def connection_cap(wanted: int | None) -> int:
             wanted,
         )
     return max(cap, MIN_CONNECTIONS)
-
-
-def _then(on_stopping: Callable[[], None], server: _Uvicorn) -> None:
-    """Run the caller's stopping work, then let the server stop."""
-    started = time.monotonic()
-    try:
-        on_stopping()
-    except Exception:
-        log.exception("stopping failed after %.1fs", time.monotonic() - started)
-    server.should_exit = True

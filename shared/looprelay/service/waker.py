@@ -69,6 +69,7 @@ class DispatchWaker:
         self._generation = 0
         self._recent: deque[Opened] = deque(maxlen=RECENT_RINGS)
         self._waiting: dict[asyncio.Future[Opened], Wants | None] = {}
+        self._closed = False
 
     def notify(
         self, dispatches: Iterable[DispatchRecord] | None = None, *, runners: Iterable[str] = ()
@@ -111,6 +112,26 @@ class DispatchWaker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake_all, futures, opened)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: the process is stopping."""
+        return self._closed
+
+    def close(self) -> None:
+        """Wake every waiting poll and let no poll wait again (the process is stopping):
+        each answers "no work" at once rather than being cut off."""
+        with self._changed:
+            self._closed = True
+            self._generation += 1
+            self._changed.notify_all()
+            waiting, self._waiting = list(self._waiting), {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Opened]]] = {}
+        for future in waiting:
+            by_loop.setdefault(future.get_loop(), []).append(future)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake_all, futures, Opened(None, frozenset()))
+
     def waiting(self) -> int:
         """How many polls wait on an event loop now (an approximate read for tests)."""
         with self._changed:
@@ -151,7 +172,9 @@ class DispatchWaker:
 
     def _news(self, since: int, wants: Wants | None) -> bool:
         """Whether a ring after generation ``since`` concerns ``wants``; true when more rings
-        came than are remembered. Expects the lock held."""
+        came than are remembered, or once closed. Expects the lock held."""
+        if self._closed:
+            return True
         missed = self._generation - since
         if missed <= 0:
             return False

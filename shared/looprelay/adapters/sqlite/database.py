@@ -9,6 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,16 @@ def parse_utc_text(text: str) -> datetime:
 
 
 Synchronous = Literal["FULL", "NORMAL"]
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """What one autocommitted statement did: its row count and every row it returned."""
+
+    rowcount: int
+    rows: list[Any]
+
+
 _COMPANIONS = ("-wal", "-shm", "-journal")
 """The files SQLite keeps beside a database; it creates them with the database file's mode."""
 
@@ -131,12 +142,24 @@ class SqliteDatabase:
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        """Run one statement on its own (autocommit)."""
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Executed:
+        """Run one statement on its own (autocommit) and return its rows and row count.
+
+        The statement is stepped to its end while the lock is held. A cursor handed out
+        unfinished (a ``PRAGMA wal_checkpoint`` has a row to read) would keep its statement in
+        progress on the shared connection after the lock is released, and another thread's
+        ``COMMIT`` then fails with "cannot commit transaction - SQL statements in progress".
+        Raises ``Transient`` when the database is busy or unavailable.
+        """
         with self._lock:
             try:
                 self._switch(self._synchronous)
-                return self._db.execute(sql, params)
+                cursor = self._db.execute(sql, params)
+                try:
+                    rows = cursor.fetchall()
+                finally:
+                    cursor.close()
+                return Executed(rowcount=cursor.rowcount, rows=rows)
             except sqlite3.OperationalError as exc:
                 raise Transient(f"{self._what} busy or unavailable: {exc}") from exc
 

@@ -15,6 +15,7 @@ try; then the later ones go ahead (the worker records that it skipped it).
 from __future__ import annotations
 
 import http.client
+import itertools
 import logging
 import re
 import sqlite3
@@ -27,6 +28,14 @@ from pathlib import Path
 
 from looprelay.adapters.sqlite.database import SqliteDatabase
 from looprelay.adapters.sqlite.enqueue_committer import Enqueue, EnqueueCommitter
+from looprelay.adapters.sqlite.queue_sql import (
+    ADDED_COLUMNS,
+    CLAIM,
+    LEASE_MARGIN_SECONDS,
+    ORDER_INDEX,
+    RELEASE_EXPIRED,
+    SCHEMA,
+)
 from looprelay.adapters.sqlite.worker_connection import WorkerConnection
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig
 from looprelay.core.backoff import backoff_seconds
@@ -36,42 +45,9 @@ from looprelay.ports import MAX_TASK_BYTES, Task
 log = logging.getLogger("looprelay.queue")
 
 _TASK_NAME = re.compile(r"^[A-Za-z0-9_-]{1,500}$")
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    name TEXT PRIMARY KEY,
-    body BLOB NOT NULL,
-    state TEXT NOT NULL,          -- pending | leased | done | dead
-    attempts INTEGER NOT NULL DEFAULT 0,
-    executions INTEGER NOT NULL DEFAULT 0,
-    eta REAL NOT NULL,
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    last_status INTEGER,
-    last_error TEXT
-);
-CREATE INDEX IF NOT EXISTS tasks_due ON tasks (state, eta);
-"""
-_ORDER_COLUMNS = {
-    "grp": "TEXT NOT NULL DEFAULT ''",
-    "order_key": "TEXT NOT NULL DEFAULT ''",
-    "first_tried_at": "REAL",
-}
-"""Columns a file made before order was kept lacks; its tasks get group '' (no order)."""
-_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS tasks_by_group ON tasks (grp, state, order_key, name);"
-_CLAIM = """
-UPDATE tasks SET state = 'leased', first_tried_at = COALESCE(first_tried_at, :now)
-WHERE name = (
-    SELECT t.name FROM tasks t WHERE t.state = 'pending' AND t.eta <= :now
-    AND (t.grp = '' OR NOT EXISTS (
-        SELECT 1 FROM tasks o WHERE o.grp = t.grp AND o.name != t.name AND (
-            o.state = 'leased'
-            OR (o.state = 'pending' AND (o.order_key, o.name) < (t.order_key, t.name)
-                AND (o.first_tried_at IS NULL OR o.first_tried_at > :now - :wait)))))
-    ORDER BY t.eta LIMIT 1)
-RETURNING name, body, attempts, executions, eta
-"""
-"""Take the most overdue task whose group lets it start: none of the group in flight, and no
-earlier-keyed one waiting, unless that one has failed for longer than the wait (poison)."""
+_BOOKS_RETRY_SECONDS = (0.01, 0.05, 0.2, 1.0)
+"""Waits between tries of a delivery's outcome write that failed; the last one repeats until
+the write lands or the lease expires."""
 # Queues a new name, or takes an old one back only once its task is done and its dedup
 # window over; a row count of 0 means the name is taken.
 _IDLE_WAIT_SECONDS = 1.0
@@ -131,9 +107,9 @@ class SqliteQueue:
         # dispatch bookkeeping is not: a lost "leased" or "done" only sends a task again,
         # which the worker's ledger turns into a no-op, and it is written after the worker's
         # own synced commit. Both share one connection, so they wait on one lock.
-        self._books = SqliteDatabase(path, schema=_SCHEMA, what="embedded queue")
-        self._books.add_columns("tasks", _ORDER_COLUMNS)
-        self._books.ensure_schema(_ORDER_INDEX)
+        self._books = SqliteDatabase(path, schema=SCHEMA, what="embedded queue")
+        self._books.add_columns("tasks", ADDED_COLUMNS)
+        self._books.ensure_schema(ORDER_INDEX)
         self._committer = EnqueueCommitter(self._books)
 
     # -- the Queue port -------------------------------------------------------------------
@@ -191,7 +167,9 @@ class SqliteQueue:
         self._worker_url = worker_url
         self._auth_token = auth_token
         self._yield_to = yield_to
-        self._write("UPDATE tasks SET state = 'pending' WHERE state = 'leased'")
+        self._write(
+            "UPDATE tasks SET state = 'pending', lease_expires = NULL WHERE state = 'leased'"
+        )
         self._committer.start()
         self._stopping.clear()
         for index in range(self._settings.concurrency):
@@ -269,8 +247,9 @@ class SqliteQueue:
                     continue
                 self._deliver(worker, claimed)
             except (sqlite3.Error, Transient):
-                # A busy or failing database must not kill the dispatcher; a claimed task stays
-                # leased and is recovered on the next start.
+                # A busy or failing database must not kill the dispatcher. A claim that failed
+                # was rolled back; a task claimed before the failure keeps its lease, which
+                # expires (``LEASE_MARGIN_SECONDS``) so that any dispatcher takes it again.
                 log.exception("embedded queue database error; dispatcher pauses and goes on")
                 self._stopping.wait(_IDLE_WAIT_SECONDS)
         worker.close()
@@ -284,10 +263,15 @@ class SqliteQueue:
             self._arrivals += 1
             self._wake.notify()
 
-    def _claim(self) -> tuple[str, bytes, int, int, float] | None:
+    def _claim(self) -> _Claimed | None:
+        now = self._now()
+        expires = now + 2 * self._settings.dispatch_deadline_seconds + LEASE_MARGIN_SECONDS
         with self._books.transaction(synced=False) as db:
-            rows = db.execute(_CLAIM, {"now": self._now(), "wait": self._order_wait}).fetchall()
-        return (rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
+            db.execute(RELEASE_EXPIRED, {"now": now})
+            rows = db.execute(
+                CLAIM, {"now": now, "wait": self._order_wait, "expires": expires}
+            ).fetchall()
+        return _Claimed(*rows[0]) if rows else None
 
     def _seconds_until_due(self) -> float:
         """How long until a task may become claimable without an arrival or a finish (each
@@ -297,7 +281,8 @@ class SqliteQueue:
         [row] = self._books.rows(
             "SELECT MIN(at) FROM (SELECT eta AS at FROM tasks WHERE state = 'pending'"
             " AND eta > :now UNION ALL SELECT first_tried_at + :wait FROM tasks"
-            " WHERE state = 'pending' AND first_tried_at + :wait > :now)",
+            " WHERE state = 'pending' AND first_tried_at + :wait > :now UNION ALL"
+            " SELECT lease_expires FROM tasks WHERE state = 'leased' AND lease_expires > :now)",
             {"now": now, "wait": self._order_wait},
         )
         due: float | None = row[0]
@@ -305,10 +290,14 @@ class SqliteQueue:
             return _IDLE_WAIT_SECONDS
         return max(0.0, min(_IDLE_WAIT_SECONDS, due - now))
 
-    def _deliver(
-        self, worker: WorkerConnection, claimed: tuple[str, bytes, int, int, float]
-    ) -> None:
-        name, body, attempts, executions, eta = claimed
+    def _deliver(self, worker: WorkerConnection, claimed: _Claimed) -> None:
+        name, body, attempts, executions, eta = (
+            claimed.name,
+            claimed.body,
+            claimed.attempts,
+            claimed.executions,
+            claimed.eta,
+        )
         headers = {
             "Content-Type": "application/json",
             "Authorization": f"Bearer {self._auth_token}",
@@ -328,10 +317,10 @@ class SqliteQueue:
         except (OSError, http.client.HTTPException) as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
         if status is not None and 200 <= status < 300:
-            self._finish(name, status)
+            self._finish(claimed, status)
         else:
             self._fail(
-                name,
+                claimed,
                 attempts=attempts + 1,
                 executions=executions,
                 status=status,
@@ -339,11 +328,13 @@ class SqliteQueue:
                 retry_after=retry_after,
             )
 
-    def _finish(self, name: str, status: int) -> None:
-        self._write(
+    def _finish(self, claimed: _Claimed, status: int) -> None:
+        self._book(
+            claimed,
             "UPDATE tasks SET state = 'done', finished_at = ?, last_status = ?,"
-            " attempts = attempts + 1 WHERE name = ?",
-            (self._now(), status, name),
+            " attempts = attempts + 1, lease_expires = NULL"
+            " WHERE name = ? AND state = 'leased' AND lease_expires = ?",
+            (self._now(), status, claimed.name, claimed.lease_expires),
         )
         # No dispatcher is woken: this one claims next itself (``_dispatch_loop``), which
         # starts the next task of the group if one waits; waking another only added a claim
@@ -351,7 +342,7 @@ class SqliteQueue:
 
     def _fail(
         self,
-        name: str,
+        claimed: _Claimed,
         *,
         attempts: int,
         executions: int,
@@ -369,9 +360,12 @@ class SqliteQueue:
             max_doublings=self._retry.max_doublings,
         )
         wait = max(wait, retry_after or 0.0)
-        self._write(
+        name = claimed.name
+        self._book(
+            claimed,
             "UPDATE tasks SET state = ?, attempts = ?, executions = ?, eta = ?,"
-            " last_status = ?, last_error = ?, finished_at = ? WHERE name = ?",
+            " last_status = ?, last_error = ?, finished_at = ?, lease_expires = NULL"
+            " WHERE name = ? AND state = 'leased' AND lease_expires = ?",
             (
                 "dead" if dead else "pending",
                 attempts,
@@ -381,6 +375,7 @@ class SqliteQueue:
                 error,
                 self._now() if dead else None,
                 name,
+                claimed.lease_expires,
             ),
         )
         self._arrived()  # the next task of its group may start if this one stopped holding it
@@ -394,6 +389,55 @@ class SqliteQueue:
             " and is now a dead letter" if dead else f"; retrying in {wait:.1f}s",
             extra={"task": name, "fields": {"error": error}},
         )
+
+    def _book(self, claimed: _Claimed, sql: str, params: tuple[object, ...]) -> None:
+        """Write a delivery's outcome while its lease lasts.
+
+        ``sql`` changes the row only under this claim's lease (``lease_expires`` as the
+        claim wrote it), so a dispatcher whose lease expired and was taken again writes
+        nothing.
+
+        A write that fails (a busy or failing database: ``Transient`` or ``sqlite3.Error``) is
+        tried again after each of ``_BOOKS_RETRY_SECONDS``, then every second, so the group
+        is held only while the database fails. Once the lease has expired, or the queue
+        stops, the task is left to the lease: any dispatcher takes it again (the worker's
+        ledger makes the repeat a no-op). Raises nothing.
+        """
+        for attempt in itertools.count():
+            try:
+                self._write(sql, params)
+                return
+            except (sqlite3.Error, Transient) as exc:
+                if self._stopping.is_set() or self._now() >= claimed.lease_expires:
+                    log.error(
+                        "could not record the outcome of task %s (%s); it is sent again"
+                        " when its lease expires",
+                        claimed.name,
+                        exc,
+                        extra={"task": claimed.name},
+                    )
+                    return
+                wait = _BOOKS_RETRY_SECONDS[min(attempt, len(_BOOKS_RETRY_SECONDS) - 1)]
+                log.warning(
+                    "could not record the outcome of task %s (%s); trying again in %.2fs",
+                    claimed.name,
+                    exc,
+                    wait,
+                    extra={"task": claimed.name},
+                )
+                self._stopping.wait(wait)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """A task a dispatcher holds, and when its lease expires."""
+
+    name: str
+    body: bytes
+    attempts: int
+    executions: int
+    eta: float
+    lease_expires: float
 
 
 def _validate(task: Task) -> None:
