@@ -107,7 +107,7 @@ def _synchronous(what: str, tmp_path: Path, *, unsynced: bool) -> int:
         "import sys\n"
         "from looprelay.adapters.sqlite.database import SqliteDatabase\n"
         f"db = SqliteDatabase(sys.argv[1], schema='', what={what!r})\n"
-        "print(db.execute('PRAGMA synchronous').fetchone()[0])\n"
+        "print(db.execute('PRAGMA synchronous').rows[0][0])\n"
     )
     env = dict(os.environ)
     if unsynced:
