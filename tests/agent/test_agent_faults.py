@@ -178,8 +178,13 @@ class Relay:
                 self._calls.notify_all()
 
     def _serve(self, request: Request) -> Response:
+        named = "agent_id" in json.loads(request.body or b"{}")
+        if self.older and request.path == API_PREFIX + "poll" and named:
+            error = "invalid request body: agent_id: Extra inputs are not permitted"
+            return json_response(400, {"error": error})
         if self.older and request.path == API_PREFIX + "heartbeat":
-            unknown = {"restarted", "held", "released"} & set(json.loads(request.body or b"{}"))
+            sent = set(json.loads(request.body or b"{}"))
+            unknown = {"restarted", "held", "released", "agent_id", "replaces"} & sent
             if unknown:
                 error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
                 return json_response(400, {"error": error})
@@ -376,6 +381,7 @@ def start_agent(
             capacity=capacity,
             poll_wait_seconds=POLL_WAIT_SECONDS,
             lease_renew_seconds=2.0,
+            agent_id=uuid.uuid4().hex,
         )
         local = LocalAgent(
             agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
@@ -461,15 +467,21 @@ def launch(
     launched: list[RunnerProcess] = []
 
     def start(
-        name: str, *, capacity: int = 1, extra: tuple[str, ...] = (), socket_name: str = ""
+        name: str,
+        *,
+        capacity: int = 1,
+        extra: tuple[str, ...] = (),
+        socket_name: str = "",
+        state: str = "",
     ) -> RunnerProcess:
-        """``socket_name``: a tmux socket of the runner's own (default: the test's)."""
+        """``socket_name``: a tmux socket of the runner's own (default: the test's);
+        ``state``: a state directory of its own (default: the runner's, by name)."""
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name, capacity=capacity))
         runner = RunnerProcess(
             credentials=credentials,
-            state=tmp_path / f"runner-{name}",
+            state=tmp_path / f"runner-{state or name}",
             socket_name=socket_name or terminal.socket_name,
             checkout=checkout,
             capacity=capacity,
@@ -856,6 +868,57 @@ class TestRevokedRunner:
         )
 
 
+class TestOneAgentPerRunner:
+    def test_a_second_agent_on_the_same_credentials_is_refused_and_says_why(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        first = launch("box")
+        serving = wait_until(lambda: relay.runner(first.runner_id).agent_id, seconds=DEADLINE)
+        second = launch("box", state="box-elsewhere")
+        assert second.wait() == 1, second.output()
+        refused = [line for line in second.output().splitlines() if "another agent" in line]
+        assert len(refused) == 1, second.output()
+        assert (
+            "stopping: another agent serves this runner: runner box is served by another live "
+            f"agent (id {serving}"
+        ) in refused[0]
+        assert "`looprelay runner register`" in refused[0]
+        # The first goes on serving, named as before.
+        relay.seed(1, relay.dispatch(1))
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", first.runner_id)
+        assert first.proc.poll() is None
+        assert relay.runner(first.runner_id).agent_id == serving
+        assert {e["agent_id"] for e in relay.events("runner.second_agent_refused")} == {
+            (first.state.parent / "runner-box-elsewhere" / "agent.id").read_text().strip()
+        }
+
+    def test_a_restart_after_sigkill_is_accepted_at_once(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box")
+        dead = wait_until(lambda: relay.runner(box.runner_id).agent_id, seconds=DEADLINE)
+        box.kill()
+        relay.quiesce()  # its last long poll, still waiting at the server, ends empty
+        # The server's clock stands still: the dead agent stays live there, yet its
+        # successor on the same state directory is taken at once.
+        again = launch("box")
+        wait_until(
+            lambda: relay.runner(box.runner_id).agent_id not in ("", dead),
+            seconds=DEADLINE,
+            what="the restarted agent on record",
+            explain=again.output,
+        )
+        relay.seed(1, relay.dispatch(1))
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", box.runner_id)
+        assert again.proc.poll() is None
+        assert relay.events("runner.second_agent_refused") == []
+        assert (
+            relay.runner(box.runner_id).agent_id == (again.state / "agent.id").read_text().strip()
+        )
+
+
 class TestOlderServer:
     def test_a_server_without_the_failover_fields_still_keeps_the_agent_live_and_working(
         self,
@@ -880,7 +943,7 @@ class TestOlderServer:
         assert relay.runner(agent.runner_id).sessions == 1
         assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
             "the server refused this agent's failover report (runner API refused heartbeat: "
-            "invalid request body: restarted: Extra inputs are not permitted); heartbeats go "
+            "invalid request body: agent_id: Extra inputs are not permitted); heartbeats go "
             "without it, so leases of a restart lapse on their own and moved sessions are not "
             "stopped here"
         ]
