@@ -1,9 +1,9 @@
 """Fixture plugin: a fake ``claude``/``cursor-agent`` first on PATH that records what it gets.
 
-The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv and
-cwd when it starts, ``ready`` once its terminal is raw with bracketed paste on and its first
-screen drawn, then every chunk it reads; a headless turn (``-p``) records what it read on stdin
-(``stdin``), its prompt. Marker files beside it change its behaviour
+The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv,
+cwd and environment when it starts, ``ready`` once its terminal is raw with bracketed paste on
+and its first screen drawn, then every chunk it reads; a headless turn (``-p``) records what
+it read on stdin (``stdin``), its prompt. Marker files beside it change its behaviour
 (``ignore-term``, ``exit-once``, ``draw-late``: raw a second before it draws, dropping what came
 in between, as Claude does,
 ``resume-fails``, ``headless-fail``: Claude's real "Not logged in" result with exit 1,
@@ -40,7 +40,9 @@ def note(**fields):
         log.write(json.dumps(fields) + "\n")
 
 
-note(event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd())
+note(
+    event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd(), env=dict(os.environ)
+)
 if (HERE / "ignore-term").exists():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if "-p" in ARGV:

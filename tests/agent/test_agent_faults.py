@@ -407,6 +407,7 @@ class RunnerProcess:
         checkout: Path,
         capacity: int,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.state = state
         self.runner_id = json.loads(credentials.read_text())["runner_id"]
@@ -425,6 +426,7 @@ class RunnerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
 
     def signal(self, signum: int) -> None:
@@ -473,9 +475,11 @@ def launch(
         extra: tuple[str, ...] = (),
         socket_name: str = "",
         state: str = "",
+        env: dict[str, str] | None = None,
     ) -> RunnerProcess:
         """``socket_name``: a tmux socket of the runner's own (default: the test's);
-        ``state``: a state directory of its own (default: the runner's, by name)."""
+        ``state``: a state directory of its own (default: the runner's, by name); ``env``:
+        variables added to the agent's environment."""
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name, capacity=capacity))
@@ -486,6 +490,7 @@ def launch(
             checkout=checkout,
             capacity=capacity,
             extra=extra,
+            env=env,
         )
         launched.append(runner)
         return runner
@@ -917,6 +922,28 @@ class TestOneAgentPerRunner:
         assert (
             relay.runner(box.runner_id).agent_id == (again.state / "agent.id").read_text().strip()
         )
+
+
+class TestEnvironmentPerSpawn:
+    def test_a_restarted_agent_with_a_changed_variable_gives_it_to_its_next_session(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box", capacity=2, env={"LOOPRELAY_TEST_API_KEY": "before"})
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        box.signal(signal.SIGTERM)
+        assert box.wait() == 0, box.output()
+        relay.quiesce()
+
+        # The tmux server, started by the first agent, lives on with its session.
+        again = launch("box", capacity=2, env={"LOOPRELAY_TEST_API_KEY": "after"})
+        relay.seed(2, relay.dispatch(2))
+        [done] = relay.wait_settled("dp-2-1")
+        assert done.status == "succeeded", again.output()
+        first, second = fake_harness.starts()
+        assert first["env"]["LOOPRELAY_TEST_API_KEY"] == "before"
+        assert second["env"]["LOOPRELAY_TEST_API_KEY"] == "after"
+        assert _alive(first["pid"])  # the first session was not restarted for it
 
 
 class TestOlderServer:

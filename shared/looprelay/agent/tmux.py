@@ -46,6 +46,10 @@ _ABSENT = re.compile(
     r"|error connecting to .*\((No such file or directory|Connection refused)\)"
 )
 _EXITED = "looprelay-pane-dead"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+"""Environment names passed on to sessions; others (rare, odd) cannot be listed to tmux."""
+_TMUX_OWN = frozenset({"TMUX", "TMUX_PANE"})
+"""Set by tmux itself in each pane: never copied from the agent (it may run inside tmux)."""
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -116,18 +120,34 @@ class TmuxTerminal:
         remain-on-exit is set globally in the same tmux invocation that may start the server, so
         even a harness that exits at once leaves a dead pane to read, and
         exit-empty off keeps the server up when a respawn kills its last session.
-        Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a directory,
-        ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
+
+        The harness gets the agent's environment as it is now, not the one the tmux server
+        was started with (by this agent's first spawn, maybe an earlier process): tmux copies
+        the variables ``update-environment`` names from this tmux client, which inherits the
+        agent's, into the new session, and clears those it names but the client lacks. So the
+        option is set, in the same invocation, to every name the agent or the server's global
+        environment has. Only names are on the command line (world-readable in ``/proc``),
+        never values. Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a
+        directory, ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
         """
         _check_name(name)
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
+        names = " ".join(sorted(n for n in self._env_names() if _ENV_NAME.fullmatch(n)))
         self._run(
+            *("set-option", "-g", "update-environment", names, ";"),
             *("set-option", "-g", "exit-empty", "off", ";"),
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
             *(_literal(arg) for arg in argv),
         )
+
+    def _env_names(self) -> set[str]:
+        """The variables a new session's environment is made of: the agent's and those of the
+        server's global environment (to clear them when the agent has them no more)."""
+        listed = self._query("show-environment", "-g") or []
+        server = {line.lstrip("-").partition("=")[0] for line in listed}
+        return (set(os.environ) | server) - _TMUX_OWN
 
     def paste(self, name: str, text: str, *, listed: Pane | None = None) -> None:
         """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
