@@ -860,6 +860,65 @@ class TestTalkingAgent:
         assert not any(text.startswith("{") for text in lines)
 
 
+class TestTruthfulAgent:
+    def test_runner_status_answers_from_the_first_second(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box")
+        credentials = box.state.parent / "box.json"
+
+        def status() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [
+                    *LOOPRELAY,
+                    *("runner", "status", "--credentials", str(credentials)),
+                    *("--state", str(box.state), "--json"),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+
+        shown = wait_until(lambda: status().returncode == 0 and status(), seconds=DEADLINE)
+        assert json.loads(shown.stdout)["sessions"] == []
+        assert relay.stores.work_items.get_dispatch("dp-1-1") is None  # nothing dispatched
+
+    def test_a_spawn_whose_harness_dies_at_once_is_failed_with_its_last_lines_never_announced(
+        self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
+    ) -> None:
+        fake_harness.mark("exit-once")
+        start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        [failed] = relay.wait_settled("dp-1-1")
+        assert (failed.status, failed.result) == ("failed", "harness-exited")
+        [event] = relay.events("dispatch.failed")
+        assert "exited (status 3)" in event["detail"], event
+        assert "fake harness: not logged in" in event["detail"], event
+        assert relay.attach_comments(1) == []  # never announced as running
+
+    def test_a_comment_that_respawned_its_session_is_logged_as_respawned(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="looprelay.agent")
+        start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        session = relay.stored("dp-1-1").session_name
+        os.kill(_pid_of_first_start(fake_harness), signal.SIGKILL)
+        wait_until(lambda: terminal.pane_dead(session), seconds=DEADLINE)
+        relay.seed(1, relay.dispatch(1, 2, kind="deliver", prompt="again"), session_status="live")
+        [again] = relay.wait_settled("dp-1-2")
+        assert (again.status, again.result) == ("succeeded", "spawned")
+        said = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith(f"respawned session {session} for ") for m in said), said
+        assert not any(m.startswith("pasted the event into") for m in said), said
+
+
 class TestRevokedRunner:
     def test_a_revoked_runner_stops_with_exit_code_1_and_says_to_register_again(
         self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness

@@ -320,8 +320,11 @@ class Agent:
             return
         session = result.tmux_target or dispatch.session_name
         done = _DONE_VERBS.get(dispatch.kind, f"applied {dispatch.kind} to")
+        respawned = dispatch.kind == "deliver" and result.status == "spawned"
+        if respawned:  # its harness was gone: the event is the new one's boot prompt
+            done = "respawned"
         line = f"{done} session {session} for {dispatch.endpoint}"
-        if result.tmux_target and self.tmux_socket and dispatch.kind == "spawn":
+        if result.tmux_target and self.tmux_socket and (dispatch.kind == "spawn" or respawned):
             line += f"; attach: tmux -L {self.tmux_socket} attach -t {result.tmux_target}"
         log.info(line, extra=extra)
 

@@ -38,6 +38,8 @@ on a loaded machine; the wait ends as soon as it is."""
 SETTLED_SECONDS = 0.4
 """How long a first screen must stay unchanged before the first paste goes in."""
 SCREEN_POLL_SECONDS = 0.1
+LAST_LINES = 15
+"""How many of a dead harness's last screen lines a failure carries as its detail."""
 """How often a pane's screen is captured while waiting for it to settle."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -61,6 +63,9 @@ class Pane:
     dead: bool
     pid: int
     tty: str
+    exit_status: int | None = None
+    """The harness's exit status once the pane is dead (``#{pane_dead_status}``); None while
+    it runs, and when a signal ended it (tmux 3.3a says nothing then)."""
 
 
 class TmuxTerminal:
@@ -241,12 +246,41 @@ class TmuxTerminal:
         lines = self._query(
             "list-panes",
             *("-s", "-t", f"={name}:"),
-            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_tty}"),
+            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_dead_status} #{pane_tty}"),
         )
         if not lines:
             return None
-        pane_id, dead, pid, tty = lines[0].split(" ", 3)
-        return Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
+        pane_id, dead, pid, status, tty = lines[0].split(" ", 4)
+        return Pane(
+            pane_id=pane_id,
+            dead=dead == "1",
+            pid=int(pid or 0),
+            tty=tty,
+            exit_status=int(status) if dead == "1" and status.lstrip("-").isdigit() else None,
+        )
+
+    def exit_status(self, name: str, seconds: float = KILL_WAIT_SECONDS) -> int | None:
+        """The exit status of ``name``'s dead harness, waited for up to ``seconds``: tmux
+        marks a pane dead when its terminal closes and learns the status a moment later.
+        None when a signal ended it or there is no such session. Raises ``RunnerError``
+        ``tmux-failed``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            pane = self._first_pane(name)
+            if pane is None or pane.exit_status is not None or time.monotonic() >= deadline:
+                return None if pane is None else pane.exit_status
+            time.sleep(POLL_SECONDS)
+
+    def last_lines(self, name: str, count: int = LAST_LINES) -> str:
+        """The last ``count`` non-blank lines the harness pane of ``name`` shows (a dead one
+        too: remain-on-exit keeps it), control characters dropped; "" when there is no such
+        session. Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
+        pane = self._first_pane(name)
+        if pane is None:
+            return ""
+        lines = self._query("capture-pane", "-p", "-J", "-S", "-200", "-t", pane.pane_id) or []
+        shown = [_UNPRINTABLE.sub("", line).rstrip() for line in lines]
+        return "\n".join([line for line in shown if line.strip()][-count:])
 
     def _ready_pane(self, name: str, pane: Pane | None) -> Pane:
         """Wait, up to ``ready_wait_seconds``, until ``pane``'s harness reads its terminal raw
