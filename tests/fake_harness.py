@@ -1,11 +1,11 @@
 """Fixture plugin: a fake ``claude``/``cursor-agent`` first on PATH that records what it gets.
 
-The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv and
-cwd when it starts, ``ready`` once its terminal is raw with bracketed paste on and its first
-screen drawn, then every chunk it reads; a headless turn (``-p``) records what it read on stdin
-(``stdin``), its prompt. Marker files beside it change its behaviour
-(``ignore-term``, ``exit-once``, ``draw-late``: raw a second before it draws, dropping what came
-in between, as Claude does,
+The fake (one Python script) appends JSON lines to ``calls.jsonl`` beside itself: its argv,
+cwd and environment when it starts, ``ready`` once its terminal is raw with bracketed paste on
+and its first screen drawn, then every chunk it reads; a headless turn (``-p``) records what
+it read on stdin (``stdin``), its prompt. Marker files beside it change its behaviour
+(``ignore-term``, ``exit-once`` (one line, then exit 3), ``draw-late``: raw a second before
+it draws, dropping what came in between, as Claude does,
 ``resume-fails``, ``headless-fail``: Claude's real "Not logged in" result with exit 1,
 ``headless-hang``, ``headless-hold``: a turn waits, after reading its stdin, until a ``release``
 file appears, and ``headless-answer``, whose text is the answer a headless turn prints).
@@ -40,7 +40,9 @@ def note(**fields):
         log.write(json.dumps(fields) + "\n")
 
 
-note(event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd())
+note(
+    event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd(), env=dict(os.environ)
+)
 if (HERE / "ignore-term").exists():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if "-p" in ARGV:
@@ -82,6 +84,7 @@ if "--resume" in ARGV and (HERE / "resume-fails").exists():
     sys.exit(1)
 if (HERE / "exit-once").exists():
     (HERE / "exit-once").unlink()
+    print("fake harness: not logged in, exiting at once", flush=True)
     sys.exit(3)
 import termios, tty
 

@@ -178,8 +178,13 @@ class Relay:
                 self._calls.notify_all()
 
     def _serve(self, request: Request) -> Response:
+        named = "agent_id" in json.loads(request.body or b"{}")
+        if self.older and request.path == API_PREFIX + "poll" and named:
+            error = "invalid request body: agent_id: Extra inputs are not permitted"
+            return json_response(400, {"error": error})
         if self.older and request.path == API_PREFIX + "heartbeat":
-            unknown = {"restarted", "held", "released"} & set(json.loads(request.body or b"{}"))
+            sent = set(json.loads(request.body or b"{}"))
+            unknown = {"restarted", "held", "released", "agent_id", "replaces"} & sent
             if unknown:
                 error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
                 return json_response(400, {"error": error})
@@ -376,6 +381,7 @@ def start_agent(
             capacity=capacity,
             poll_wait_seconds=POLL_WAIT_SECONDS,
             lease_renew_seconds=2.0,
+            agent_id=uuid.uuid4().hex,
         )
         local = LocalAgent(
             agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
@@ -401,6 +407,7 @@ class RunnerProcess:
         checkout: Path,
         capacity: int,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.state = state
         self.runner_id = json.loads(credentials.read_text())["runner_id"]
@@ -419,6 +426,7 @@ class RunnerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
 
     def signal(self, signum: int) -> None:
@@ -461,19 +469,28 @@ def launch(
     launched: list[RunnerProcess] = []
 
     def start(
-        name: str, *, capacity: int = 1, extra: tuple[str, ...] = (), socket_name: str = ""
+        name: str,
+        *,
+        capacity: int = 1,
+        extra: tuple[str, ...] = (),
+        socket_name: str = "",
+        state: str = "",
+        env: dict[str, str] | None = None,
     ) -> RunnerProcess:
-        """``socket_name``: a tmux socket of the runner's own (default: the test's)."""
+        """``socket_name``: a tmux socket of the runner's own (default: the test's);
+        ``state``: a state directory of its own (default: the runner's, by name); ``env``:
+        variables added to the agent's environment."""
         credentials = tmp_path / f"{name}.json"
         if not credentials.exists():
             write_credentials(credentials, relay.register(name, capacity=capacity))
         runner = RunnerProcess(
             credentials=credentials,
-            state=tmp_path / f"runner-{name}",
+            state=tmp_path / f"runner-{state or name}",
             socket_name=socket_name or terminal.socket_name,
             checkout=checkout,
             capacity=capacity,
             extra=extra,
+            env=env,
         )
         launched.append(runner)
         return runner
@@ -843,6 +860,65 @@ class TestTalkingAgent:
         assert not any(text.startswith("{") for text in lines)
 
 
+class TestTruthfulAgent:
+    def test_runner_status_answers_from_the_first_second(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box")
+        credentials = box.state.parent / "box.json"
+
+        def status() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [
+                    *LOOPRELAY,
+                    *("runner", "status", "--credentials", str(credentials)),
+                    *("--state", str(box.state), "--json"),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+
+        shown = wait_until(lambda: status().returncode == 0 and status(), seconds=DEADLINE)
+        assert json.loads(shown.stdout)["sessions"] == []
+        assert relay.stores.work_items.get_dispatch("dp-1-1") is None  # nothing dispatched
+
+    def test_a_spawn_whose_harness_dies_at_once_is_failed_with_its_last_lines_never_announced(
+        self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
+    ) -> None:
+        fake_harness.mark("exit-once")
+        start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        [failed] = relay.wait_settled("dp-1-1")
+        assert (failed.status, failed.result) == ("failed", "harness-exited")
+        [event] = relay.events("dispatch.failed")
+        assert "exited (status 3)" in event["detail"], event
+        assert "fake harness: not logged in" in event["detail"], event
+        assert relay.attach_comments(1) == []  # never announced as running
+
+    def test_a_comment_that_respawned_its_session_is_logged_as_respawned(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="looprelay.agent")
+        start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        session = relay.stored("dp-1-1").session_name
+        os.kill(_pid_of_first_start(fake_harness), signal.SIGKILL)
+        wait_until(lambda: terminal.pane_dead(session), seconds=DEADLINE)
+        relay.seed(1, relay.dispatch(1, 2, kind="deliver", prompt="again"), session_status="live")
+        [again] = relay.wait_settled("dp-1-2")
+        assert (again.status, again.result) == ("succeeded", "spawned")
+        said = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith(f"respawned session {session} for ") for m in said), said
+        assert not any(m.startswith("pasted the event into") for m in said), said
+
+
 class TestRevokedRunner:
     def test_a_revoked_runner_stops_with_exit_code_1_and_says_to_register_again(
         self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
@@ -854,6 +930,79 @@ class TestRevokedRunner:
         assert "old-box was revoked; register it again with `looprelay runner register`" in (
             box.output()
         )
+
+
+class TestOneAgentPerRunner:
+    def test_a_second_agent_on_the_same_credentials_is_refused_and_says_why(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        first = launch("box")
+        serving = wait_until(lambda: relay.runner(first.runner_id).agent_id, seconds=DEADLINE)
+        second = launch("box", state="box-elsewhere")
+        assert second.wait() == 1, second.output()
+        refused = [line for line in second.output().splitlines() if "another agent" in line]
+        assert len(refused) == 1, second.output()
+        assert (
+            "stopping: another agent serves this runner: runner box is served by another live "
+            f"agent (id {serving}"
+        ) in refused[0]
+        assert "`looprelay runner register`" in refused[0]
+        # The first goes on serving, named as before.
+        relay.seed(1, relay.dispatch(1))
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", first.runner_id)
+        assert first.proc.poll() is None
+        assert relay.runner(first.runner_id).agent_id == serving
+        assert {e["agent_id"] for e in relay.events("runner.second_agent_refused")} == {
+            (first.state.parent / "runner-box-elsewhere" / "agent.id").read_text().strip()
+        }
+
+    def test_a_restart_after_sigkill_is_accepted_at_once(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box")
+        dead = wait_until(lambda: relay.runner(box.runner_id).agent_id, seconds=DEADLINE)
+        box.kill()
+        relay.quiesce()  # its last long poll, still waiting at the server, ends empty
+        # The server's clock stands still: the dead agent stays live there, yet its
+        # successor on the same state directory is taken at once.
+        again = launch("box")
+        wait_until(
+            lambda: relay.runner(box.runner_id).agent_id not in ("", dead),
+            seconds=DEADLINE,
+            what="the restarted agent on record",
+            explain=again.output,
+        )
+        relay.seed(1, relay.dispatch(1))
+        [done] = relay.wait_settled("dp-1-1")
+        assert (done.status, done.lease_holder) == ("succeeded", box.runner_id)
+        assert again.proc.poll() is None
+        assert relay.events("runner.second_agent_refused") == []
+        assert (
+            relay.runner(box.runner_id).agent_id == (again.state / "agent.id").read_text().strip()
+        )
+
+
+class TestEnvironmentPerSpawn:
+    def test_a_restarted_agent_with_a_changed_variable_gives_it_to_its_next_session(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box", capacity=2, env={"LOOPRELAY_TEST_API_KEY": "before"})
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        box.signal(signal.SIGTERM)
+        assert box.wait() == 0, box.output()
+        relay.quiesce()
+
+        # The tmux server, started by the first agent, lives on with its session.
+        again = launch("box", capacity=2, env={"LOOPRELAY_TEST_API_KEY": "after"})
+        relay.seed(2, relay.dispatch(2))
+        [done] = relay.wait_settled("dp-2-1")
+        assert done.status == "succeeded", again.output()
+        first, second = fake_harness.starts()
+        assert first["env"]["LOOPRELAY_TEST_API_KEY"] == "before"
+        assert second["env"]["LOOPRELAY_TEST_API_KEY"] == "after"
+        assert _alive(first["pid"])  # the first session was not restarted for it
 
 
 class TestOlderServer:
@@ -880,7 +1029,7 @@ class TestOlderServer:
         assert relay.runner(agent.runner_id).sessions == 1
         assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
             "the server refused this agent's failover report (runner API refused heartbeat: "
-            "invalid request body: restarted: Extra inputs are not permitted); heartbeats go "
+            "invalid request body: agent_id: Extra inputs are not permitted); heartbeats go "
             "without it, so leases of a restart lapse on their own and moved sessions are not "
             "stopped here"
         ]

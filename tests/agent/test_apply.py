@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -165,6 +168,50 @@ class TestSpawn:
         config = json.loads((private_claude_config / ".claude.json").read_text())
         tree = str((rig.workspace / SESSION).resolve())
         assert config["projects"][tree]["hasTrustDialogAccepted"] is True
+
+
+class TestSpawnProbe:
+    def test_a_harness_that_dies_at_once_fails_the_spawn_with_its_status_and_last_lines(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        fake_harness.mark("exit-once")
+        result = rig.applier.apply(make_dispatch())
+        assert (result.status, result.reason, result.retryable) == (
+            "failed",
+            "harness-exited",
+            False,
+        )
+        assert f"the harness in {SESSION} exited (status 3) before it could be given" in (
+            result.detail
+        )
+        assert "fake harness: not logged in, exiting at once" in result.detail
+        assert rig.terminal.pane(SESSION) is not None  # its dead pane stays, to read
+
+    def test_a_harness_that_dies_right_after_its_boot_prompt_is_not_reported_running(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        rig.applier.spawn_probe_seconds = 5.0
+        done = threading.Event()
+
+        def kill_once_pasted() -> None:
+            start = fake_harness.wait_ready()[0]
+            wait_until(lambda: fake_harness.received(start["pid"]))
+            os.kill(start["pid"], signal.SIGKILL)
+            done.set()
+
+        killer = threading.Thread(target=kill_once_pasted, daemon=True)
+        killer.start()
+        result = rig.applier.apply(make_dispatch())
+        killer.join(10)
+        assert done.is_set()
+        assert (result.status, result.reason) == ("failed", "harness-exited")
+        assert "right after it was given the prompt" in result.detail
+        assert "fake harness ready" in result.detail
+
+    def test_a_live_pane_has_no_exit_status(self, rig: Rig, fake_harness: FakeHarness) -> None:
+        rig.applier.apply(make_dispatch())
+        pane = rig.terminal.pane(SESSION)
+        assert pane is not None and (pane.dead, pane.exit_status) == (False, None)
 
 
 class TestRespawn:

@@ -89,6 +89,20 @@ class TestEachRegistrationKeepsItsOwnState:
             lock.release()
         build_agent(_options(tmp_path, checkout))  # free again
 
+    def test_each_start_names_a_new_agent_that_replaces_the_one_before_on_its_state(
+        self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
+    ) -> None:
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        first = build_agent(_options(tmp_path, checkout))
+        for lock in first.locks:
+            lock.release()
+        second = build_agent(_options(tmp_path, checkout))
+        assert first.agent_id and first.replaces == ""
+        assert second.agent_id not in ("", first.agent_id)
+        assert second.replaces == first.agent_id
+        elsewhere = build_agent(_options(tmp_path, checkout, state_dir=tmp_path / "other"))
+        assert elsewhere.replaces == ""
+
     def test_two_agents_cannot_share_a_workspace_root(
         self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
     ) -> None:

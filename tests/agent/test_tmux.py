@@ -15,7 +15,7 @@ import pytest
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.errors import RunnerError
 from tests.agent.conftest import SESSION_ID
-from tests.fake_harness import FakeHarness, wait_until
+from tests.fake_harness import FakeHarness, cmdlines_holding, wait_until
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
@@ -38,6 +38,28 @@ class TestSpawn:
         assert start["argv"] == argv[1:]
         assert start["cwd"] == str(cwd)
         assert not (cwd / "pwned").exists()
+
+    def test_each_session_starts_with_the_agents_environment_of_now_not_the_servers(
+        self,
+        terminal: TmuxTerminal,
+        fake_harness: FakeHarness,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        monkeypatch.setenv("LOOPRELAY_TEST_KEY", "first-value")
+        monkeypatch.setenv("LOOPRELAY_TEST_GONE", "was set")
+        _spawn(terminal, fake_harness, tmp_path, name="loop-first")  # starts the server
+        monkeypatch.setenv("LOOPRELAY_TEST_KEY", "second-value")
+        monkeypatch.delenv("LOOPRELAY_TEST_GONE")
+        monkeypatch.setenv("LOOPRELAY_TEST_NEW", "new")
+        terminal.spawn("loop-second", cwd=tmp_path, argv=[fake_harness.claude])
+        first, second = fake_harness.wait_ready(2)
+        assert first["env"]["LOOPRELAY_TEST_KEY"] == "first-value"
+        assert second["env"]["LOOPRELAY_TEST_KEY"] == "second-value"
+        assert second["env"]["LOOPRELAY_TEST_NEW"] == "new"
+        assert "LOOPRELAY_TEST_GONE" not in second["env"]
+        assert second["env"]["TMUX_PANE"] != first["env"]["TMUX_PANE"]  # tmux's own, per pane
+        assert not cmdlines_holding("second-value")  # names on command lines, never values
 
     def test_a_boot_prompt_too_long_for_a_tmux_command_is_pasted_whole_from_no_file_left(
         self,

@@ -9,6 +9,8 @@ Scenario (tmux), for ``spawn`` and ``deliver`` alike:
     ``resume: true`` spawn (``spawned``, ``resumed``), then paste the prompt as its boot prompt
     (never in argv, which any local user can read in ``/proc``);
   - the resumed harness dies within ``resume_probe_seconds`` -> spawn fresh with a new id;
+  - the harness exits before its boot prompt, or within ``spawn_probe_seconds`` after it ->
+    ``failed``/``harness-exited`` with its exit status and last screen lines, never ``spawned``;
   - the stored id is not a UUID        -> never passed on; fresh id, reason ``resume-failed``.
 """
 
@@ -81,8 +83,10 @@ class Applier:
     a dispatch never carries any); ``kill_grace_seconds``
     is the SIGTERM-to-SIGKILL grace of terminate; ``headless_timeout_seconds`` bounds one headless
     turn; ``resume_probe_seconds`` is how long a resumed harness must stay up before its id is
-    trusted; ``new_uuid`` makes fresh session ids; ``sandbox`` says which sessions run in
-    bubblewrap (none by default; ``runner run`` sandboxes fork pull requests' sessions).
+    trusted; ``spawn_probe_seconds`` how long every (re)spawned harness must stay up after its
+    boot prompt to be reported running; ``new_uuid`` makes fresh session ids; ``sandbox`` says
+    which sessions run in bubblewrap (none by default; ``runner run`` sandboxes fork pull
+    requests' sessions).
     """
 
     terminal: TmuxTerminal
@@ -93,6 +97,7 @@ class Applier:
     keep_session_on_terminate: bool = True
     headless_timeout_seconds: float = 1_800.0
     resume_probe_seconds: float = 3.0
+    spawn_probe_seconds: float = 1.0
     new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
     sandbox: Sandbox = field(default_factory=Sandbox)
 
@@ -178,7 +183,7 @@ class Applier:
             again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
             self.terminal.spawn(name, cwd=cwd, argv=again)
         self._remember(d, session_id, prepared.checkout)
-        self.terminal.paste(name, d.prompt)  # waits until the harness reads its terminal
+        self._boot(name, d.prompt)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
@@ -188,6 +193,32 @@ class Applier:
             tmux_target=name,
             resumed=resumed,
             events=tuple(note.to_record() for note in notes),
+        )
+
+    def _boot(self, name: str, prompt: str) -> None:
+        """Paste the boot prompt into the harness just started in ``name`` (the paste waits
+        until it reads its terminal), then probe it for ``spawn_probe_seconds``: a harness that
+        exits before or just after is never reported as running.
+
+        Raises ``RunnerError`` ``harness-exited``, its detail the exit status and the pane's
+        last lines (the harness's own words: not onboarded, a bad flag), and as paste does.
+        """
+        try:
+            self.terminal.paste(name, prompt)
+        except RunnerError as exc:
+            if exc.reason != "harness-exited":
+                raise
+            raise self._exited(name, "before it could be given the prompt") from exc
+        if self.terminal.wait_dead(name, self.spawn_probe_seconds):
+            raise self._exited(name, "right after it was given the prompt")
+
+    def _exited(self, name: str, when: str) -> RunnerError:
+        code = self.terminal.exit_status(name)
+        status = "" if code is None else f" (status {code})"
+        last = self.terminal.last_lines(name)
+        shown = f"; its last lines:\n{last}" if last else "; its pane showed nothing"
+        return RunnerError(
+            f"the harness in {name} exited{status} {when}{shown}", reason="harness-exited"
         )
 
     def _terminate(self, d: Dispatch) -> ApplyResult:

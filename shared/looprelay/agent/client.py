@@ -24,6 +24,13 @@ class LeaseLost(Exception):
     """The server gave the lease to another runner: this agent's result no longer counts."""
 
 
+class SecondAgent(Unauthorized):
+    """Another live agent serves this runner (409 on a heartbeat or poll): this one must stop."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=409)
+
+
 class BadRequest(Transient):
     """The server refused the body (400): a server older than this agent, or a bug."""
 
@@ -53,13 +60,18 @@ class RunnerClient:
         )
 
     def heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
-        """Report liveness and capacity; returns the server's timing hints."""
-        return self._call("heartbeat", status).json() or {}
+        """Report liveness and capacity; returns the server's timing hints. Raises
+        ``SecondAgent`` when another live agent serves this runner."""
+        return self._call("heartbeat", status, conflict=SecondAgent).json() or {}
 
-    def poll(self, wait_seconds: float) -> Dispatch | None:
-        """Wait up to ``wait_seconds`` for a dispatch leased to this runner."""
+    def poll(self, wait_seconds: float, *, agent_id: str = "") -> Dispatch | None:
+        """Wait up to ``wait_seconds`` for a dispatch leased to this runner; ``agent_id``
+        names this agent process. Raises ``SecondAgent`` as :meth:`heartbeat` does."""
+        body: dict[str, Any] = {"wait_seconds": wait_seconds}
+        if agent_id:
+            body["agent_id"] = agent_id
         response = self._call(
-            "poll", {"wait_seconds": wait_seconds}, timeout=wait_seconds + CALL_TIMEOUT_SECONDS
+            "poll", body, timeout=wait_seconds + CALL_TIMEOUT_SECONDS, conflict=SecondAgent
         )
         if response.status_code == 204:
             return None
@@ -82,8 +94,14 @@ class RunnerClient:
         Deregistered.model_validate(self._call("deregister", {}).json())
 
     def _call(
-        self, path: str, body: dict[str, Any], *, timeout: float = CALL_TIMEOUT_SECONDS
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        timeout: float = CALL_TIMEOUT_SECONDS,
+        conflict: type[Exception] = LeaseLost,
     ) -> requests.Response:
+        """POST ``body`` to ``path``; a 409 raises ``conflict`` (a lease lost, by default)."""
         auth = self._auth
         response = self._post(path, body, timeout, auth)
         if response.status_code == 401 and self._reload(refused=auth):
@@ -91,7 +109,7 @@ class RunnerClient:
         if response.status_code == 401:
             raise Unauthorized(_error(response))
         if response.status_code == 409:
-            raise LeaseLost(_error(response))
+            raise conflict(_error(response))
         if response.status_code >= 500 or response.status_code == 429:
             raise Transient(f"runner API answered {response.status_code}: {_error(response)}")
         if response.status_code == 400:
@@ -148,6 +166,6 @@ class RunnerClient:
 
 def _error(response: requests.Response) -> str:
     try:
-        return str(response.json().get("error", ""))[:300]
+        return str(response.json().get("error", ""))[:600]  # the server says who and the fix
     except ValueError:
         return response.text[:200]

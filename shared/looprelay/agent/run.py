@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from looprelay.agent.apply import Applier, ApplyResult
-from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient
+from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient, SecondAgent
 from looprelay.agent.statedir import StateLock
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import RunnerError, Transient, Unauthorized
@@ -93,13 +93,20 @@ class Agent:
     locks: list[StateLock] = field(default_factory=list)
     """Its state (and workspace) directories, held until it stops."""
     serving: list[str] = field(default_factory=list)
+    agent_id: str = ""
+    """This process's id, new at each start, named on every heartbeat and poll ("": none)."""
+    replaces: str = ""
+    """The id of the agent that held this state directory before (a restart), or ""."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
     _plain_heartbeats: bool = field(default=False, init=False)
-    """The server refused the failover fields (it is older): heartbeats go without them."""
+    """The server refused the failover and identity fields (it is older): heartbeats and
+    polls go without them."""
 
     def run(self) -> int:
-        """Run until drained or stopped; returns the exit code (1: credentials refused)."""
+        """Run until drained or stopped; returns the exit code (1: credentials refused, or
+        another live agent serves this runner)."""
+        self.state.update(note="starting")  # `runner status` reads it from the first second
         log.info("runner agent started", extra={"runner_id": self.client.runner_id})
         for line in self.serving:
             log.info("serving %s", line)
@@ -199,8 +206,13 @@ class Agent:
     def _failover_fields(
         self, *, restarted: bool, released: list[dict[str, str]]
     ) -> dict[str, object]:
-        """What a heartbeat adds for failover, each only when it has something to say."""
+        """What a heartbeat adds for failover and this agent's identity, each only when it has
+        something to say."""
         fields: dict[str, object] = {"restarted": True} if restarted else {}
+        if self.agent_id:
+            fields["agent_id"] = self.agent_id
+        if self.replaces:
+            fields["replaces"] = self.replaces
         held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
         if held:
             fields["held"] = [
@@ -248,11 +260,17 @@ class Agent:
         backoff = 1.0
         while not (self.drain.is_set() or self.stop.is_set()):
             try:
-                dispatch = self.client.poll(self.poll_wait_seconds)
+                agent_id = "" if self._plain_heartbeats else self.agent_id
+                dispatch = self.client.poll(self.poll_wait_seconds, agent_id=agent_id)
                 if backoff > 1.0:
                     log.info("reconnected to the server; polling again")
                 backoff = 1.0
             except Transient as exc:
+                if isinstance(exc, BadRequest) and agent_id:
+                    # A server older than the agent id refuses it: poll as before, unnamed.
+                    log.warning("the server refused this agent's id on a poll (%s)", exc)
+                    self._plain_heartbeats = True
+                    continue
                 # Server down: wait with jitter so many agents do not return in step.
                 log.warning("poll failed, retrying in about %.0fs: %s", backoff, exc)
                 self.stop.wait(backoff * random.uniform(*BACKOFF_JITTER))  # noqa: S311 - jitter only
@@ -302,8 +320,11 @@ class Agent:
             return
         session = result.tmux_target or dispatch.session_name
         done = _DONE_VERBS.get(dispatch.kind, f"applied {dispatch.kind} to")
+        respawned = dispatch.kind == "deliver" and result.status == "spawned"
+        if respawned:  # its harness was gone: the event is the new one's boot prompt
+            done = "respawned"
         line = f"{done} session {session} for {dispatch.endpoint}"
-        if result.tmux_target and self.tmux_socket and dispatch.kind == "spawn":
+        if result.tmux_target and self.tmux_socket and (dispatch.kind == "spawn" or respawned):
             line += f"; attach: tmux -L {self.tmux_socket} attach -t {result.tmux_target}"
         log.info(line, extra=extra)
 
@@ -362,6 +383,9 @@ class Agent:
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
 
     def _refused(self, exc: Exception) -> None:
-        log.error("the server refused this runner: %s", exc)
+        if isinstance(exc, SecondAgent):
+            log.error("stopping: another agent serves this runner: %s", exc)
+        else:
+            log.error("the server refused this runner: %s", exc)
         self.state.update(count="refused", note=f"refused: {exc}")
         self.stop.set()

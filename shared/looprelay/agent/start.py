@@ -8,6 +8,7 @@ and a state directory no other agent is using.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -78,13 +79,17 @@ def build_agent(options: RunnerOptions) -> Agent:
     state_dir = options.state_dir or default_state_dir(credentials.runner_id)
     locks = [StateLock.acquire(state_dir, option=_SECOND_AGENT_ADVICE)]
     try:
+        agent_id = uuid.uuid4().hex  # new at each start (docs/architecture.md, one agent)
+        replaces = locks[0].claim_agent_id(agent_id)
         if options.workspace is not None:
             # Session trees are named after their work item: two agents on one root would
             # share a tree whenever they served the same issue.
             locks.append(
                 StateLock.acquire(options.workspace, option="give this one its own --workspace")
             )
-        return _assemble(options, credentials, state_dir, locks)
+        agent = _assemble(options, credentials, state_dir, locks)
+        agent.agent_id, agent.replaces = agent_id, replaces
+        return agent
     except BaseException:
         for lock in locks:
             lock.release()

@@ -4,17 +4,25 @@ The default directory is keyed by the runner's id, so two runners registered on 
 (two deployments, or two capacities) never read each other's sessions. An agent holds an
 exclusive lock on its directory for as long as it runs: a second agent on the same state is
 refused at start instead of applying dispatches from the first one's ledger.
+
+The directory also keeps the id of the agent process that holds it (``agent.id``): the next
+process to take the lock names that one as the agent it replaces, so the server accepts a
+restart at once and refuses a second agent started elsewhere on the same credentials.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 from pathlib import Path
 
 from looprelay.errors import ConfigError
 
 LOCK_FILE = "agent.lock"
+AGENT_ID_FILE = "agent.id"
+AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What the runner API takes as an agent id (``wire.runner_api``)."""
 
 
 def default_state_dir(runner_id: str) -> Path:
@@ -54,6 +62,26 @@ class StateLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(fd, directory)
+
+    def claim_agent_id(self, agent_id: str) -> str:
+        """Record ``agent_id`` as the id of the agent holding this directory; return the id
+        recorded before (the agent this one replaces), or "" when there was none.
+
+        Only the lock's holder calls this, so the previous id is a dead agent's. Raises
+        ``ConfigError`` when the file cannot be written.
+        """
+        path = self.directory / AGENT_ID_FILE
+        try:
+            previous = path.read_text(encoding="ascii").strip() if path.exists() else ""
+        except (OSError, UnicodeDecodeError):
+            previous = ""  # unreadable: the server then waits for the old one to fall silent
+        temporary = path.with_suffix(".tmp")
+        try:
+            temporary.write_text(f"{agent_id}\n", encoding="ascii")
+            temporary.replace(path)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror}") from exc
+        return previous if AGENT_ID.fullmatch(previous) else ""
 
     def release(self) -> None:
         """Give the directory up; closing the descriptor drops the lock."""

@@ -38,6 +38,8 @@ on a loaded machine; the wait ends as soon as it is."""
 SETTLED_SECONDS = 0.4
 """How long a first screen must stay unchanged before the first paste goes in."""
 SCREEN_POLL_SECONDS = 0.1
+LAST_LINES = 15
+"""How many of a dead harness's last screen lines a failure carries as its detail."""
 """How often a pane's screen is captured while waiting for it to settle."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -46,6 +48,10 @@ _ABSENT = re.compile(
     r"|error connecting to .*\((No such file or directory|Connection refused)\)"
 )
 _EXITED = "looprelay-pane-dead"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+"""Environment names passed on to sessions; others (rare, odd) cannot be listed to tmux."""
+_TMUX_OWN = frozenset({"TMUX", "TMUX_PANE"})
+"""Set by tmux itself in each pane: never copied from the agent (it may run inside tmux)."""
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -57,6 +63,9 @@ class Pane:
     dead: bool
     pid: int
     tty: str
+    exit_status: int | None = None
+    """The harness's exit status once the pane is dead (``#{pane_dead_status}``); None while
+    it runs, and when a signal ended it (tmux 3.3a says nothing then)."""
 
 
 class TmuxTerminal:
@@ -116,18 +125,34 @@ class TmuxTerminal:
         remain-on-exit is set globally in the same tmux invocation that may start the server, so
         even a harness that exits at once leaves a dead pane to read, and
         exit-empty off keeps the server up when a respawn kills its last session.
-        Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a directory,
-        ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
+
+        The harness gets the agent's environment as it is now, not the one the tmux server
+        was started with (by this agent's first spawn, maybe an earlier process): tmux copies
+        the variables ``update-environment`` names from this tmux client, which inherits the
+        agent's, into the new session, and clears those it names but the client lacks. So the
+        option is set, in the same invocation, to every name the agent or the server's global
+        environment has. Only names are on the command line (world-readable in ``/proc``),
+        never values. Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a
+        directory, ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
         """
         _check_name(name)
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
+        names = " ".join(sorted(n for n in self._env_names() if _ENV_NAME.fullmatch(n)))
         self._run(
+            *("set-option", "-g", "update-environment", names, ";"),
             *("set-option", "-g", "exit-empty", "off", ";"),
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
             *(_literal(arg) for arg in argv),
         )
+
+    def _env_names(self) -> set[str]:
+        """The variables a new session's environment is made of: the agent's and those of the
+        server's global environment (to clear them when the agent has them no more)."""
+        listed = self._query("show-environment", "-g") or []
+        server = {line.lstrip("-").partition("=")[0] for line in listed}
+        return (set(os.environ) | server) - _TMUX_OWN
 
     def paste(self, name: str, text: str, *, listed: Pane | None = None) -> None:
         """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
@@ -221,12 +246,41 @@ class TmuxTerminal:
         lines = self._query(
             "list-panes",
             *("-s", "-t", f"={name}:"),
-            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_tty}"),
+            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_dead_status} #{pane_tty}"),
         )
         if not lines:
             return None
-        pane_id, dead, pid, tty = lines[0].split(" ", 3)
-        return Pane(pane_id=pane_id, dead=dead == "1", pid=int(pid or 0), tty=tty)
+        pane_id, dead, pid, status, tty = lines[0].split(" ", 4)
+        return Pane(
+            pane_id=pane_id,
+            dead=dead == "1",
+            pid=int(pid or 0),
+            tty=tty,
+            exit_status=int(status) if dead == "1" and status.lstrip("-").isdigit() else None,
+        )
+
+    def exit_status(self, name: str, seconds: float = KILL_WAIT_SECONDS) -> int | None:
+        """The exit status of ``name``'s dead harness, waited for up to ``seconds``: tmux
+        marks a pane dead when its terminal closes and learns the status a moment later.
+        None when a signal ended it or there is no such session. Raises ``RunnerError``
+        ``tmux-failed``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            pane = self._first_pane(name)
+            if pane is None or pane.exit_status is not None or time.monotonic() >= deadline:
+                return None if pane is None else pane.exit_status
+            time.sleep(POLL_SECONDS)
+
+    def last_lines(self, name: str, count: int = LAST_LINES) -> str:
+        """The last ``count`` non-blank lines the harness pane of ``name`` shows (a dead one
+        too: remain-on-exit keeps it), control characters dropped; "" when there is no such
+        session. Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
+        pane = self._first_pane(name)
+        if pane is None:
+            return ""
+        lines = self._query("capture-pane", "-p", "-J", "-S", "-200", "-t", pane.pane_id) or []
+        shown = [_UNPRINTABLE.sub("", line).rstrip() for line in lines]
+        return "\n".join([line for line in shown if line.strip()][-count:])
 
     def _ready_pane(self, name: str, pane: Pane | None) -> Pane:
         """Wait, up to ``ready_wait_seconds``, until ``pane``'s harness reads its terminal raw
