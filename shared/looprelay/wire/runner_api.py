@@ -162,6 +162,7 @@ AgentEventName = Literal[
     "workspace.cleaned",
     "workspace.trusted",
     "workspace.trust_failed",
+    "workspace.untrusted_config_restored",
     "skill.installed",
     "skill.install_failed",
     "session.id_replaced",
