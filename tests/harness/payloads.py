@@ -7,21 +7,33 @@ from typing import Any
 
 from tests.samples import commented, installed, labeled, payload
 
-__all__ = ["REPOSITORY", "commented", "labeled", "pull_request_opened"]
+__all__ = [
+    "REPOSITORY",
+    "commented",
+    "labeled",
+    "pull_request_event",
+    "pull_request_opened",
+    "reviewed",
+]
 
 REPOSITORY = "Codertocat/Hello-World"
 """The repository as the recorded payloads spell it."""
 FORK_REPOSITORY_ID = 990001
 """The id a fork's repository carries in these payloads (the base keeps the recorded one)."""
+FORK_AUTHOR = {"login": "someone", "id": 990002, "type": "User"}
+"""The fork's owner as a sender: a user ``routing.authorizedUsers`` does not list."""
 
 
-def pull_request_opened(
-    number: int, *, closes: int, head_sha: str, head_repository: str, installation: int | None
+def _adapted(
+    data: dict[str, Any],
+    number: int,
+    *,
+    closes: int,
+    head_sha: str,
+    head_repository: str,
+    installation: int | None,
 ) -> dict[str, Any]:
-    """A ``pull_request.opened`` delivery: PR ``number`` of ``REPOSITORY`` closing issue
-    ``closes``, its head ``head_sha`` in ``head_repository`` (a fork's name for a fork's PR)."""
-    data = payload("pull_request.opened")
-    data["number"] = number
+    """``data``'s pull request made PR ``number`` closing ``closes`` at ``head_sha``."""
     pr = data["pull_request"]
     pr["number"] = number
     pr["body"] = f"Closes #{closes}"
@@ -29,6 +41,81 @@ def pull_request_opened(
     pr["head"]["sha"] = head_sha
     pr["head"]["repo"]["full_name"] = head_repository
     pr["base"]["repo"]["full_name"] = REPOSITORY
+    pr["base"]["ref"] = "main"  # the offline repository's branch (the recording's: master)
     if head_repository != REPOSITORY:  # looprelay tells a fork by its repository id
         pr["head"]["repo"]["id"] = FORK_REPOSITORY_ID
     return installed(data, installation)
+
+
+def pull_request_opened(
+    number: int, *, closes: int, head_sha: str, head_repository: str, installation: int | None
+) -> dict[str, Any]:
+    """A ``pull_request.opened`` delivery: PR ``number`` of ``REPOSITORY`` closing issue
+    ``closes``, its head ``head_sha`` in ``head_repository`` (a fork's name for a fork's PR)."""
+    return pull_request_event(
+        "opened",
+        number,
+        closes=closes,
+        head_sha=head_sha,
+        head_repository=head_repository,
+        installation=installation,
+    )
+
+
+def pull_request_event(
+    action: str,
+    number: int,
+    *,
+    closes: int,
+    head_sha: str,
+    head_repository: str,
+    installation: int | None,
+    by_fork_author: bool = False,
+    label: str = "",
+) -> dict[str, Any]:
+    """A ``pull_request.<action>`` delivery (``opened``, ``labeled`` with ``label``,
+    ``synchronize``) for PR ``number`` as :func:`pull_request_opened` makes it; sent by
+    Codertocat, or by the fork's author with ``by_fork_author``."""
+    name = "pull_request.synchronize" if action == "synchronize" else "pull_request.opened"
+    data = payload(name)
+    data["action"] = action
+    data["number"] = number
+    if action == "synchronize":
+        data["before"], data["after"] = data["pull_request"]["head"]["sha"], head_sha
+    if label:
+        data["label"] = {"name": label, "color": "ededed"}
+        data["pull_request"]["labels"] = [{"name": label}]
+    if by_fork_author:
+        data["sender"] = dict(data["sender"], **FORK_AUTHOR)
+    return _adapted(
+        data,
+        number,
+        closes=closes,
+        head_sha=head_sha,
+        head_repository=head_repository,
+        installation=installation,
+    )
+
+
+def reviewed(
+    number: int,
+    body: str,
+    *,
+    closes: int,
+    head_sha: str,
+    head_repository: str,
+    installation: int | None,
+) -> dict[str, Any]:
+    """A ``pull_request_review.submitted`` delivery: Codertocat reviews PR ``number`` (as
+    :func:`pull_request_opened` makes it), saying ``body``."""
+    data = payload("pull_request_review.submitted")
+    data["review"]["body"] = body
+    data["review"]["commit_id"] = head_sha
+    return _adapted(
+        data,
+        number,
+        closes=closes,
+        head_sha=head_sha,
+        head_repository=head_repository,
+        installation=installation,
+    )
