@@ -43,7 +43,7 @@ from tests.fake_harness import wait_until
 from tests.harness.conftest import headless_deployment
 from tests.harness.machine import DEADLINE, FORK, REPO, Deployment, Machine, head_of, ref
 from tests.harness.machine import session_name as named
-from tests.harness.payloads import pull_request_event, reviewed
+from tests.harness.payloads import PullRequestAt, pull_request_event, reviewed
 
 NUMBER = 9
 """The fork's pull request, closing issue #1."""
@@ -135,17 +135,13 @@ class Story:
             repository=REPO,
         )
 
+    def at(self, sha: str) -> PullRequestAt:
+        """The fork's PR, closing #1, at ``sha``."""
+        return PullRequestAt(NUMBER, 1, sha, FORK, self.deployment.installation)
+
     def pull_request(self, action: str, sha: str, **extra: Any) -> str:
         """Deliver ``pull_request.<action>`` for the fork's PR at ``sha``; its delivery id."""
-        data = pull_request_event(
-            action,
-            NUMBER,
-            closes=1,
-            head_sha=sha,
-            head_repository=FORK,
-            installation=self.deployment.installation,
-            **extra,
-        )
+        data = pull_request_event(action, self.at(sha), **extra)
         return self.deployment.stack.send("pull_request", data)
 
     def said(self, token: str, where: Path) -> UserMessage:
@@ -178,14 +174,7 @@ class Story:
         opened = self.pull_request("opened", sha, by_fork_author=True)
         self.deployment.stack.wait_settled([opened])
         tokens = {kind: _token() for kind in ("label", "review", "comment")}
-        data = reviewed(
-            NUMBER,
-            f"thanks, will look later {tokens['review']}",
-            closes=1,
-            head_sha=sha,
-            head_repository=FORK,
-            installation=self.deployment.installation,
-        )
+        data = reviewed(self.at(sha), f"thanks, will look later {tokens['review']}")
         label = self.pull_request("labeled", sha, label=f"triage {tokens['label']}")
         # The label links the PR to #1 (the refused opening did not); a comment on the PR
         # handled before it would find no work item.
