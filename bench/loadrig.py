@@ -178,11 +178,19 @@ AGENT_WORKERS = 8
 
 @contextmanager
 def rig(
-    root: Path, *, capacity: int, extra_yaml: str = "", count_store: bool = True
+    root: Path,
+    *,
+    capacity: int,
+    extra_yaml: str = "",
+    count_store: bool = True,
+    workspace: Path | None = None,
 ) -> Iterator[Rig]:
     """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``;
     ``up`` runs through ``storecount.py`` unless ``count_store`` is off (a latency benchmark:
-    the counting traces every SQLite statement, which production does not pay for).
+    the counting traces every SQLite statement, which production does not pay for). With
+    ``workspace`` the agent also gets that workspace root (``--workspace``), so pull requests
+    may have trees of their own, cloned from ``https://github.com/`` (point git elsewhere
+    through the environment, as ``tests/gitrepos.offline_github`` does).
 
     Raises ``LoadError`` when either does not come up within ``READY_SECONDS``."""
     config = _config(root, extra_yaml)
@@ -211,6 +219,7 @@ def rig(
             capacity=capacity,
             harness=harness,
             stack=stack,
+            workspace=workspace,
         )
         secret = (data / WEBHOOK_SECRET_FILE).read_text(encoding="ascii").strip().encode()
         yield Rig(root, base + "/webhook", secret, up, runner, harness, tmux_socket, counts_path)
@@ -238,6 +247,7 @@ def _start_runner(
     capacity: int,
     harness: FakeHarness,
     stack: ExitStack,
+    workspace: Path | None,
 ) -> Process:
     token = cli("runners", "token", *state).strip()
     credentials = root / "runner.json"
@@ -255,6 +265,7 @@ def _start_runner(
             "--tmux-socket", tmux_socket, "--capacity", str(min(capacity, AGENT_WORKERS)),
             "--poll-wait", "25",
             "--log-level", "WARNING",
+            *(["--workspace", str(workspace)] if workspace else []),
         ],
         root / "runner.log",
         env,

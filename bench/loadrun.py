@@ -81,6 +81,7 @@ class Delivery:
     number: int
     kind: str  # "start" or "comment"
     body: bytes
+    event: str = EVENT
 
 
 def build_deliveries(
@@ -158,7 +159,7 @@ def send_all(url: str, items: list[Delivery], *, senders: int, secret: bytes) ->
 def _post(conn: http.client.HTTPConnection, path: str, item: Delivery, secret: bytes) -> Ack:
     headers = {
         "Content-Type": "application/json",
-        "X-GitHub-Event": EVENT,
+        "X-GitHub-Event": item.event,
         "X-GitHub-Delivery": item.delivery_id,
         "X-Hub-Signature-256": sign_body(item.body, secret),
     }

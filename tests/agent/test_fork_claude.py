@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,44 +20,12 @@ from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.workspaces import Workspaces
 from tests.agent.conftest import make_dispatch
 from tests.agent.forks import base_with_config, push_tree
+from tests.anthropic_api import Recorder
 from tests.claude_cli import DEADLINE_SECONDS, ClaudeHome
 from tests.gitrepos import GitRepos, git
 
 PR_SESSION = "loop-github-octo-repo-7"
 CANARIES = ("session-start", "prompt-submit", "mcp-server")
-
-
-class Recorder:
-    """An HTTP server on 127.0.0.1 that records each request's path and answers 401 at once."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length") or 0))
-                recorder.paths.append(self.path)
-                body = b'{"type":"error","error":{"type":"authentication_error","message":"no"}}'
-                self.send_response(401)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

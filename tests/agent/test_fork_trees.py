@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 
 from looprelay.agent.git import HARDENING, run_git
+from looprelay.agent.harness import CURSOR_AGENT
+from looprelay.agent.ledger import Ledger
+from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.workspaces import Checkout, Workspaces
 from looprelay.errors import RunnerError
-from looprelay.wire.runner_api import DispatchHead
+from looprelay.wire.runner_api import AgentEvent, DispatchHead, ResultBody
+from tests.agent.conftest import make_dispatch
 from tests.agent.forks import BASE_CLAUDE_MD, BASE_SETTINGS, base_with_config, push_tree
 from tests.gitrepos import GitRepos, git
 
@@ -175,6 +179,32 @@ class TestForkTree:
         )
         assert tree.restored.replaced == (".claude/settings.json", "CLAUDE.md", "src/lib/AGENTS.md")
         assert tree.restored.added == ("docs/CLAUDE.md",)
+
+    def test_what_preparing_it_reports_is_what_the_runner_api_accepts(
+        self, root: Path, tmp_path: Path, fork_head: str
+    ) -> None:
+        """The notes go out with the spawn's result: one the server refuses is never recorded,
+        nor the spawn (the agent retries the report for ever)."""
+        ledger = Ledger(tmp_path / "state" / "ledger.db")
+        preparer = SessionPreparer(_workspaces(root, tmp_path), ledger, {})
+        dispatch = make_dispatch(
+            endpoint="github:octo/repo#7",
+            session_name=PR_SESSION,
+            harness=CURSOR_AGENT,  # no Claude config to write: the tree's notes alone
+            head={"fork": True, "sha": fork_head, "base_ref": "main"},
+        )
+        notes = preparer.prepare(dispatch, trust=True).notes
+        ledger.close()
+
+        body = ResultBody(
+            dispatch_id=dispatch.dispatch_id,
+            status="spawned",
+            events=[AgentEvent.model_validate(note.to_record()) for note in notes],
+        )
+        assert [event.name for event in body.events] == [
+            "workspace.prepared",
+            "workspace.untrusted_config_restored",
+        ]
 
     def test_the_forks_versions_are_kept_aside_private_and_inert(
         self, root: Path, tmp_path: Path, fork_head: str

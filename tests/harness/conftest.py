@@ -11,7 +11,8 @@ and tmux socket. Every process and tmux server is stopped at teardown.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,29 @@ def headless(
     """A second deployment on the same machine: ``looprelay up`` running headless turns and
     replying through a fake GitHub App, and runner ``b`` serving ``REPO`` from the same
     operator checkout, started."""
-    directory = tmp_path_factory.mktemp("headless")
+    with headless_deployment(
+        machine,
+        store_yaml,
+        github_app_key,
+        tmp_path_factory.mktemp("headless"),
+        runner=("b", "--checkout", f"{REPO}={machine.checkout}"),
+    ) as deployed:
+        yield deployed
+
+
+@contextmanager
+def headless_deployment(
+    machine: Machine,
+    store_yaml: str,
+    github_app_key: AppKey,
+    directory: Path,
+    *,
+    runner: tuple[str, ...],
+    env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[Deployment, FakeGitHub]]:
+    """``looprelay up`` in ``directory`` running headless turns (``runnerKind: process``) and
+    replying through a fake GitHub App, with runner ``runner[0]`` registered and started with
+    the arguments ``runner[1:]`` (and ``env`` added to its environment); all stopped after."""
     github = FakeGitHub()
     github.app_public_key = github_app_key.public_key
     github.repositories |= {REPO, REPOSITORY, FORK}
@@ -127,8 +150,8 @@ def headless(
             installation=INSTALLATION_ID,
         )
         try:
-            runner = deployment.register("b")
-            runner.start("--checkout", f"{REPO}={machine.checkout}", "--poll-wait", POLL_WAIT)
+            name, *args = runner
+            deployment.register(name).start(*args, "--poll-wait", POLL_WAIT, env=env)
             yield deployment, github
         finally:
             deployment.stop()

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,14 +131,15 @@ class RunnerAgent:
         """``runner run`` with these credentials and no ``--state`` or ``--tmux-socket``."""
         return ["runner", "run", "--credentials", str(self.credentials), *extra]
 
-    def start(self, *extra: str) -> None:
-        """Start the agent with ``extra`` arguments; wait until it says what it serves."""
+    def start(self, *extra: str, env: Mapping[str, str] | None = None) -> None:
+        """Start the agent with ``extra`` arguments (and ``env`` added to the machine's
+        environment); wait until it says what it serves."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*LOOPRELAY, *self.run_args(*extra)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.machine.environ(),
+                env={**self.machine.environ(), **(env or {})},
                 start_new_session=True,
             )
 

@@ -185,11 +185,11 @@ AgentEventName = Literal[
     "workspace.cleaned",
     "workspace.trusted",
     "workspace.trust_failed",
+    "workspace.untrusted_config_restored",
     "skill.installed",
     "skill.install_failed",
     "session.id_replaced",
     "session.sandboxed",
-    "workspace.untrusted_config_restored",
 ]
 """Events a runner may report with a result; the server logs each beside the dispatch's own."""
 MAX_AGENT_EVENTS = 16
