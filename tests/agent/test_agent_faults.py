@@ -892,7 +892,9 @@ class TestTruthfulAgent:
         [failed] = relay.wait_settled("dp-1-1")
         assert (failed.status, failed.result) == ("failed", "harness-exited")
         [event] = relay.events("dispatch.failed")
-        assert "exited (status 3)" in event["detail"], event
+        # tmux 3.3a does not always learn the status of a child that exits before it is
+        # read (about 1 run in 3 here): when shown, it is the harness's own.
+        assert re.search(r"exited( \(status 3\))? (before|right after)", event["detail"]), event
         assert "fake harness: not logged in" in event["detail"], event
         assert relay.attach_comments(1) == []  # never announced as running
 

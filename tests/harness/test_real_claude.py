@@ -62,8 +62,11 @@ class TestWorkItemSession:
         assert machine.trusted(cwd)["hasTrustDialogAccepted"] is True
         assert head_of(machine.checkout) == machine.main
         assert git("status", "--porcelain", cwd=machine.checkout) == ""
-        # What the runner did is in the server's event log, where the operator looks.
-        prepared = [e["data"] for e in relay.events("workspace.prepared")]
+        # What the runner did is in the server's event log, where the operator looks (once it
+        # reports the spawn: after its probe, a moment after Claude took the prompt).
+        prepared = wait_until(
+            lambda: [e["data"] for e in relay.events("workspace.prepared")], seconds=DEADLINE
+        )
         assert {"checkout": str(cwd), "commit": machine.main}.items() <= prepared[0].items()
         trusted = [e["data"] for e in relay.events("workspace.trusted")]
         assert any(t["cwd"] == str(cwd) for t in trusted)
