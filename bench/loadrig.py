@@ -266,6 +266,9 @@ def _start_runner(
             "--poll-wait", "25",
             "--log-level", "WARNING",
             *(["--workspace", str(workspace)] if workspace else []),
+            # The fake harness is a script whose Python lives where the sandbox hides it (a
+            # venv under $HOME); the real Claude binary runs inside (tests/agent/test_sandbox).
+            *(["--sandbox", "never"] if workspace else []),
         ],
         root / "runner.log",
         env,
