@@ -18,6 +18,7 @@ import pytest
 from looprelay.agent.apply import Applier
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
+from looprelay.agent.sandbox import Probe, sandbox_available
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.wire.runner_api import Dispatch
@@ -100,3 +101,18 @@ def rig(terminal: TmuxTerminal, tmp_path: Path, git_repos: GitRepos) -> Iterator
     )
     yield Rig(applier, ledger, terminal, checkout, workspace, git_repos)
     ledger.close()
+
+
+REQUIRE_SANDBOX_ENV = "LOOPRELAY_REQUIRE_SANDBOX"
+"""Set by CI, which installs Debian's bubblewrap: a sandbox test that cannot run fails there."""
+
+
+@pytest.fixture(scope="module")
+def bwrap() -> Probe:
+    """A bubblewrap that works here, or a skip (a failure under ``LOOPRELAY_REQUIRE_SANDBOX``)."""
+    probe = sandbox_available()
+    if probe.bwrap is None:
+        if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
+            pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {probe.reason}", pytrace=False)
+        pytest.skip(f"no sandbox here: {probe.reason}")
+    return probe

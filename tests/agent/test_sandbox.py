@@ -32,20 +32,8 @@ from tests.agent.conftest import SESSION_ID, Rig, make_dispatch
 from tests.claude_cli import ClaudeHome, UserMessage, read_user_messages
 from tests.fake_harness import DEADLINE_SECONDS, FakeHarness, wait_until
 
-REQUIRE_ENV = "LOOPRELAY_REQUIRE_SANDBOX"
 PULL_REQUEST = "github:octo/repo#16"
 """The rig's pull request (``refs/pull/16/head``), whose own session a head names."""
-
-
-@pytest.fixture(scope="module")
-def bwrap() -> Probe:
-    """A bubblewrap that works here, or a skip (a failure under ``LOOPRELAY_REQUIRE_SANDBOX``)."""
-    probe = sandbox_available()
-    if probe.bwrap is None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {probe.reason}", pytrace=False)
-        pytest.skip(f"no sandbox here: {probe.reason}")
-    return probe
 
 
 class TestArgv:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from looprelay.agent.credentials import Credentials, write_credentials
+from looprelay.agent.sandbox import Probe
 from looprelay.agent.start import RunnerOptions, build_agent, default_tmux_socket
 from looprelay.agent.statedir import default_state_dir
 from looprelay.errors import ConfigError
@@ -244,10 +245,13 @@ class TestSandboxChoice:
         )
 
     def test_the_default_sandboxes_fork_sessions_where_bwrap_works(
-        self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
+        self,
+        tmp_path: Path,
+        repos: GitRepos,
+        state_home: Path,
+        fake_harness: FakeHarness,
+        bwrap: Probe,
     ) -> None:
-        if shutil.which("bwrap") is None:
-            pytest.skip("bubblewrap is not installed")
         checkout = repos.clone("octo/repo", tmp_path / "checkout")
         agent = build_agent(_options(tmp_path, checkout))
         bwrap = agent.applier.sandbox.probe.bwrap
