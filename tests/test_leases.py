@@ -36,6 +36,7 @@ from looprelay.service.lease_desk import (
 )
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker, Opened
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
@@ -271,6 +272,13 @@ def serve_desk(
         config=config,
         desk=lease_desk,
         directory=directory,
+        sessions=SessionComments(
+            work_items=stores.work_items,
+            store=stores.events,
+            github=GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1),
+            clock=clock,
+            bot_logins=(APP_LOGIN,),
+        ),
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()

@@ -53,6 +53,7 @@ from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
@@ -302,8 +303,20 @@ def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
         progress=progress,
         waker=waker,
     )
+    sessions = SessionComments(
+        work_items=stores.work_items,
+        store=stores.events,
+        github=github,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+    )
     api = RunnerApi(
-        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
+        registry=stores.registry,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        desk=desk,
+        sessions=sessions,
     )
     served = Relay(stores, clock, waker, api, fake_github)
     served.serve()

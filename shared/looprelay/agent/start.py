@@ -23,6 +23,7 @@ from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.sandbox import SANDBOX_MODES, Probe, Sandbox, sandbox_available
+from looprelay.agent.session_env import SessionEnv
 from looprelay.agent.statedir import StateLock, default_state_dir
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces, parse_checkout_pairs
@@ -133,14 +134,16 @@ def _assemble(
             "sessions": ledger.session_count(),
         }
 
+    client = RunnerClient(credentials, source=options.credentials_path)
     return Agent(
-        client=RunnerClient(credentials, source=options.credentials_path),
+        client=client,
         applier=Applier(
             terminal,
             ledger,
             SessionPreparer(workspaces, ledger, options.harness_args),
             keep_session_on_terminate=options.keep_session_on_terminate,
             sandbox=sandbox,
+            session_env=SessionEnv(client),
         ),
         state=AgentState(state_dir / STATUS_FILE),
         describe=describe,

@@ -18,6 +18,7 @@ import signal
 import tempfile
 import termios
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,8 +117,11 @@ class TmuxTerminal:
         ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
         return self._first_pane(name)
 
-    def spawn(self, name: str, *, cwd: Path, argv: list[str]) -> None:
-        """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
+    def spawn(
+        self, name: str, *, cwd: Path, argv: list[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell), its
+        environment the agent's plus ``env`` (the session's identity, ``agent.session_env``).
 
         ``argv`` never holds a prompt (it is world-readable in ``/proc``): the caller pastes the
         boot prompt once the harness is up (:meth:`paste` waits for that).
@@ -132,19 +136,24 @@ class TmuxTerminal:
         agent's, into the new session, and clears those it names but the client lacks. So the
         option is set, in the same invocation, to every name the agent or the server's global
         environment has. Only names are on the command line (world-readable in ``/proc``),
-        never values. Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a
-        directory, ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
+        never values: ``env`` reaches the session the same way, through the client's own
+        environment (readable by this user only). Raises ``RunnerError``: ``checkout-missing``
+        when ``cwd`` is not a directory, ``tmux-failed`` when tmux refuses (for one, a session
+        of that name exists).
         """
         _check_name(name)
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
-        names = " ".join(sorted(n for n in self._env_names() if _ENV_NAME.fullmatch(n)))
+        extra = dict(env or {})
+        listed = self._env_names() | set(extra)
+        names = " ".join(sorted(n for n in listed if _ENV_NAME.fullmatch(n)))
         self._run(
             *("set-option", "-g", "update-environment", names, ";"),
             *("set-option", "-g", "exit-empty", "off", ";"),
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
             *(_literal(arg) for arg in argv),
+            env=os.environ | extra if extra else None,
         )
 
     def _env_names(self) -> set[str]:
@@ -341,10 +350,13 @@ class TmuxTerminal:
                 return False
             time.sleep(POLL_SECONDS)
 
-    def _query(self, *args: str) -> list[str] | None:
-        """Run a tmux command; None when its session (or the whole server) does not exist."""
+    def _query(self, *args: str, env: Mapping[str, str] | None = None) -> list[str] | None:
+        """Run a tmux command (its client in ``env``, else the agent's environment); None
+        when its session (or the whole server) does not exist."""
         try:
-            done = run_child([*self._client, *args], cwd=None, timeout_seconds=self._timeout)
+            done = run_child(
+                [*self._client, *args], cwd=None, timeout_seconds=self._timeout, env=env
+            )
         except OSError as exc:
             raise RunnerError(f"tmux {args[0]} failed: {exc}", reason="tmux-failed") from exc
         except Overran as exc:
@@ -360,8 +372,8 @@ class TmuxTerminal:
             return None
         raise RunnerError(f"tmux {args[0]} failed: {error}", reason="tmux-failed")
 
-    def _run(self, *args: str) -> list[str]:
-        lines = self._query(*args)
+    def _run(self, *args: str, env: Mapping[str, str] | None = None) -> list[str]:
+        lines = self._query(*args, env=env)
         if lines is None:
             raise RunnerError(f"tmux {args[0]}: no such session or server", reason="tmux-failed")
         return lines

@@ -23,6 +23,7 @@ from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
 from looprelay.service.runners import RunnerApi
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
 
 log = logging.getLogger("looprelay.app.services")
@@ -99,4 +100,11 @@ def build_runner_api(
         config=config.runners,
         desk=desk,
         directory=directory,
+        sessions=SessionComments(
+            work_items=work_items,
+            store=store,
+            github=github,
+            clock=clock,
+            bot_logins=config.routing.bot_logins,
+        ),
     )

@@ -12,6 +12,7 @@ from looprelay.cli.configcmds import config_group
 from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
+from looprelay.cli.session import session_group
 from looprelay.cli.skill import skill_group
 from looprelay.cli.status import status
 from looprelay.errors import LoopRelayError
@@ -72,6 +73,7 @@ for _command in (
     queue_group,
     runners_group,
     runner_group,
+    session_group,
     skill_group,
 ):
     cli.add_command(_command)

@@ -171,6 +171,15 @@ class SessionRecord(BaseModel):
     head: PullRequestHead | None = None
     """A pull request's own session: the tree it was given (for a fork, the approved sha);
     a fork session whose approved sha moves is respawned at the new one."""
+    token_hash: str = ""
+    """The hash of the token its harness speaks with (``looprelay session``); "" for none."""
+    installation_id: int | None = None
+    """The GitHub App installation its comments are posted as (from the dispatch that ran it)."""
+    awaiting_input_at: datetime | None = None
+    """Since when it waits for a human's answer to its question; None when it does not."""
+    activity: str = ""
+    """What it last did that a person would notice (``pasted``, ``turn answered``, ...)."""
+    active_at: datetime | None = None
 
 
 class PullRequestState(BaseModel):

@@ -33,6 +33,10 @@ DETAIL_CHARS = 200
 exception): enough to see what happened, never a whole document."""
 ATTACHABLE = frozenset({"live", "lost"})
 """Session states whose tmux session may still be there to attach to."""
+AWAITING_INPUT = "awaiting-input"
+"""The state of a live session that asked a question (``looprelay session ask``) no human
+has answered yet."""
+LIVE_STATES = frozenset({"live", AWAITING_INPUT})
 
 
 class _Row(BaseModel):
@@ -71,6 +75,8 @@ class SessionRow(_Row):
     attach: str | None
     """The shell command that attaches to it, on the runner's machine (tmux sessions that may
     still be there)."""
+    awaiting_input_since: datetime | None = None
+    """When it asked the question it waits on (state ``awaiting-input``)."""
 
 
 class DispatchRow(_Row):
@@ -182,7 +188,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         totals=Totals(
             runners_live=len(live),
             runners=len(inputs.runners),
-            sessions_live=sum(1 for s in sessions if s.state == "live"),
+            sessions_live=sum(1 for s in sessions if s.state in LIVE_STATES),
             dispatches_open=len(dispatches),
             dispatches_waiting=sum(1 for d in dispatches if d.waiting),
             dead_letters=sum(1 for r in replays if r.kind == "delivery"),
@@ -252,13 +258,20 @@ def _session_row(
         control=item.control,
         endpoint=session.endpoint,
         session=session.session_name,
-        state=session.status,
+        state=_session_state(session),
         runner_id=session.runner_id,
         runner=names.get(session.runner_id or ""),
         harness=session.harness,
         runner_kind=session.runner_kind,
         attach=attach,
+        awaiting_input_since=session.awaiting_input_at,
     )
+
+
+def _session_state(session: SessionRecord) -> str:
+    """The record's status, ``awaiting-input`` for a live session that asked a question."""
+    asked = session.status == "live" and session.awaiting_input_at is not None
+    return AWAITING_INPUT if asked else session.status
 
 
 def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:

@@ -232,6 +232,58 @@ class EmptyBody(_Body):
     """No fields."""
 
 
+class SessionTokenBody(_Body):
+    """A runner asks for the token its harness will use to speak for a session."""
+
+    dispatch_id: str = Field(
+        min_length=1,
+        max_length=100,
+        description="A spawn or deliver dispatch this runner holds the lease of; the token "
+        "is its session's, replacing the one before.",
+    )
+
+
+MAX_SESSION_COMMENT_CHARS = 200_000
+"""The longest comment text a session may send; the server cuts it to GitHub's limit with a
+note (JSON-escaped, it still fits ``MAX_BODY_BYTES``)."""
+_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+class SessionCommentBody(_Body):
+    """What a session's harness posts through ``looprelay session comment`` or ``ask``."""
+
+    work_item: str = Field(min_length=1, max_length=300)
+    endpoint: str = Field(
+        min_length=1,
+        max_length=300,
+        description="The session: the work item's own, or a pull request's.",
+    )
+    body: str = Field(min_length=1, max_length=MAX_SESSION_COMMENT_CHARS)
+    key: str = Field(
+        pattern=_KEY_PATTERN,
+        description="Random per command: a retry with the same key posts nothing twice.",
+    )
+
+
+class SessionToken(BaseModel):
+    """A session's token, shown this once; the server keeps only its hash."""
+
+    token: str
+    work_item: str
+    endpoint: str
+
+
+class SessionPosted(BaseModel):
+    """The comment a session posted, as the App, with the loop-prevention marker."""
+
+    comment_id: int
+    on: str
+    """The work item or pull request it is on."""
+    cut: bool = False
+    """Whether the text was cut to GitHub's limit (a note at its end says how much)."""
+    awaiting_input: bool = False
+
+
 class Registered(BaseModel):
     """The credentials a registration buys; the secret is shown this once."""
 
@@ -359,7 +411,8 @@ class Endpoint:
     summary: str
     body: type[BaseModel]
     answers: Mapping[int, type[BaseModel] | None]
-    authenticated: bool = True
+    security: str = "runnerSecret"
+    """``runnerSecret``, ``sessionToken`` (a session's own token), or "" (none)."""
     errors: tuple[int, ...] = field(default=(400, 401, 413, 503))
 
 
@@ -368,7 +421,7 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         "Exchange a registration token for a runner id and secret.",
         RegisterBody,
         {201: Registered},
-        authenticated=False,
+        security="",
     ),
     "heartbeat": Endpoint(
         "Report liveness, capacity and what the runner serves.",
@@ -400,7 +453,36 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         {200: Reported},
         errors=(400, 401, 404, 409, 413, 503),
     ),
+    "session-token": Endpoint(
+        "Mint the token a session's harness speaks with (only its hash is kept).",
+        SessionTokenBody,
+        {201: SessionToken},
+        errors=(400, 401, 404, 409, 413, 503),  # 409: the lease is not this runner's
+    ),
+    "session-comment": Endpoint(
+        "Post a session's comment on its work item or pull request, as the App.",
+        SessionCommentBody,
+        {201: SessionPosted},
+        security="sessionToken",
+        errors=(400, 401, 404, 413, 502, 503),  # 404: the server has no GitHub client
+    ),
+    "session-ask": Endpoint(
+        "Post a session's question and mark the session awaiting input until a human answers.",
+        SessionCommentBody,
+        {201: SessionPosted},
+        security="sessionToken",
+        errors=(400, 401, 404, 413, 502, 503),
+    ),
 }
+
+
+SESSION_ENV = {
+    "api_url": "LOOPRELAY_API_URL",
+    "token": "LOOPRELAY_SESSION_TOKEN",
+    "work_item": "LOOPRELAY_WORK_ITEM",
+    "endpoint": "LOOPRELAY_SESSION",
+}
+"""The variables a session's harness finds its identity in (``looprelay session`` reads them)."""
 
 
 def runner_bearer(runner_id: str, secret: str) -> str:
