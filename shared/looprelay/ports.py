@@ -318,6 +318,8 @@ class RunnerStatus:
     sessions: int = 0
     agent_id: str = ""
     """The agent process sending it (``core.identity``); empty from an agent that names none."""
+    hostname: str = ""
+    """The machine the agent runs on, for the operator's status view."""
 
 
 class RunnerRegistry(Protocol):

@@ -8,6 +8,8 @@ and a state directory no other agent is using.
 
 from __future__ import annotations
 
+import re
+import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from looprelay.errors import ConfigError, RunnerError
 
 LEDGER_FILE = "ledger.db"
 STATUS_FILE = "status.json"
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 WORKTREES_DIR = "worktrees"
 """Under the state directory: worktrees of operator checkouts when no workspace is given."""
 
@@ -129,6 +132,7 @@ def _assemble(
         # capacity is the sessions the runner may hold, fixed when it registered.
         return {
             "version": version("looprelay"),
+            "hostname": reported_hostname(),
             "repositories": repositories,
             "workspace": options.workspace is not None,
             "sessions": ledger.session_count(),
@@ -156,6 +160,12 @@ def _assemble(
             sandbox_line(sandbox),
         ],
     )
+
+
+def reported_hostname() -> str:
+    """This machine's name as a heartbeat may carry it ("" when it has an odd one)."""
+    name = socket.gethostname()
+    return name if _HOSTNAME.fullmatch(name) else ""
 
 
 def runner_sandbox(options: RunnerOptions, state_dir: Path) -> Sandbox:

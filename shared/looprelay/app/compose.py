@@ -199,13 +199,14 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             for path in ("/", SWEEPER_PATH)
         ]
     else:
-        from looprelay.app.status import STATUS_PATH, status_handler, to_status
+        from looprelay.app.status import DELIVERY_PATH, STATUS_PATH, status_handler, to_status
 
         # Behind IAM: Cloud Run has authenticated every caller (docs/operations.md).
         reader = cloud.build_status_reader(config)
-        handler = status_handler(reader.read, blocking, local_only=False)
+        handler = status_handler(reader, blocking, local_only=False)
         endpoints = [
             Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES),
+            Endpoint(DELIVERY_PATH, handler, _HEALTH_MAX_BODY_BYTES),
             Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
         ]
     return build_asgi(endpoints)
@@ -240,7 +241,7 @@ def _open_local(
     from looprelay.app.ingress_http import size_refusal
     from looprelay.app.longpoll import runner_api_handler
     from looprelay.app.services import build_router, build_runner_api
-    from looprelay.app.status import STATUS_PATH, status_handler, to_status
+    from looprelay.app.status import DELIVERY_PATH, STATUS_PATH, status_handler, to_status
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
     from looprelay.app.worker_http import worker_handler
     from looprelay.config.secrets import operator_token_from_env
@@ -298,6 +299,7 @@ def _open_local(
         command_args=("--data", str(data_dir)),
     )
     blocking, pressure = Blocking(), WebhookPressure()
+    pages = status_handler(status, blocking, local_only=True, token=operator_token)
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
     cap = config.webhook.max_body_bytes
     app = build_asgi(
@@ -305,10 +307,9 @@ def _open_local(
             Endpoint(WEBHOOK_PATH, webhook, cap, size_refusal(ingress)),
             Endpoint(WORKER_PATH, blocking(worker_handler(worker)), MAX_TASK_BYTES),
             Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
-            Endpoint(
-                STATUS_PATH,
-                status_handler(status.read, blocking, local_only=True, token=operator_token),
-                _HEALTH_MAX_BODY_BYTES,
+            *(
+                Endpoint(path, pages, _HEALTH_MAX_BODY_BYTES)
+                for path in (STATUS_PATH, DELIVERY_PATH)
             ),
             Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
             Endpoint(

@@ -114,6 +114,8 @@ class RunnerRecord(BaseModel):
     """Sessions it holds now, from its last heartbeat."""
     agent_id: str = ""
     """The agent process serving it, as its heartbeats name it (one at a time per runner)."""
+    hostname: str = ""
+    """The machine its agent runs on, as its heartbeats name it."""
 
     @property
     def revoked(self) -> bool:

@@ -23,6 +23,7 @@ from looprelay.core.model import (
     WorkItemRecord,
 )
 from looprelay.core.scheduling import runner_state, waiting_reasons
+from looprelay.core.workitems import parse_ref
 
 AFTER_EARLIER = "after-earlier-dispatch-of-its-session"
 """Why a pending dispatch that is not its work item's head waits."""
@@ -37,6 +38,8 @@ AWAITING_INPUT = "awaiting-input"
 """The state of a live session that asked a question (``looprelay session ask``) no human
 has answered yet."""
 LIVE_STATES = frozenset({"live", AWAITING_INPUT})
+TURN_RUNNING = "turn running"
+"""A session's recorded activity while its headless turn runs (``service.session_comments``)."""
 
 
 class _Row(BaseModel):
@@ -55,6 +58,7 @@ class RunnerRow(_Row):
     sessions: int
     last_seen_at: datetime | None
     version: str
+    hostname: str = ""
     repositories: list[str]
     workspace: bool
     labels: dict[str, str]
@@ -64,6 +68,9 @@ class SessionRow(_Row):
     """One session of a work item: where it runs and how to watch it."""
 
     work_item: str
+    work_item_url: str = ""
+    """The work item's page on GitHub ("" when its ref names none)."""
+    endpoint_url: str = ""
     control: str
     endpoint: str
     session: str
@@ -77,6 +84,8 @@ class SessionRow(_Row):
     still be there)."""
     awaiting_input_since: datetime | None = None
     """When it asked the question it waits on (state ``awaiting-input``)."""
+    activity: str = ""
+    """What it last did and when, for a person: ``pasted 2 m ago``, ``turn running 40 s``."""
 
 
 class DispatchRow(_Row):
@@ -105,6 +114,9 @@ class DeliveryRow(_Row):
     attempts: int
     received_at: datetime
     settled_at: datetime | None
+    subject: str = ""
+    """The issue or pull request it is about (``owner/repo#N``), "" when none."""
+    subject_url: str = ""
 
 
 class ReplayRow(_Row):
@@ -173,7 +185,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         inputs.open_dispatches, inputs.heads, inputs.runners, live=live, holding=inputs.holding
     )
     sessions = [
-        _session_row(item, session, names)
+        _session_row(item, session, names, now)
         for item in inputs.work_items
         for session in item.sessions.values()
     ]
@@ -200,7 +212,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         ],
         sessions=sessions,
         dispatches=dispatches,
-        deliveries=[_delivery_row(d) for d in inputs.deliveries],
+        deliveries=[delivery_row(d) for d in inputs.deliveries],
         replays=replays,
     )
 
@@ -240,6 +252,7 @@ def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) 
         sessions=len(held) if held is not None else runner.sessions,
         last_seen_at=runner.last_seen_at,
         version=runner.version,
+        hostname=runner.hostname,
         repositories=list(runner.repositories),
         workspace=runner.workspace,
         labels=dict(runner.labels),
@@ -247,7 +260,7 @@ def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) 
 
 
 def _session_row(
-    item: WorkItemRecord, session: SessionRecord, names: Mapping[str, str]
+    item: WorkItemRecord, session: SessionRecord, names: Mapping[str, str], now: datetime
 ) -> SessionRow:
     attach = None
     if session.runner_kind == "tmux" and session.runner_id and session.status in ATTACHABLE:
@@ -255,6 +268,8 @@ def _session_row(
         attach = attach_command(socket=socket, session=session.session_name)
     return SessionRow(
         work_item=item.ref,
+        work_item_url=web_url(item.ref),
+        endpoint_url=web_url(session.endpoint),
         control=item.control,
         endpoint=session.endpoint,
         session=session.session_name,
@@ -265,7 +280,27 @@ def _session_row(
         runner_kind=session.runner_kind,
         attach=attach,
         awaiting_input_since=session.awaiting_input_at,
+        activity=_activity(session, now),
     )
+
+
+def _activity(session: SessionRecord, now: datetime) -> str:
+    """``session``'s last activity for a person: a turn still running says for how long."""
+    if not session.activity or session.active_at is None:
+        return ""
+    span = duration_text(now - session.active_at)
+    if session.activity == TURN_RUNNING and session.status == "live":
+        return f"{TURN_RUNNING} {span}"
+    return f"{session.activity} {span} ago"
+
+
+def duration_text(span: timedelta) -> str:
+    """``span`` in its largest whole unit: ``40 s``, ``2 m``, ``3 h``, ``5 d`` (0 s at least)."""
+    seconds = max(0, int(span.total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
 
 
 def _session_state(session: SessionRecord) -> str:
@@ -289,16 +324,31 @@ def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:
     )
 
 
-def _delivery_row(delivery: DeliveryRecord) -> DeliveryRow:
+def web_url(ref: str) -> str:
+    """The GitHub page of work-item ref ``ref`` (``github:owner/repo#N``), "" for no ref."""
+    try:
+        return parse_ref(ref).web_url()
+    except ValueError:
+        return ""
+
+
+def _subject_url(subject: str) -> str:
+    return web_url(f"github:{subject}") if subject else ""
+
+
+def delivery_row(delivery: DeliveryRecord) -> DeliveryRow:
+    """The view's row of one ledger record."""
     return DeliveryRow(
         delivery_id=delivery.delivery_id,
         event=delivery.event,
         action=delivery.action,
         outcome=delivery.outcome,
-        detail=_short(delivery.detail),
+        detail=short_text(delivery.detail),
         attempts=delivery.attempts,
         received_at=delivery.received_at,
         settled_at=delivery.settled_at,
+        subject=delivery.order_group,
+        subject_url=_subject_url(delivery.order_group),
     )
 
 
@@ -308,7 +358,7 @@ def _dead_letter_row(delivery: DeliveryRecord, args: Sequence[str]) -> ReplayRow
         id=delivery.delivery_id,
         subject=delivery.event,
         at=delivery.settled_at or delivery.received_at,
-        detail=_short(delivery.detail),
+        detail=short_text(delivery.detail),
         command=_command(["deliveries", "replay", delivery.delivery_id], args),
     )
 
@@ -319,7 +369,7 @@ def _interrupted_row(dispatch: DispatchRecord, args: Sequence[str]) -> ReplayRow
         id=dispatch.dispatch_id,
         subject=dispatch.work_item,
         at=dispatch.updated_at or dispatch.created_at,
-        detail=_short(dispatch.detail),
+        detail=short_text(dispatch.detail),
         command=_command(["dispatches", "resend", dispatch.dispatch_id], args),
     )
 
@@ -328,7 +378,7 @@ def _command(words: Sequence[str], args: Sequence[str]) -> str:
     return shlex.join(["looprelay", *words, *args])
 
 
-def _short(text: str) -> str:
+def short_text(text: str) -> str:
     """``text`` on one line, at most :data:`DETAIL_CHARS` characters."""
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= DETAIL_CHARS else one_line[: DETAIL_CHARS - 1] + "…"

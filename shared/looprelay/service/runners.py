@@ -170,6 +170,7 @@ class RunnerApi:
             workspace=body.workspace,
             sessions=body.sessions,
             agent_id=body.agent_id or runner.agent_id,
+            hostname=body.hostname or runner.hostname,
         )
         if not reports_new_status(runner, status):
             # Authentication has just refused a revoked runner: no need to read it again.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 
 from looprelay.core.model import EventRecord, RunnerRecord, SessionRecord, WorkItemRecord
 from looprelay.core.replies import reply_body
+from looprelay.core.status import TURN_RUNNING
 from looprelay.core.workitems import parse_ref
 from looprelay.errors import BadDelivery, Conflict, NotFound, Permanent, Transient, Unauthorized
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
@@ -81,6 +82,9 @@ class SessionComments:
                 update={
                     "token_hash": hash_credential(token),
                     "installation_id": dispatch.installation_id,
+                    # Asked for just before the harness starts: the turn or spawn begins now.
+                    "activity": TURN_RUNNING if dispatch.runner_kind == "process" else "starting",
+                    "active_at": self._clock.now(),
                 }
             ),
         )

@@ -112,6 +112,12 @@ class HeartbeatBody(_Body):
     """What an agent reports about itself on every heartbeat."""
 
     version: str = Field(default="", max_length=64)
+    hostname: str = Field(
+        default="",
+        max_length=253,
+        pattern=r"^[A-Za-z0-9._-]*$",
+        description="The machine the agent runs on, shown on the operator's status page.",
+    )
     capacity: _Whole = Field(default=1, ge=0, le=256)
     repositories: list[str] = Field(
         default_factory=list,
