@@ -24,7 +24,7 @@ from looprelay.core.markers import read_marker
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.replies import GITHUB_MAX_COMMENT_CHARS
 from looprelay.service.status import StatusReader
-from looprelay.wire.runner_api import API_PREFIX, SESSION_ENV
+from looprelay.wire.runner_api import API_PREFIX, SESSION_ENV, runner_bearer
 from tests.agent.test_agent_faults import (
     CONFIG,
     DEADLINE,
@@ -173,3 +173,23 @@ class TestSessionComments:
         assert len(comment) <= GITHUB_MAX_COMMENT_CHARS
         assert comment.startswith("Log:\nxxx") and "… (cut: " in comment
         assert read_marker(comment) is not None
+
+    def test_a_runner_gets_a_token_only_for_a_dispatch_whose_lease_it_holds(
+        self, relay: Relay
+    ) -> None:
+        relay.seed(3, relay.dispatch(3))  # pending: leased by nobody
+        runner = relay.register("bystander")
+
+        def ask(dispatch_id: str) -> requests.Response:
+            return requests.post(
+                f"{relay.url}{API_PREFIX}session-token",
+                json={"dispatch_id": dispatch_id},
+                headers={"Authorization": runner_bearer(runner.runner_id, runner.secret)},
+                timeout=DEADLINE,
+            )
+
+        refused = ask("dp-3-1")
+        assert refused.status_code == 409 and "not this runner's" in refused.json()["error"]
+        assert ask("dp-none").status_code == 404
+        item = relay.stores.work_items.get_work_item(_ref(3))
+        assert item is not None and item.sessions[_ref(3)].token_hash == ""
