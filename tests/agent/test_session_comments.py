@@ -13,7 +13,6 @@ import os
 import shlex
 import subprocess
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from looprelay.agent.tmux import TmuxTerminal
 from looprelay.core.markers import read_marker
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.replies import GITHUB_MAX_COMMENT_CHARS
-from looprelay.service.status import StatusReader
 from looprelay.wire.runner_api import API_PREFIX, SESSION_ENV, runner_bearer
 from tests.agent.test_agent_faults import (
     CONFIG,
@@ -38,6 +36,7 @@ from tests.agent.test_agent_faults import (
 from tests.dispatches import work_item_ref
 from tests.fake_github import APP_LOGIN
 from tests.fake_harness import FakeHarness, wait_until
+from tests.rigs import status_json
 
 __all__ = ["checkout", "launch", "relay"]  # fixtures this module uses from the faults rig
 
@@ -91,15 +90,16 @@ def _app_comments(relay: Relay, number: int) -> list[str]:
 
 def _status(relay: Relay) -> dict[str, Any]:
     """The view ``looprelay status --json`` prints, from the relay's stores."""
-    reader = StatusReader(
-        store=relay.stores.events,
-        work_items=relay.stores.work_items,
-        runners=relay.stores.registry,
-        clock=relay.clock,
-        lost_after=timedelta(seconds=CONFIG.lost_after_seconds),
+    return status_json(relay.stores, relay.clock, lost_after_seconds=CONFIG.lost_after_seconds)
+
+
+def _post(relay: Relay, endpoint: str, body: dict[str, Any], *, auth: str) -> requests.Response:
+    return requests.post(
+        f"{relay.url}{API_PREFIX}{endpoint}",
+        json=body,
+        headers={"Authorization": auth},
+        timeout=DEADLINE,
     )
-    view: dict[str, Any] = reader.read().model_dump(mode="json")
-    return view
 
 
 class TestSessionComments:
@@ -156,11 +156,11 @@ class TestSessionComments:
         second = _start_session(relay, fake_harness, 2, starts=2)
         token = second["env"][SESSION_ENV["token"]]
         # Session #2's token naming session #1: refused, and nothing is posted.
-        refused = requests.post(
-            f"{relay.url}{API_PREFIX}session-comment",
-            json={"work_item": _ref(1), "endpoint": _ref(1), "body": "hi", "key": "k1"},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=DEADLINE,
+        refused = _post(
+            relay,
+            "session-comment",
+            {"work_item": _ref(1), "endpoint": _ref(1), "body": "hi", "key": "k1"},
+            auth=f"Bearer {token}",
         )
         assert refused.status_code == 401, refused.text
         assert "not github:octo/repo#1's" in refused.json()["error"]
@@ -181,12 +181,8 @@ class TestSessionComments:
         runner = relay.register("bystander")
 
         def ask(dispatch_id: str) -> requests.Response:
-            return requests.post(
-                f"{relay.url}{API_PREFIX}session-token",
-                json={"dispatch_id": dispatch_id},
-                headers={"Authorization": runner_bearer(runner.runner_id, runner.secret)},
-                timeout=DEADLINE,
-            )
+            auth = runner_bearer(runner.runner_id, runner.secret)
+            return _post(relay, "session-token", {"dispatch_id": dispatch_id}, auth=auth)
 
         refused = ask("dp-3-1")
         assert refused.status_code == 409 and "not this runner's" in refused.json()["error"]
