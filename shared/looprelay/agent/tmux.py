@@ -147,8 +147,12 @@ class TmuxTerminal:
         extra = dict(env or {})
         listed = self._env_names() | set(extra)
         names = " ".join(sorted(n for n in listed if _ENV_NAME.fullmatch(n)))
+        # A server this call starts takes its client's environment as its global one: the
+        # session's own variables (its token) must stay the session's, not every later one's.
+        private = sorted(n for n in extra if n not in os.environ and _ENV_NAME.fullmatch(n))
         self._run(
             *("set-option", "-g", "update-environment", names, ";"),
+            *(word for n in private for word in ("set-environment", "-g", "-u", n, ";")),
             *("set-option", "-g", "exit-empty", "off", ";"),
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
