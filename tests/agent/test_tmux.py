@@ -65,11 +65,15 @@ class TestSpawn:
         self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
     ) -> None:
         token = {"LOOPRELAY_SESSION_TOKEN": "lrses_first-session-only"}
+        trees = {name: tmp_path / name for name in ("loop-first", "loop-second")}
+        for tree in trees.values():
+            tree.mkdir()
         # The first spawn starts the server, which takes its client's environment.
-        terminal.spawn("loop-first", cwd=tmp_path, argv=[fake_harness.claude], env=token)
+        terminal.spawn("loop-first", cwd=trees["loop-first"], argv=[fake_harness.claude], env=token)
         assert not cmdlines_holding("lrses_first-session-only")
-        terminal.spawn("loop-second", cwd=tmp_path, argv=[fake_harness.claude])
-        first, second = fake_harness.wait_ready(2)
+        terminal.spawn("loop-second", cwd=trees["loop-second"], argv=[fake_harness.claude])
+        by_tree = {Path(start["cwd"]).name: start for start in fake_harness.wait_ready(2)}
+        first, second = by_tree["loop-first"], by_tree["loop-second"]
         assert first["env"]["LOOPRELAY_SESSION_TOKEN"] == "lrses_first-session-only"
         assert "LOOPRELAY_SESSION_TOKEN" not in second["env"]
         listed = subprocess.run(
