@@ -87,7 +87,7 @@ class Applier:
     boot prompt to be reported running; ``new_uuid`` makes fresh session ids; ``sandbox`` says
     which sessions run in bubblewrap (none by default; ``runner run`` sandboxes fork pull
     requests' sessions); ``session_env`` gives each harness started its session's identity
-    (none inside a sandbox: an untrusted head does not speak as the App).
+    (none for a fork's head: an untrusted tree does not speak as the App).
     """
 
     terminal: TmuxTerminal
@@ -334,8 +334,9 @@ class Applier:
         )
 
     def _identity(self, d: Dispatch) -> Mapping[str, str]:
-        """The session's identity for the harness about to start; none for a sandboxed one."""
-        return {} if self.sandbox.wraps(untrusted=untrusted(d)) else self.session_env(d)
+        """The session's identity for the harness about to start; none for a fork's head,
+        whose content nobody vouched for beyond its approved sha."""
+        return {} if untrusted(d) else self.session_env(d)
 
     def _contain(self, d: Dispatch, argv: list[str], tree: Path, notes: list[Note]) -> list[str]:
         """``argv`` inside the sandbox when this session runs in one (noted), else as it is."""
