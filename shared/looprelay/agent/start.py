@@ -93,6 +93,7 @@ def build_agent(options: RunnerOptions) -> Agent:
             )
         agent = _assemble(options, credentials, state_dir, locks)
         agent.agent_id, agent.replaces = agent_id, replaces
+        agent.hostname = reported_hostname()
         return agent
     except BaseException:
         for lock in locks:
@@ -132,7 +133,6 @@ def _assemble(
         # capacity is the sessions the runner may hold, fixed when it registered.
         return {
             "version": version("looprelay"),
-            "hostname": reported_hostname(),
             "repositories": repositories,
             "workspace": options.workspace is not None,
             "sessions": ledger.session_count(),
