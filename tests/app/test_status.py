@@ -282,6 +282,26 @@ class TestWhatItShows:
         )  # fmt: skip
         assert status == 403
 
+    def test_it_shows_the_last_50_deliveries_unless_asked_for_another_number(
+        self, seeded: Seeded
+    ) -> None:
+        for n in range(60):
+            seeded.stack.store.begin_delivery(
+                DeliveryRecord(
+                    delivery_id=f"d-{n:02}",
+                    event="issues",
+                    received_at=datetime.now(UTC) - timedelta(hours=1, seconds=60 - n),
+                )
+            )
+        shown = requests.get(seeded.url, headers=JSON, timeout=10).json()["deliveries"]
+        assert len(shown) == 50
+        three = requests.get(f"{seeded.url}?deliveries=3", headers=JSON, timeout=10).json()
+        assert len(three["deliveries"]) == 3
+        for bad in ("0", "abc", "²", "1001"):
+            refused = requests.get(f"{seeded.url}?deliveries={bad}", timeout=10)
+            assert refused.status_code == 400, bad
+            assert "deliveries must be a whole number" in refused.json()["error"]
+
     def test_the_root_points_to_the_status_page(self, seeded: Seeded) -> None:
         response = requests.get(seeded.stack.base_url + "/", timeout=10, allow_redirects=False)
         assert (response.status_code, response.headers["location"]) == (307, "/status")

@@ -15,13 +15,19 @@ import hashlib
 import hmac
 import ipaddress
 from typing import Protocol
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.core.deliveries import DeliveryPage
 from looprelay.core.status import StatusView
-from looprelay.service.status import COPY_SCRIPT, render_delivery_html, render_html
+from looprelay.service.status import (
+    COPY_SCRIPT,
+    MAX_RECENT_DELIVERIES,
+    RECENT_DELIVERIES,
+    render_delivery_html,
+    render_html,
+)
 
 STATUS_PATH = "/status"
 DELIVERY_PATH = "/status/deliveries/"
@@ -44,8 +50,8 @@ _PAGE_HEADERS = {
 class StatusPages(Protocol):
     """What the status endpoints read (``service.status.StatusReader``)."""
 
-    def read(self) -> StatusView:
-        """The whole view, as of now."""
+    def read(self, deliveries: int = RECENT_DELIVERIES) -> StatusView:
+        """The whole view, as of now, with the last ``deliveries`` deliveries."""
         ...
 
     def delivery(self, delivery_id: str) -> DeliveryPage | None:
@@ -97,7 +103,12 @@ def status_handler(
             if page is None:
                 return json_response(404, {"error": f"no delivery {delivery_id[:100]!r}"})
             return _render_page(page, request)
-        view = await blocking.run(pages.read)
+        count = _deliveries(request.query)
+        if count is None:
+            return json_response(
+                400, {"error": f"deliveries must be a whole number 1-{MAX_RECENT_DELIVERIES}"}
+            )
+        view = await blocking.run(lambda: pages.read(count))
         return _render(view, request)
 
     return handle
@@ -137,6 +148,18 @@ def _render(view: StatusView, request: Request) -> Response:
         return Response(200, body, headers={"cache-control": "no-store"})
     html = render_html(view).encode()
     return Response(200, html, content_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+
+def _deliveries(query: str) -> int | None:
+    """How many deliveries ``?deliveries=N`` asks for (the default without it); None when N is
+    no whole number in range."""
+    asked = parse_qs(query).get("deliveries")
+    if not asked:
+        return RECENT_DELIVERIES
+    text = asked[-1]
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RECENT_DELIVERIES:
+        return None
+    return int(text)
 
 
 def _render_page(page: DeliveryPage, request: Request) -> Response:

@@ -24,6 +24,8 @@ from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.lease_desk import leasable_heads
 
 RECENT_DELIVERIES = 50
+MAX_RECENT_DELIVERIES = 1_000
+"""The most deliveries one page may ask for (``/status?deliveries=N``)."""
 DEAD_LETTERS = 50
 WORK_ITEMS = 100
 OPEN_DISPATCHES = 200
@@ -76,8 +78,9 @@ class StatusReader:
         self._lost_after = lost_after
         self._command_args = tuple(command_args)
 
-    def read(self) -> StatusView:
-        """The view as of now. Raises ``Transient`` when a store cannot be read."""
+    def read(self, deliveries: int = RECENT_DELIVERIES) -> StatusView:
+        """The view as of now, with the last ``deliveries`` deliveries. Raises ``Transient``
+        when a store cannot be read."""
         now = self._clock.now()
         failed = self._items.list_dispatches(statuses=("failed",), limit=FAILED_DISPATCHES_READ)
         # Interrupted and not sent again yet: what waits for an operator's decision.
@@ -94,7 +97,7 @@ class StatusReader:
                 statuses=DISPATCH_OPEN, limit=OPEN_DISPATCHES
             ),
             heads=leasable_heads(self._items, now=now),
-            deliveries=self._store.list_deliveries(limit=RECENT_DELIVERIES),
+            deliveries=self._store.list_deliveries(limit=deliveries),
             dead_letters=self._store.list_deliveries(outcome="failed", limit=DEAD_LETTERS),
             failed_dispatches=list(reversed(interrupted)),
             command_args=self._command_args,
