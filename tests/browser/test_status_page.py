@@ -149,10 +149,20 @@ def test_nothing_is_wider_than_the_window_at_desktop_and_phone_widths(
     # The State and Attach of every session are on screen: every element within the width.
     viewport = browser.execute_script("return document.documentElement.clientWidth")
     assert viewport <= width
+    _assert_fits(browser, viewport, name)
+    _screenshot(browser, f"status-page-{name}.png")
+    # A delivery's page, with its events' fields, fits too.
+    link = browser.find_element(By.CSS_SELECTOR, "#deliveries details[open] tr[data-delivery] a")
+    browser.get(link.get_attribute("href") or "")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#events tr[data-event]"))
+    _assert_fits(browser, viewport, f"{name} (a delivery)")
+    _screenshot(browser, f"status-delivery-{name}.png")
+
+
+def _assert_fits(browser: WebDriver, viewport: int, name: str) -> None:
     wide = browser.execute_script(_WIDER_THAN, viewport)
     assert wide == [], f"wider than the {viewport}px window at {name} width: {wide}"
     assert browser.execute_script("return document.documentElement.scrollWidth") <= viewport
-    _screenshot(browser, f"status-page-{name}.png")
 
 
 _WIDER_THAN = """
