@@ -12,7 +12,6 @@ of ``PERIOD_SECONDS``).
 
 from __future__ import annotations
 
-import http.client
 import json
 import selectors
 import socket
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from looprelay.app.watchdog import Watchdog
-from looprelay.core.signature import sign_body
+from looprelay.cli.sender import post_delivery
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from tests.samples import payload_bytes
 from tests.test_up import UpProcess, cli
@@ -89,21 +88,12 @@ def up(tmp_path: Path) -> Iterator[UpProcess]:
     process.stop()
 
 
-def _deliver(address: tuple[str, int], secret: bytes) -> str:
+def _deliver(url: str, secret: bytes) -> str:
     delivery = str(uuid.uuid4())
-    headers = {
-        "Content-Type": "application/json",
-        "X-GitHub-Event": "issue_comment",
-        "X-GitHub-Delivery": delivery,
-        "X-Hub-Signature-256": sign_body(COMMENT, secret),
-    }
-    connection = http.client.HTTPConnection(*address, timeout=DEADLINE)
-    try:
-        connection.request("POST", "/webhook", body=COMMENT, headers=headers)
-        response = connection.getresponse()
-        assert response.status == 202, response.read()
-    finally:
-        connection.close()
+    status, text = post_delivery(
+        url=url, event="issue_comment", body=COMMENT, secret=secret, delivery_id=delivery
+    )
+    assert status == 202, text
     return delivery
 
 
@@ -119,7 +109,7 @@ def test_up_serves_signed_deliveries_through_a_flood_of_slow_heads_past_the_watc
     try:
         ends = time.monotonic() + FLOOD_SECONDS
         while time.monotonic() < ends:
-            acked.append(_deliver(address, secret))
+            acked.append(_deliver(up.webhook_url, secret))
             assert up.proc.poll() is None, up.stderr_path.read_text()[-2000:]
             time.sleep(0.5)
     finally:
