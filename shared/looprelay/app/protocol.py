@@ -10,7 +10,8 @@ has its request in full and waits for its answer); it must start a request withi
 head must end within ``head_seconds`` and ``max_head_bytes`` (else 408 or 431), and the body
 must arrive at ``min_body_rate`` bytes a second on average once ``body_grace_seconds`` have
 passed (else 408), and receiving connections may hold all but ``reserve`` of the slots (past
-that the one receiving the longest is dropped); the request is served; then it is idle again.
+that the one receiving the longest is dropped); the request is served (answered before its
+body has arrived, as an early 413 is, it lingers: ``app.lingering``); then it is idle again.
 So a flood of slow heads and bodies drops its own oldest, and an ordinary delivery, which
 arrives in a moment, is never the oldest.
 """
