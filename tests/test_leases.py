@@ -910,6 +910,29 @@ class TestHeadlessReplies:
         [failure] = desk.events("github.failed")
         assert failure["dispatch_id"] == "dp-1-1" and "502" in failure["error"]
 
+    def test_a_post_answered_in_the_wrong_shape_is_found_not_posted_again(self, desk: Desk) -> None:
+        # Issue 24: an answer of the wrong shape failed the whole report with a 500.
+        runner, _ = self._turn(desk)
+        desk.github.script(
+            match="POST .*/issues/1/comments", status=201, body=["not", "a comment"], after=True
+        )
+        report = desk.report(runner, "dp-1-1", status="done", reply="All green.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        assert [body.split("\n")[0] for body in desk.replies(1)] == ["All green."]
+        assert desk.events("github.failed") == []
+
+    def test_a_listing_in_the_wrong_shape_is_a_logged_failure_and_the_report_succeeds(
+        self, desk: Desk
+    ) -> None:
+        runner, dispatch = self._turn(desk)
+        desk.github.script(3, match="GET .*/issues/1/comments", status=200, body={"id": 1})
+        report = desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        [failure] = desk.events("github.failed")
+        assert failure["dispatch_id"] == "dp-1-1"
+        assert "not a list of comments" in failure["error"]
+        assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]  # the rest went on
+
     def test_with_replies_switched_off_nothing_is_posted(self, quiet_desk: Desk) -> None:
         runner, dispatch = self._turn(quiet_desk)
         quiet_desk.report(runner, "dp-1-1", status="done", reply="Fixed.")

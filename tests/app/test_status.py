@@ -317,6 +317,9 @@ class TestWhoMayRead:
             ("127.0.0.1", {"host": "abc.ngrok.example"}),
             ("127.0.0.1", {"host": "127.0.0.1:8484", "x-forwarded-for": "198.51.100.7"}),
             ("::1", {"host": "[::1]:8484", "forwarded": "for=198.51.100.7"}),
+            # Issue 24: Cloudflare's tunnel names the caller in headers of its own.
+            ("127.0.0.1", {"host": "127.0.0.1:8484", "cf-connecting-ip": "198.51.100.7"}),
+            ("127.0.0.1", {"host": "localhost:8484", "true-client-ip": "198.51.100.7"}),
         ],
     )
     def test_without_a_token_only_this_machine_may(

@@ -3,7 +3,7 @@
 Under ``looprelay up`` only a caller on this machine may, unless an operator token is
 configured: then a caller presenting it (``Authorization: Bearer TOKEN``) may too. "On this
 machine" means a loopback peer that also names a loopback host and came through no proxy: a
-tunnel (which connects from loopback) forwards a public ``Host`` or adds ``X-Forwarded-For``,
+tunnel (which connects from loopback) forwards a public ``Host`` or adds a forwarding header,
 and a DNS-rebinding page names its own host, so neither passes. In the cloud the function
 serving it sits behind IAM, which has checked the caller before this code runs.
 """
@@ -33,7 +33,16 @@ STATUS_PATH = "/status"
 DELIVERY_PATH = "/status/deliveries/"
 """``/status/deliveries/ID``: one delivery and its events (a prefix endpoint)."""
 JSON_TYPE = "application/json"
-_FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+_FORWARDING_HEADERS = (
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+    # Cloudflare's tunnel names the caller in CF-Connecting-IP (and, on Enterprise plans,
+    # True-Client-IP), often without X-Forwarded-For.
+    "cf-connecting-ip",
+    "true-client-ip",
+)
 _LOCAL_NAMES = frozenset({"localhost", "localhost."})
 _PAGE_HEADERS = {
     "cache-control": "no-store",

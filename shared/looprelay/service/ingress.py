@@ -7,6 +7,7 @@ policy; it must answer well inside GitHub's 10-second budget.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -96,12 +97,12 @@ class Ingress:
         verify: bool = True,
         rejections: LogSampler | None = None,
         clock: Clock | None = None,
-        new_attempt: Callable[[], str] = lambda: token_hex(8),
+        new_attempt: Callable[[], str] | None = None,
     ) -> None:
         """``rejections`` decides which refusals are logged (default: the first 10 of each
         status a minute); ``clock`` stamps each delivery's order key; ``new_attempt`` makes the
-        token that names each request's task (``core.tasknames``). Raises ``ConfigError`` when
-        verification is on and there is no secret (fail closed)."""
+        token that names each request's task (default :func:`attempt_tokens`). Raises
+        ``ConfigError`` when verification is on and there is no secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
                 "no webhook secret: set github.webhookSecrets to the names of environment "
@@ -114,7 +115,7 @@ class Ingress:
         self._verify = verify
         self._rejections = rejections or LogSampler()
         self._clock = clock or SystemClock()
-        self._new_attempt = new_attempt
+        self._new_attempt = new_attempt or attempt_tokens()
 
     def receive(
         self, method: str, headers: Mapping[str, str], body: bytes
@@ -281,6 +282,15 @@ class Ingress:
             if len(body) <= MAX_TASK_BODY_BYTES or cap <= 1:
                 return envelope, body
             cap //= 2
+
+
+def attempt_tokens() -> Callable[[], str]:
+    """A maker of tokens unique to each request of this process (``core.tasknames``): a
+    random prefix drawn once, then a count. A fresh random token each took a system call
+    that let the queue's threads take the interpreter from the ack."""
+    prefix = token_hex(6)
+    count = itertools.count()
+    return lambda: f"{prefix}{next(count):x}"
 
 
 def _media_type(content_type: str) -> str:

@@ -7,7 +7,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -33,6 +33,7 @@ _RETRYABLE = (Transient, requests.ConnectionError, requests.Timeout, ChunkedEnco
 # Failures before the request left: the auth exchange, or no connection made at all.
 _NOT_SENT = (Transient, requests.ConnectTimeout)
 _MAYBE_DONE = "GitHub may have carried it out, so it is not repeated here"
+_T = TypeVar("_T")
 _HINTS = {
     401: "the credentials are wrong or expired; check github.tokenEnv or the App key",
     403: "the credentials lack a permission (issues and pull requests: write)",
@@ -87,7 +88,9 @@ class GitHubRest(app_hooks.AppHookCalls):
         """Post ``body`` on issue or pull request ``number``; return the new comment's id."""
         url = self._url(repository, f"issues/{number}/comments")
         answer = self._send("POST", url, installation_id, {"body": body}, repeatable=False)
-        return int(_json(answer)["id"])
+        # A 201 of the wrong shape may still have stored the comment: Transient lets
+        # ``comments.post_once`` look for its marker before posting again.
+        return _read(answer, "a comment", _id)
 
     def find_comment_with(
         self, *, installation_id: int | None, repository: str, number: int, needle: str
@@ -101,9 +104,9 @@ class GitHubRest(app_hooks.AppHookCalls):
             if url is None:
                 break
             response = self._send("GET", url, installation_id)
-            for comment in _json(response):
-                if needle in (comment.get("body") or ""):
-                    return int(comment["id"])
+            found = _read(response, "a list of comments", lambda data: _find(data, needle))
+            if found is not None:
+                return found
             url = self._next_page(response)
         return None
 
@@ -115,9 +118,7 @@ class GitHubRest(app_hooks.AppHookCalls):
         response = self._send("GET", url, installation_id, missing_ok=True)
         if response.status_code == 404:
             return None
-        data = _json(response)
-        author = str((data.get("user") or {}).get("login", ""))  # null for some deleted users
-        return CommentText(comment_id=int(data["id"]), author_login=author, body=data["body"] or "")
+        return _read(response, "a comment", _comment_text)
 
     def add_reaction(
         self,
@@ -244,8 +245,35 @@ def _message(response: requests.Response) -> str:
         return ""
 
 
-def _json(response: requests.Response) -> Any:
+def _read(response: requests.Response, what: str, read: Callable[[Any], _T]) -> _T:
+    """``read`` applied to the JSON answer; ``Transient`` naming ``what`` was expected when the
+    answer is not JSON or not of that shape (a proxy's page, a changed API): a best-effort
+    side effect then fails alone, and the queue retries a task that needs the answer."""
     try:
-        return response.json()
-    except ValueError as exc:
-        raise Transient(f"GitHub {_call(response)}: the answer is not JSON") from exc
+        return read(response.json())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Transient(f"GitHub {_call(response)}: the answer is not {what}") from exc
+
+
+def _id(data: Any) -> int:
+    value = data["id"]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError("id is not an integer")
+    return value
+
+
+def _find(comments: Any, needle: str) -> int | None:
+    if not isinstance(comments, list):
+        raise TypeError("not a list")
+    for comment in comments:
+        if needle in (comment.get("body") or ""):
+            return _id(comment)
+    return None
+
+
+def _comment_text(data: Any) -> CommentText:
+    author = str((data.get("user") or {}).get("login", ""))  # null for some deleted users
+    body = data["body"] or ""
+    if not isinstance(body, str):
+        raise TypeError("body is not text")
+    return CommentText(comment_id=_id(data), author_login=author, body=body)
