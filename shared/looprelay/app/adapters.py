@@ -20,6 +20,7 @@ from looprelay.ports import (
     Clock,
     DispatchFeed,
     GitHub,
+    PollCursors,
     Queue,
     RunnerDirectory,
     RunnerRegistry,
@@ -71,6 +72,20 @@ def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegi
     from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
 
     return SqliteRunnerRegistry(_sqlite_path(config, data_dir))
+
+
+def open_poll_cursors(config: Config, *, data_dir: Path | None) -> PollCursors:
+    """Return the poll ingress's cursors next to the configured store.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore.poll_cursors import FirestorePollCursors
+
+        return FirestorePollCursors.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite.poll_cursors import SqlitePollCursors
+
+    return SqlitePollCursors(_sqlite_path(config, data_dir))
 
 
 def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemStore:
