@@ -522,15 +522,19 @@ class GitHubListings(Protocol):
         params: Mapping[str, str],
         etag: str = "",
         max_pages: int = 10,
+        back_to: datetime | None = None,
     ) -> Listing:
         """GET ``/repos/{repository}/{path}`` with ``params`` and ``per_page=100``, every
-        page up to ``max_pages``; with ``etag``, asked conditionally (a 304 costs no quota)."""
+        page up to ``max_pages``; with ``etag``, asked conditionally (a 304 costs no quota).
+        ``back_to``: the listing is newest first, and pages stop once one reaches an item
+        ``created_at`` before it."""
         ...
 
     def get_object(
         self, *, installation_id: int | None, repository: str, path: str = ""
-    ) -> dict[str, Any]:
-        """GET ``/repos/{repository}/{path}`` (the repository itself when ``path`` is empty)."""
+    ) -> dict[str, Any] | None:
+        """GET ``/repos/{repository}/{path}`` (the repository itself when ``path`` is empty);
+        None when GitHub answers 404 (deleted, or not visible to the credentials)."""
         ...
 
     def repository_installation(self, repository: str) -> int | None:

@@ -86,6 +86,15 @@ def advanced(cursor: PollCursor, moment: datetime | None) -> PollCursor:
 
 
 @dataclass(frozen=True)
+class PollTarget:
+    """The repository polled, as GitHub's ``GET /repos/{o}/{r}`` names it, and the App
+    installation serving it (None: token auth): every payload carries both, as a webhook's."""
+
+    repository: Mapping[str, Any]
+    installation_id: int | None = None
+
+
+@dataclass(frozen=True)
 class PolledDelivery:
     """A webhook delivery made from a listing item: what ingress projects and queues."""
 
@@ -100,8 +109,7 @@ def comment_delivery(
     item: Mapping[str, Any],
     *,
     issue: Mapping[str, Any],
-    repository: Mapping[str, Any],
-    installation_id: int | None,
+    target: PollTarget,
     since: datetime,
 ) -> PolledDelivery | None:
     """``issue_comment.created`` for an item of the issue comments listing on ``issue``;
@@ -111,8 +119,7 @@ def comment_delivery(
         f"poll-comment-{item.get('id')}",
         item,
         {"comment": dict(item), "issue": dict(issue)},
-        repository=repository,
-        installation_id=installation_id,
+        target=target,
         since=since,
     )
 
@@ -121,8 +128,7 @@ def review_comment_delivery(
     item: Mapping[str, Any],
     *,
     pull_request: Mapping[str, Any],
-    repository: Mapping[str, Any],
-    installation_id: int | None,
+    target: PollTarget,
     since: datetime,
 ) -> PolledDelivery | None:
     """``pull_request_review_comment.created`` for an item of the review comments listing."""
@@ -131,8 +137,7 @@ def review_comment_delivery(
         f"poll-review-comment-{item.get('id')}",
         item,
         {"comment": dict(item), "pull_request": dict(pull_request)},
-        repository=repository,
-        installation_id=installation_id,
+        target=target,
         since=since,
     )
 
@@ -141,8 +146,7 @@ def review_delivery(
     review: Mapping[str, Any],
     *,
     pull_request: Mapping[str, Any],
-    repository: Mapping[str, Any],
-    installation_id: int | None,
+    target: PollTarget,
     since: datetime,
 ) -> PolledDelivery | None:
     """``pull_request_review.submitted`` for a submitted review (the REST ``state`` is upper
@@ -156,8 +160,7 @@ def review_delivery(
         f"poll-review-{review.get('id')}",
         submitted,
         {"review": submitted, "pull_request": dict(pull_request)},
-        repository=repository,
-        installation_id=installation_id,
+        target=target,
         since=since,
         moment_key="submitted_at",
         action="submitted",
@@ -168,8 +171,7 @@ def issue_event_delivery(
     item: Mapping[str, Any],
     *,
     pull_request: Mapping[str, Any] | None,
-    repository: Mapping[str, Any],
-    installation_id: int | None,
+    target: PollTarget,
     since: datetime,
 ) -> PolledDelivery | None:
     """``issues.<action>`` (or ``pull_request.<action>`` with ``pull_request``, the full pull
@@ -185,17 +187,20 @@ def issue_event_delivery(
     payload: dict[str, Any] = {"action": action, "sender": item.get("actor")}
     if isinstance(item.get("label"), Mapping):
         payload["label"] = dict(item["label"])
+    # The webhook's issue or pull request is as of the change: its updated_at is the change's
+    # moment (``core.sameevent`` matches the two front doors' deliveries by it).
+    as_of = {"updated_at": item["created_at"]}
     if pull_request is not None:
         event = "pull_request"
-        payload["pull_request"] = dict(pull_request)
+        payload["pull_request"] = {**pull_request, **as_of}
         payload["number"] = pull_request.get("number")
     else:
         event = "issues"
-        payload["issue"] = dict(issue)
+        payload["issue"] = {**issue, **as_of}
     return PolledDelivery(
         event,
         f"poll-event-{item['id']}",
-        _stamped(payload, repository, installation_id),
+        _stamped(payload, target),
         happened,
     )
 
@@ -219,8 +224,7 @@ def _created(
     item: Mapping[str, Any],
     parts: dict[str, Any],
     *,
-    repository: Mapping[str, Any],
-    installation_id: int | None,
+    target: PollTarget,
     since: datetime,
     moment_key: str = "created_at",
     action: str = "created",
@@ -229,17 +233,13 @@ def _created(
     if created is None or created < since or not _is_id(item.get("id")):
         return None
     payload = {"action": action, **parts, "sender": item.get("user")}
-    return PolledDelivery(
-        event, delivery_id, _stamped(payload, repository, installation_id), created
-    )
+    return PolledDelivery(event, delivery_id, _stamped(payload, target), created)
 
 
-def _stamped(
-    payload: dict[str, Any], repository: Mapping[str, Any], installation_id: int | None
-) -> dict[str, Any]:
-    payload["repository"] = dict(repository)
-    if installation_id is not None:
-        payload["installation"] = {"id": installation_id}
+def _stamped(payload: dict[str, Any], target: PollTarget) -> dict[str, Any]:
+    payload["repository"] = dict(target.repository)
+    if target.installation_id is not None:
+        payload["installation"] = {"id": target.installation_id}
     return payload
 
 

@@ -11,10 +11,12 @@ A rate limit is never waited out here: ``RateLimited`` tells the poller how long
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from looprelay.adapters.github import auth as github_auth
+from looprelay.core.envelope import parse_moment
 from looprelay.errors import Permanent, RateLimited, Transient
 from looprelay.ports import Listing
 
@@ -58,6 +60,7 @@ class ListingCalls:
         params: Mapping[str, str],
         etag: str = "",
         max_pages: int = 10,
+        back_to: datetime | None = None,
     ) -> Listing:
         """See ``GitHubListings.list_all``. Raises ``ValueError`` for a ``repository`` not
         ``owner/name``, ``Transient`` when an answer is no list, and ``RateLimited`` (with the
@@ -81,16 +84,21 @@ class ListingCalls:
                 if response.status_code == 304:
                     return Listing(items=[], etag=etag, unchanged=True, quota_reset=reset)
                 first_etag, etag = response.headers.get("etag", ""), ""
-            items.extend(_objects(response))
+            page_items = _objects(response)
+            items.extend(page_items)
             url = self._next_page(response)
+            if back_to is not None and _reaches(page_items, back_to):
+                break
         return Listing(items=items, etag=first_etag, quota_reset=reset)
 
     def get_object(
         self, *, installation_id: int | None, repository: str, path: str = ""
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """See ``GitHubListings.get_object``; ``Transient`` when the answer is no object."""
         url = self._url(repository, path).rstrip("/")
-        response = self._send("GET", url, installation_id, patient=False)
+        response = self._send("GET", url, installation_id, patient=False, missing_ok=True)
+        if response.status_code == 404:
+            return None
         data = _decoded(response)
         if not isinstance(data, dict):
             raise Transient(f"GitHub GET {response.request.path_url}: the answer is no object")
@@ -110,6 +118,11 @@ class ListingCalls:
         if not isinstance(installation, int):
             raise Transient(f"GitHub GET /repos/{repository}/installation: no installation id")
         return installation
+
+
+def _reaches(items: list[dict[str, Any]], moment: datetime) -> bool:
+    times = [parse_moment(item.get("created_at")) for item in items]
+    return any(time is not None and time < moment for time in times)
 
 
 def _decoded(response: requests.Response) -> Any:

@@ -222,7 +222,7 @@ class GitHubRest(app_hooks.AppHookCalls, listings.ListingCalls):
             )
         if asked is not None and asked > self._max_wait:
             raise RateLimited(
-                f"GitHub {_call(response)}: HTTP {status}, asks to wait {asked:.0f} s",
+                f"GitHub {_call(response)}: HTTP {status}, rate-limited for {asked:.0f} s",
                 seconds=asked,
             )
         return asked
