@@ -32,7 +32,7 @@ from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
 from tests.samples import payload_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "status")
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "poller", "status")
 SECRET = "archive-test-secret"
 INSTALL_BUDGET_SECONDS = 180
 

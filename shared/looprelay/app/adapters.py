@@ -20,6 +20,7 @@ from looprelay.ports import (
     Clock,
     DispatchFeed,
     GitHub,
+    GitHubListings,
     PollCursors,
     Queue,
     RunnerDirectory,
@@ -226,6 +227,22 @@ def app_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHub:
             "the redelivery sweep needs GitHub App auth: set github.appId and "
             "github.privateKeyEnv (the name of an environment variable holding the App's "
             "private key); a token cannot list the App's deliveries"
+        )
+    from looprelay.adapters.github.rest import GitHubRest
+
+    return GitHubRest.from_config(config, environ)
+
+
+def poll_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHubListings:
+    """The GitHub client the poll ingress reads with (App or token auth).
+
+    Raises ``ConfigError`` when no credentials are configured, and as
+    ``GitHubRest.from_config`` does (naming the variable) when a secret is missing.
+    """
+    if config.app_id is None and config.token_env is None:
+        raise ConfigError(
+            "github.poll.repositories needs GitHub credentials to read them: set github.appId "
+            "and github.privateKeyEnv (App auth) or github.tokenEnv (token auth)"
         )
     from looprelay.adapters.github.rest import GitHubRest
 

@@ -16,9 +16,9 @@ comment is not a new comment, as the webhook's ``edited`` action is not one eith
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -245,3 +245,45 @@ def _stamped(payload: dict[str, Any], target: PollTarget) -> dict[str, Any]:
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+class PollRow(BaseModel):
+    """How far behind the poller is on one repository, for ``status``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repository: str
+    polled_at: datetime | None
+    """The oldest of its listings' last complete polls: everything before is routed."""
+    behind_seconds: int | None
+    """Seconds since then; None before a first complete poll."""
+    error: str = ""
+    failed_at: datetime | None = None
+    retry_at: datetime | None = None
+    """Backing off until then (GitHub's rate limit, or a refusal)."""
+
+
+def poll_rows(cursors: Sequence[PollCursor], *, now: datetime) -> list[PollRow]:
+    """One row per repository of ``cursors``, by name. Never raises."""
+    by_repository: dict[str, list[PollCursor]] = {}
+    for cursor in cursors:
+        by_repository.setdefault(cursor.repository, []).append(cursor)
+    rows = []
+    for repository, listed in sorted(by_repository.items()):
+        polled = [c.polled_at for c in listed]
+        oldest = None if None in polled else min(p for p in polled if p is not None)
+        failed = max(listed, key=lambda c: c.failed_at or datetime.min.replace(tzinfo=UTC))
+        retry = [c.retry_at for c in listed if c.retry_at is not None and c.retry_at > now]
+        rows.append(
+            PollRow(
+                repository=repository,
+                polled_at=oldest,
+                behind_seconds=None
+                if oldest is None
+                else max(int((now - oldest).total_seconds()), 0),
+                error=failed.error if failed.failed_at and failed.error else "",
+                failed_at=failed.failed_at if failed.error else None,
+                retry_at=max(retry, default=None),
+            )
+        )
+    return rows
