@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from looprelay import deadlines
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.errors import Permanent, Transient
 from looprelay.service.poller import Poller
@@ -15,6 +16,10 @@ log = logging.getLogger("looprelay.service.poller")
 
 JOIN_SECONDS = 30.0
 """How long stopping waits for a round in progress (its calls have GitHub's timeouts)."""
+ROUND_BUDGET_SECONDS = 90.0
+"""A scheduled round's time budget (``deadlines``), 30 s under the poller function's 120 s
+timeout (infra/main.tf): a call that cannot finish in it fails its repository's poll, whose
+cursors stay, instead of the platform cutting the round off mid-write."""
 
 
 class PollLoop:
@@ -59,7 +64,8 @@ class PollHandler:
         if request.method != "POST":
             return json_response(405, {"error": "only POST is accepted here"})
         try:
-            reports = self._poller.run()
+            with deadlines.within(ROUND_BUDGET_SECONDS):
+                reports = self._poller.run()
         except Transient as exc:
             log.warning("poll round failed, the scheduler will run it again: %s", exc)
             return json_response(503, {"error": "transient failure; retry"})
