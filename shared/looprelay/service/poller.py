@@ -295,6 +295,7 @@ class Poller:
             wait = max(exc.seconds, self._config.interval_seconds)
             return self._failed(repository, cursors, now, exc, now + timedelta(seconds=wait))
         except Permanent as exc:
+            self._targets.pop(repository, None)  # the App may be installed anew meanwhile
             return self._failed(repository, cursors, now, exc, now + PERMANENT_BACKOFF)
         except Transient as exc:
             return self._failed(repository, cursors, now, exc, None)
