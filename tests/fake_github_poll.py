@@ -70,6 +70,7 @@ class FakeIssue:
     state: str = "open"
     labels: list[str] = field(default_factory=list)
     head_ref: str = "feature"
+    body: str = ""
 
 
 @dataclass
@@ -92,12 +93,20 @@ class PollListings:
     # -- what tests do on "GitHub" --------------------------------------------------------
 
     def open_issue(
-        self, number: int, *, title: str = "A bug", author: str = "codertocat", pull: bool = False
+        self,
+        number: int,
+        *,
+        title: str = "A bug",
+        author: str = "codertocat",
+        pull: bool = False,
+        body: str = "",
     ) -> FakeIssue:
         """Open issue (or pull request) ``number`` of ``repository``."""
         with self.fake._lock:
             now = self._now()
-            issue = FakeIssue(self.repository, number, title, author, now, now, pull=pull)
+            issue = FakeIssue(
+                self.repository, number, title, author, now, now, pull=pull, body=body
+            )
             self.issues[(self.repository, number)] = issue
             return issue
 
@@ -300,6 +309,7 @@ class PollListings:
             "id": issue.number + 5_000_000,
             "number": issue.number,
             "title": issue.title,
+            "body": issue.body,
             "state": issue.state,
             "user": user(issue.author),
             "labels": [{"name": name} for name in issue.labels],
@@ -318,7 +328,7 @@ class PollListings:
         return {
             "number": issue.number,
             "title": issue.title,
-            "body": "",
+            "body": issue.body,
             "state": issue.state,
             "merged": False,
             "draft": False,

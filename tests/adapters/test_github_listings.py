@@ -108,13 +108,10 @@ def test_with_app_auth_a_polled_comment_carries_the_repositorys_installation(
 
     [report] = poller.run()
 
-    assert report.queued == 1 and report.error == ""
-    [body] = embedded_queue_harness.held().values()
-    envelope = Envelope.model_validate_json(body)
-    assert (envelope.delivery_id, envelope.installation_id) == (
-        f"poll-comment-{comment_id}",
-        INSTALLATION_ID,
-    )
+    assert report.queued >= 1 and report.error == ""
+    queued = [Envelope.model_validate_json(b) for b in embedded_queue_harness.held().values()]
+    [envelope] = [e for e in queued if e.delivery_id == f"poll-comment-{comment_id}"]
+    assert envelope.installation_id == INSTALLATION_ID
     [asked] = fake_github.calls("GET", r"/installation$")
     assert asked.headers["authorization"].startswith("Bearer ey")  # the App's JWT
     listing = fake_github.calls("GET", r"/issues/comments$")[-1]

@@ -19,6 +19,7 @@ from looprelay.core.poll import (
     comment_delivery,
     issue_event_delivery,
     new_cursor,
+    opened_delivery,
     poll_rows,
     review_comment_delivery,
     review_delivery,
@@ -120,6 +121,28 @@ def test_a_label_event_on_a_pull_request_is_a_pull_request_delivery() -> None:
     assert (polled.event, polled.action, polled.label) == ("pull_request", "labeled", "bug")
     assert polled.pull_request is not None
     assert polled.pull_request.number == pr_data["number"]
+
+
+def test_a_polled_opened_issue_is_the_webhooks_opened_delivery() -> None:
+    data, target = _webhook("issues.opened")
+    listed = data["issue"] | {"updated_at": "2019-05-16T09:00:00Z"}  # as listed later
+    found = opened_delivery(listed, pull_request=None, target=target, since=LONG_AGO)
+    webhook = data | {"issue": data["issue"] | {"updated_at": data["issue"]["created_at"]}}
+
+    _same_but_the_id(_polled(found), _project("issues", "guid-8", webhook))
+
+
+def test_a_polled_opened_pull_request_is_the_webhooks_opened_pull_request() -> None:
+    data, target = _webhook("pull_request.opened")
+    pull = data["pull_request"]
+    listed = {"id": 9, "number": data["number"], "created_at": pull["created_at"]}
+    listed |= {"user": pull["user"], "pull_request": {"url": pull["url"]}}
+    found = opened_delivery(listed, pull_request=pull, target=target, since=LONG_AGO)
+    webhook = data | {"pull_request": pull | {"updated_at": pull["created_at"]}}
+
+    polled = _polled(found)
+    _same_but_the_id(polled, _project("pull_request", "guid-9", webhook))
+    assert event_identity(polled) == event_identity(_project("pull_request", "g", data))
 
 
 @pytest.mark.parametrize("action", ["assigned", "mentioned", "referenced"])

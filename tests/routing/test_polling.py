@@ -90,7 +90,9 @@ class Polling:
         return self.poller
 
     def poll(self) -> RepositoryPoll:
-        """Poll once, then hand every new task to the worker, in order, as the queue does."""
+        """A second later (what the test did on GitHub is past), poll once, then hand every
+        new task to the worker, in order, as the queue does."""
+        self.clock.advance(1)
         [report] = self.poller.run()
         fresh = [(name, body) for name, body in self.queue.held().items() if name not in self.sent]
         envelopes = sorted(
@@ -128,7 +130,7 @@ def test_a_label_a_comment_and_a_review_reach_the_session_with_no_webhook(
     fake, relay = polling.relay.github.poll, polling.relay
     fake.open_issue(1)
     fake.open_issue(2, pull=True, title="Fix the bug").head_ref = "issue-1-fix"
-    assert polling.poll().queued == 0  # first sight: nothing happened yet
+    assert polling.poll().queued == 0  # first sight: what is there already is no news
 
     fake.label(1, AUTO_LABEL)
     polling.poll()
@@ -145,6 +147,22 @@ def test_a_label_a_comment_and_a_review_reach_the_session_with_no_webhook(
     assert polling.settled[f"poll-review-{review_id}"] == "dispatched"
     [delivered] = [d for d in relay.dispatches(1) if d.delivery_id == f"poll-review-{review_id}"]
     assert delivered.kind == "deliver" and "rename the helper" in delivered.prompt
+
+
+def test_a_pull_request_opened_closing_the_issue_is_linked_to_its_work_item(
+    polling: Polling,
+) -> None:
+    fake, relay = polling.relay.github.poll, polling.relay
+    fake.open_issue(1)
+    polling.poll()
+    relay.given_armed(1)
+
+    fake.open_issue(3, pull=True, title="The fix", body="Closes #1")
+    polling.poll()
+
+    opened = [d for d in polling.settled if d.startswith("poll-opened-")]
+    assert len(opened) == 1
+    assert relay.must_item(1).pull_requests == [f"github:{REPO}#3"]
 
 
 def test_a_poll_with_nothing_new_is_answered_304_and_queues_nothing(polling: Polling) -> None:

@@ -8,10 +8,11 @@ synthetic delivery id (``poll-comment-<id>``...), so the ledger settles an item 
 once. A webhook delivery of the same event has another id (GitHub's GUID); the router tells the
 two apart by the event's identity (``core.sameevent``).
 
-Which items count: a comment or review created, and an issue event (labeled, unlabeled,
-closed, reopened: the repository's issue events listing, which names the actor the policy
-judges) that happened, at or after the listing's cursor minus the overlap. An edit of an older
-comment is not a new comment, as the webhook's ``edited`` action is not one either.
+Which items count: an issue or pull request opened, a comment or review created, and an issue
+event (labeled, unlabeled, closed, reopened: the repository's issue events listing, which names
+the actor the policy judges) that happened, at or after the listing's cursor minus the overlap.
+An edit of an older comment is not a new comment, as the webhook's ``edited`` action is not one
+either.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from looprelay.core.envelope import parse_moment
 
 ISSUES = "issues"
-"""``GET /repos/{o}/{r}/issues?since=&state=all``: the issues and pull requests that changed;
-the pull requests' reviews are read from it."""
+"""``GET /repos/{o}/{r}/issues?since=&state=all``: the issues and pull requests that changed
+(those opened since are ``opened`` deliveries); the pull requests' reviews are read from it."""
 ISSUE_EVENTS = "issue-events"
 """``GET /repos/{o}/{r}/issues/events``: labels added and removed, closes and reopens."""
 ISSUE_COMMENTS = "issue-comments"
@@ -51,6 +52,8 @@ class PollCursor(BaseModel):
     repository: str
     """``owner/repo``, lower-case."""
     listing: str
+    began: datetime
+    """When polling of this listing began, to the second: nothing before it is routed."""
     since: datetime
     """The newest moment routed from this listing (at first sight: when polling began)."""
     etag: str = ""
@@ -67,15 +70,16 @@ class PollCursor(BaseModel):
 
 
 def new_cursor(repository: str, listing: str, *, now: datetime) -> PollCursor:
-    """A listing seen for the first time: nothing before ``now`` is routed (a repository's
-    whole history is no backlog to replay)."""
-    return PollCursor(repository=repository.lower(), listing=listing, since=now)
+    """A listing seen for the first time: nothing before ``now`` (to the second, as GitHub's
+    times) is routed: a repository's history is no backlog to replay."""
+    began = now.replace(microsecond=0)
+    return PollCursor(repository=repository.lower(), listing=listing, began=began, since=began)
 
 
 def listing_since(cursor: PollCursor, *, overlap: timedelta) -> datetime:
     """The ``since`` a poll asks for: the cursor minus the overlap, so an item GitHub lists
-    late (its search index trails its writes) is still seen."""
-    return cursor.since - overlap
+    late (its search index trails its writes) is still seen; never before polling began."""
+    return max(cursor.since - overlap, cursor.began)
 
 
 def advanced(cursor: PollCursor, moment: datetime | None) -> PollCursor:
@@ -203,6 +207,32 @@ def issue_event_delivery(
         _stamped(payload, target),
         happened,
     )
+
+
+def opened_delivery(
+    issue: Mapping[str, Any],
+    *,
+    pull_request: Mapping[str, Any] | None,
+    target: PollTarget,
+    since: datetime,
+) -> PolledDelivery | None:
+    """``issues.opened`` for an item of the issues listing created at or after ``since`` (or
+    ``pull_request.opened`` with ``pull_request``, the full pull request it is); None for an
+    older or malformed one."""
+    created = parse_moment(issue.get("created_at"))
+    if created is None or created < since or not _is_id(issue.get("id")):
+        return None
+    # As the webhook's: the item as it was opened (``core.sameevent`` matches by the moment).
+    as_of = {"updated_at": issue["created_at"]}
+    payload: dict[str, Any] = {"action": "opened", "sender": issue.get("user")}
+    if pull_request is not None:
+        event = "pull_request"
+        payload["pull_request"] = {**pull_request, **as_of}
+        payload["number"] = pull_request.get("number")
+    else:
+        event = "issues"
+        payload["issue"] = {**issue, **as_of}
+    return PolledDelivery(event, f"poll-opened-{issue['id']}", _stamped(payload, target), created)
 
 
 def issue_number(item: Mapping[str, Any], url_key: str) -> int | None:

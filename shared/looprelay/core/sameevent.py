@@ -10,7 +10,7 @@ The identity:
 - a label added or removed: the label, the action, and the moment of the change (the issue's or
   pull request's ``updated_at`` in the webhook payload; the issue event's ``created_at`` in a
   poll), equal within ``SAME_MOMENT``, as GitHub's times have whole seconds;
-- a close or reopen: the action and the moment, the same way.
+- an open, close or reopen: the action and the moment, the same way.
 
 Anything else has none and is never taken for another delivery. A work item remembers its last
 ``MAX_APPLIED`` deliveries: a webhook delivery and the poll of it arrive within a poll interval
@@ -31,7 +31,7 @@ SAME_EVENT = "ignored:same-event"
 """The outcome of a delivery whose event a work item already applied under another id."""
 SAME_MOMENT = timedelta(seconds=1)
 _LABEL_ACTIONS = frozenset({"labeled", "unlabeled"})
-_STATE_ACTIONS = frozenset({"closed", "reopened"})
+_STATE_ACTIONS = frozenset({"opened", "closed", "reopened"})
 _COMMENT_KINDS = {
     "issue_comment": "issue-comment",
     "pull_request_review_comment": "review-comment",

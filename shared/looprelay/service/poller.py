@@ -5,8 +5,8 @@ queue, worker, policy and order as the webhook's. No public URL is needed.
 One poll of a repository reads, each asked conditionally with the ETag of its last answer (a
 304 costs no rate limit) and since its cursor minus ``github.poll.overlapSeconds``:
 
-1. ``issues?since=&state=all``: what changed; the reviews of each pull request in it
-   (``pulls/{n}/reviews``);
+1. ``issues?since=&state=all``: what changed, and what was opened; the reviews of each pull
+   request in it (``pulls/{n}/reviews``);
 2. ``issues/events``: labels added and removed, closes and reopens, with who did them;
 3. ``issues/comments?since=``; 4. ``pulls/comments?since=``.
 
@@ -52,6 +52,7 @@ from looprelay.core.poll import (
     issue_number,
     listing_since,
     new_cursor,
+    opened_delivery,
     review_comment_delivery,
     review_delivery,
 )
@@ -150,12 +151,11 @@ class _Reading:
                 continue
             self._items.issues[number] = issue
             pull = self._items.pull(number) if is_pull_request(issue) else None
-            if pull is None:
-                continue
-            for review in self._reviews(number):
-                self._add(
-                    review_delivery(review, pull_request=pull, since=since, target=self._target)
-                )
+            if pull is None and is_pull_request(issue):
+                continue  # deleted meanwhile
+            self._add(opened_delivery(issue, pull_request=pull, since=since, target=self._target))
+            if pull is not None:
+                self._add_reviews(number, pull, since)
         self._advance(ISSUES, changed, "updated_at")
 
     def issue_events(self, since: datetime) -> None:
@@ -229,13 +229,15 @@ class _Reading:
         read.cursors[listing] = cursor.model_copy(update={"etag": found.etag, "etag_url": request})
         return found.items
 
-    def _reviews(self, number: int) -> list[dict[str, Any]]:
-        return self._github.list_all(
+    def _add_reviews(self, number: int, pull: Mapping[str, Any], since: datetime) -> None:
+        reviews = self._github.list_all(
             installation_id=self._target.installation_id,
             repository=self._repository,
             path=f"pulls/{number}/reviews",
             params={},
         ).items
+        for review in reviews:
+            self._add(review_delivery(review, pull_request=pull, since=since, target=self._target))
 
     def _advance(self, listing: str, items: Iterable[Mapping[str, Any]], key: str) -> None:
         moments = [m for item in items if (m := parse_moment(item.get(key))) is not None]

@@ -14,7 +14,7 @@ from looprelay.adapters.firestore.common import open_client, translated, utc
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.poll import PollCursor
 
-_TIME_FIELDS = ("since", "polled_at", "failed_at", "retry_at")
+_TIME_FIELDS = ("began", "since", "polled_at", "failed_at", "retry_at")
 
 
 class FirestorePollCursors:
