@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.fake_harness import wait_until
@@ -90,6 +91,9 @@ def test_a_label_and_a_start_comment_polled_become_a_spawn_and_status_shows_the_
     text = cli("status", "--config", str(config), "--data", str(up.data_dir)).stdout
     assert "POLLING" in text and REPOSITORY in text
     assert f"polling       {REPOSITORY} every 5 s" in up.stderr_path.read_text()
+    page = requests.get(up.webhook_url.removesuffix("/webhook") + "/status", timeout=30)
+    assert page.status_code == 200
+    assert '<table id="polling">' in page.text and f'data-repository="{REPOSITORY}"' in page.text
 
 
 def test_up_refuses_polling_without_github_credentials(tmp_path: Path) -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from looprelay import deadlines
-from looprelay.app.messages import Request, Response, json_response
-from looprelay.errors import Permanent, Transient
+from looprelay.app.messages import Request, Response
+from looprelay.app.scheduled import scheduled_round
 from looprelay.service.poller import Poller
 
 log = logging.getLogger("looprelay.service.poller")
@@ -53,26 +54,21 @@ class PollLoop:
 
 
 class PollHandler:
-    """The ``poller`` function's face: one round per POST from Cloud Scheduler, its reports
-    as JSON; 503 when the store should be retried, never raises."""
+    """The ``poller`` function's face (``app.scheduled``): one round per POST from Cloud
+    Scheduler, within ``ROUND_BUDGET_SECONDS``, each repository's report as JSON."""
 
     def __init__(self, poller: Poller) -> None:
         self._poller = poller
 
     def handle(self, request: Request) -> Response:
-        """Poll once for a POST."""
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
-        try:
-            with deadlines.within(ROUND_BUDGET_SECONDS):
-                reports = self._poller.run()
-        except Transient as exc:
-            log.warning("poll round failed, the scheduler will run it again: %s", exc)
-            return json_response(503, {"error": "transient failure; retry"})
-        except Permanent as exc:
-            log.error("poll round failed: %s", exc)
-            return json_response(500, {"error": str(exc)})
-        answer = {
+        """Poll once for a POST; never raises."""
+        return scheduled_round(request, self._round, what="poll round", log=log)
+
+    def _round(self) -> dict[str, Any]:
+        with deadlines.within(ROUND_BUDGET_SECONDS):
+            reports = self._poller.run()
+        return {
+            "queued": sum(r.queued for r in reports),
             "repositories": [
                 {
                     "repository": r.repository,
@@ -83,7 +79,5 @@ class PollHandler:
                     "skipped": r.skipped,
                 }
                 for r in reports
-            ]
+            ],
         }
-        log.info("poll round done", extra={"fields": {"queued": sum(r.queued for r in reports)}})
-        return json_response(200, answer)
