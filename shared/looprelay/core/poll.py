@@ -191,22 +191,8 @@ def issue_event_delivery(
     payload: dict[str, Any] = {"action": action, "sender": item.get("actor")}
     if isinstance(item.get("label"), Mapping):
         payload["label"] = dict(item["label"])
-    # The webhook's issue or pull request is as of the change: its updated_at is the change's
-    # moment (``core.sameevent`` matches the two front doors' deliveries by it).
-    as_of = {"updated_at": item["created_at"]}
-    if pull_request is not None:
-        event = "pull_request"
-        payload["pull_request"] = {**pull_request, **as_of}
-        payload["number"] = pull_request.get("number")
-    else:
-        event = "issues"
-        payload["issue"] = {**issue, **as_of}
-    return PolledDelivery(
-        event,
-        f"poll-event-{item['id']}",
-        _stamped(payload, target),
-        happened,
-    )
+    event = _as_of(payload, issue, pull_request, item["created_at"])
+    return PolledDelivery(event, f"poll-event-{item['id']}", _stamped(payload, target), happened)
 
 
 def opened_delivery(
@@ -222,16 +208,8 @@ def opened_delivery(
     created = parse_moment(issue.get("created_at"))
     if created is None or created < since or not _is_id(issue.get("id")):
         return None
-    # As the webhook's: the item as it was opened (``core.sameevent`` matches by the moment).
-    as_of = {"updated_at": issue["created_at"]}
     payload: dict[str, Any] = {"action": "opened", "sender": issue.get("user")}
-    if pull_request is not None:
-        event = "pull_request"
-        payload["pull_request"] = {**pull_request, **as_of}
-        payload["number"] = pull_request.get("number")
-    else:
-        event = "issues"
-        payload["issue"] = {**issue, **as_of}
+    event = _as_of(payload, issue, pull_request, issue["created_at"])
     return PolledDelivery(event, f"poll-opened-{issue['id']}", _stamped(payload, target), created)
 
 
@@ -264,6 +242,23 @@ def _created(
         return None
     payload = {"action": action, **parts, "sender": item.get("user")}
     return PolledDelivery(event, delivery_id, _stamped(payload, target), created)
+
+
+def _as_of(
+    payload: dict[str, Any],
+    issue: Mapping[str, Any],
+    pull_request: Mapping[str, Any] | None,
+    moment: str,
+) -> str:
+    """Put the issue (or the pull request it is) in ``payload`` as of the change at
+    ``moment``, as the webhook's payload has it: its ``updated_at`` is the change's (by which
+    ``core.sameevent`` matches the two front doors' deliveries); return the event."""
+    if pull_request is None:
+        payload["issue"] = {**issue, "updated_at": moment}
+        return "issues"
+    payload["pull_request"] = {**pull_request, "updated_at": moment}
+    payload["number"] = pull_request.get("number")
+    return "pull_request"
 
 
 def _stamped(payload: dict[str, Any], target: PollTarget) -> dict[str, Any]:
