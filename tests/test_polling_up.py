@@ -102,3 +102,12 @@ def test_up_refuses_polling_without_github_credentials(tmp_path: Path) -> None:
     started = cli("up", "--config", str(config), "--data", str(tmp_path / "data"), "--port", "0")
     assert started.returncode != 0
     assert "github.poll.repositories needs GitHub credentials" in started.stderr
+
+
+@pytest.mark.parametrize("named", ["widgets", "octo/widgets/extra", "octo/.."])
+def test_a_polled_repository_not_owner_repo_is_refused_by_name(tmp_path: Path, named: str) -> None:
+    config = tmp_path / "looprelay.yaml"
+    config.write_text(f'github:\n  poll:\n    repositories: ["{named}"]\n')
+    checked = cli("config", "validate", str(config))
+    assert checked.returncode != 0
+    assert "github.poll.repositories" in checked.stderr and "is not owner/repo" in checked.stderr
