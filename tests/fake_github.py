@@ -18,6 +18,8 @@ reactions", "Generating an installation access token for a GitHub App"):
   App's calls carry ``x-ratelimit-*`` headers and once it is spent answer 403 until a test
   refills it, as GitHub's primary rate limit does.
 
+``fake.poll`` serves the listings the poll ingress reads (``tests/fake_github_poll.py``).
+
 Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
 chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
 """
@@ -41,6 +43,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.fake_github_poll import PollListings
 from tests.loopback import LoopbackServer
 
 REPOSITORY = "octo/widgets"
@@ -182,6 +185,9 @@ class FakeGitHub:
         self._listing: _Listing | None = None
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
+        self.poll = PollListings(
+            self, REPOSITORY
+        )  # the poll ingress's listings (tests/fake_github_poll.py)
 
     @property
     def url(self) -> str:
@@ -294,7 +300,8 @@ class FakeGitHub:
                     return _error(404, "Not Found")
                 handler: Callable[..., Answer] = getattr(self, name)
                 return handler(request, login, **match.groupdict())
-        return _error(404, "Not Found")
+        listed = self.poll.route(request)
+        return listed if listed is not None else _error(404, "Not Found")
 
     def _as_app(self, request: RecordedRequest, name: str, args: dict[str, str]) -> Answer:
         _, _, token = request.headers.get("authorization", "").partition(" ")

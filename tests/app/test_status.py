@@ -196,8 +196,9 @@ class TestWhatItShows:
         view = response.json()
         assert set(view) == {
             "generated_at", "totals", "runners", "sessions", "dispatches", "deliveries",
-            "replays",
+            "replays", "polling",
         }  # fmt: skip
+        assert view["polling"] == []  # no github.poll.repositories
         [runner] = view["runners"]
         assert (runner["runner_id"], runner["state"], runner["capacity"]) == ("r-laptop", "live", 3)
         # The server gave this runner no session slot (the seed writes the session directly):

@@ -90,6 +90,11 @@ def _banner(stack: Any, insecure: bool) -> str:
         f"  secret        {source.description}"
         + (" (generated now, mode 0600)" if source.generated else ""),
     ]
+    poll = stack.config.github.poll
+    if poll.repositories:
+        lines.append(
+            f"  polling       {', '.join(poll.repositories)} every {poll.interval_seconds:g} s"
+        )
     if insecure:
         lines.append("  WARNING       signatures are NOT verified (--insecure-no-verify)")
     user, caveat = _try_it_user(stack.config)

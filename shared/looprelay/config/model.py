@@ -52,6 +52,43 @@ def _check_env_name(name: str) -> str:
     return name
 
 
+# Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
+REPOSITORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
+
+
+class PollConfig(_Section):
+    """The poll ingress: GitHub's REST listings read on a schedule, no public URL needed
+    (docs/polling.md)."""
+
+    repositories: list[str] = Field(
+        default_factory=list,
+        description="Repositories (`owner/repo`) whose issues, pull requests, comments and "
+        "reviews are polled, instead of or beside the webhook. Empty: no polling.",
+    )
+    interval_seconds: float = Field(
+        default=30.0,
+        ge=5,
+        le=3600,
+        description="Seconds between polls of each repository under `looprelay up` (the "
+        "cloud's poller runs on `poller_schedule` in infra/).",
+    )
+    overlap_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="Each listing asks for changes since its cursor minus this much, so an "
+        "item GitHub lists late is not missed; what is listed twice is deduplicated.",
+    )
+
+    @field_validator("repositories")
+    @classmethod
+    def _repository_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not REPOSITORY_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not owner/repo")
+        return list(dict.fromkeys(names))
+
+
 class GitHubConfig(_Section):
     """How looprelay talks to GitHub and proves deliveries came from it."""
 
@@ -72,6 +109,9 @@ class GitHubConfig(_Section):
     token_env: str | None = Field(
         default=None,
         description="Environment variable holding a token, instead of App auth (local use).",
+    )
+    poll: PollConfig = Field(
+        default_factory=PollConfig, description="Polling GitHub instead of, or beside, the webhook."
     )
 
     @field_validator("webhook_secrets")

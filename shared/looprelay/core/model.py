@@ -247,6 +247,10 @@ class AppliedDelivery(BaseModel):
     outcome: str
     detail: str = Field(default="", max_length=MAX_DETAIL_CHARS)
     dispatch_ids: list[str] = Field(default_factory=list)
+    event_key: str = ""
+    event_at: datetime | None = None
+    """The identity of the event it carried (``core.sameevent``), so the same event through
+    the other front door (webhook or poll) is not applied twice; empty when it has none."""
 
 
 class WorkItemRecord(BaseModel):

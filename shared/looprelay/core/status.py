@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from looprelay.core.attach import attach_command, runner_socket
 from looprelay.core.model import (
@@ -22,6 +22,7 @@ from looprelay.core.model import (
     SessionRecord,
     WorkItemRecord,
 )
+from looprelay.core.poll import PollCursor, PollRow, poll_rows
 from looprelay.core.scheduling import runner_state, waiting_reasons
 from looprelay.core.workitems import parse_ref
 
@@ -154,6 +155,8 @@ class StatusView(_Row):
     dispatches: list[DispatchRow]
     deliveries: list[DeliveryRow]
     replays: list[ReplayRow]
+    polling: list[PollRow] = Field(default_factory=list)
+    """Each polled repository: how far behind the poll ingress is (``core.poll``)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ class StatusInputs:
     command_args: Sequence[str] = ()
     holding: Mapping[str, Collection[str]] = field(default_factory=dict)
     """Runner id -> the session endpoints the server gave it (its used capacity)."""
+    poll_cursors: Sequence[PollCursor] = ()
 
 
 def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) -> StatusView:
@@ -214,6 +218,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         dispatches=dispatches,
         deliveries=[delivery_row(d) for d in inputs.deliveries],
         replays=replays,
+        polling=poll_rows(inputs.poll_cursors, now=now),
     )
 
 

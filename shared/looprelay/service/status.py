@@ -20,7 +20,7 @@ from looprelay.core.deliveries import DeliveryPage, build_delivery_page, fold_de
 from looprelay.core.model import DISPATCH_OPEN
 from looprelay.core.resend import is_interrupted, resend_id
 from looprelay.core.status import StatusInputs, StatusView, build_status
-from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, PollCursors, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.lease_desk import leasable_heads
 
 RECENT_DELIVERIES = 50
@@ -69,8 +69,11 @@ class StatusReader:
         clock: Clock,
         lost_after: timedelta,
         command_args: Sequence[str] = (),
+        poll_cursors: PollCursors | None = None,
     ) -> None:
-        """``command_args`` follow every replay command the view shows (``--data DIR``)."""
+        """``command_args`` follow every replay command the view shows (``--data DIR``);
+        ``poll_cursors`` (when the poll ingress is configured) say how far behind it is."""
+        self._poll_cursors = poll_cursors
         self._store = store
         self._items = work_items
         self._runners = runners
@@ -102,6 +105,7 @@ class StatusReader:
             failed_dispatches=list(reversed(interrupted)),
             command_args=self._command_args,
             holding={r.runner_id: self._items.held_sessions(r.runner_id) for r in runners},
+            poll_cursors=self._poll_cursors.list_poll_cursors() if self._poll_cursors else (),
         )
         return build_status(inputs, now=now, lost_after=self._lost_after)
 
@@ -223,6 +227,22 @@ def render_text(view: StatusView) -> str:
             [(r.kind, r.id, r.subject, ago(r.at, now), r.command) for r in view.replays],
         ),
     ]
+    if view.polling:
+        sections.append(
+            _section(
+                "POLLING",
+                ("REPOSITORY", "LAST POLLED", "BACKING OFF", "ERROR"),
+                [
+                    (
+                        p.repository,
+                        ago(p.polled_at, now),
+                        f"until {p.retry_at.isoformat(timespec='seconds')}" if p.retry_at else "",
+                        p.error,
+                    )
+                    for p in view.polling
+                ],
+            )
+        )
     return "\n\n".join(sections) + "\n"
 
 

@@ -4,7 +4,6 @@ for issue comments" and "... for reactions", version 2022-11-28)."""
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -14,10 +13,10 @@ import requests
 from requests.exceptions import ChunkedEncodingError
 
 from looprelay import deadlines
-from looprelay.adapters.github import app_hooks
+from looprelay.adapters.github import app_hooks, listings
 from looprelay.adapters.github import auth as github_auth
-from looprelay.config.model import GitHubConfig
-from looprelay.errors import Permanent, Transient
+from looprelay.config.model import REPOSITORY_NAME, GitHubConfig
+from looprelay.errors import Permanent, RateLimited, Transient
 from looprelay.ports import CommentText
 
 PER_PAGE = 100  # the most GitHub lists per page
@@ -27,8 +26,6 @@ MIN_ATTEMPT_SECONDS = 0.5
 """An attempt is not started with less of the task's time budget left."""
 REACTION_PATHS = {"issue": "issues/comments", "review": "pulls/comments"}
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
-# Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
-_REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
 _RETRYABLE = (Transient, requests.ConnectionError, requests.Timeout, ChunkedEncodingError)
 # Failures before the request left: the auth exchange, or no connection made at all.
 _NOT_SENT = (Transient, requests.ConnectTimeout)
@@ -42,7 +39,7 @@ _HINTS = {
 }
 
 
-class GitHubRest(app_hooks.AppHookCalls):
+class GitHubRest(app_hooks.AppHookCalls, listings.ListingCalls):
     """The ``GitHub`` port over HTTPS. Every method raises ``ValueError`` for a ``repository``
     not ``owner/name``, ``Permanent`` (naming method, path, status) on a 4xx that is no rate
     limit, and ``Transient`` when its retry budget is spent: ``max_attempts`` (4) attempts per
@@ -137,7 +134,7 @@ class GitHubRest(app_hooks.AppHookCalls):
         self._send("POST", url, installation_id, {"content": content})
 
     def _url(self, repository: str, rest: str) -> str:
-        if not _REPOSITORY.fullmatch(repository):
+        if not REPOSITORY_NAME.fullmatch(repository):
             raise ValueError(f"repository {repository!r} is not owner/name")
         return f"{self._api_url}/repos/{repository}/{rest}"
 
@@ -158,16 +155,20 @@ class GitHubRest(app_hooks.AppHookCalls):
         as_app: bool = False,
         repeatable: bool = True,
         patient: bool = True,
+        etag: str = "",
     ) -> requests.Response:
         """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``;
         not ``repeatable``: only repeated when GitHub surely did not carry it out; not
-        ``patient``: a rate limit raises ``Transient`` at once instead of being waited out."""
+        ``patient``: a rate limit raises ``RateLimited`` at once instead of being waited out;
+        ``etag``: asked with ``If-None-Match``, and 304 Not Modified is an answer."""
+        conditional = {"If-None-Match": etag} if etag else {}
         call = f"{method} {urlsplit(url).path}"
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
             timeout = self._attempt_timeout(call)
             try:
                 headers = self._app_headers() if as_app else self._auth.headers(installation)
+                headers = headers | conditional
                 response = self._session.request(
                     method, url, headers=headers, json=payload, timeout=timeout
                 )
@@ -176,11 +177,14 @@ class GitHubRest(app_hooks.AppHookCalls):
                 if not repeatable and not isinstance(exc, _NOT_SENT):
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}") from exc
             else:
-                if response.status_code < 300 or (response.status_code == 404 and missing_ok):
+                status = response.status_code
+                if status < 300 or (status == 404 and missing_ok) or (status == 304 and etag):
                     return response
                 failure, asked = f"HTTP {response.status_code}", self._retry_wait(response)
                 if not patient and asked is not None:
-                    raise Transient(f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s")
+                    raise RateLimited(
+                        f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s", seconds=asked
+                    )
                 if not repeatable and response.status_code >= 500:
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}")
             if attempt < self._max_attempts:
@@ -218,7 +222,10 @@ class GitHubRest(app_hooks.AppHookCalls):
                 f"GitHub {_call(response)}: HTTP {status} {_message(response)!r}; {hint}"
             )
         if asked is not None and asked > self._max_wait:
-            raise Transient(f"GitHub {_call(response)}: HTTP {status}, asks to wait {asked:.0f} s")
+            raise RateLimited(
+                f"GitHub {_call(response)}: HTTP {status}, rate-limited for {asked:.0f} s",
+                seconds=asked,
+            )
         return asked
 
 
