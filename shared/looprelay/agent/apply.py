@@ -22,8 +22,7 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
-from looprelay.agent import harness
-from looprelay.agent.headless import parse_turn
+from looprelay.agent import harness, harnesses
 from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
 from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
@@ -303,8 +302,8 @@ class Applier:
             prompt=d.prompt,
             timeout_seconds=self.headless_timeout_seconds,
         )
-        turn = parse_turn(
-            d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
+        turn = harnesses.get(d.harness).parse_turn(
+            exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
         )
         if not turn.ok:
             # The harness's own message first: the event log keeps only the detail's start.

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
@@ -372,8 +379,11 @@ class RoutingConfig(_Section):
         "events go to the work item's session, told the code is untrusted). See "
         "docs/security.md.",
     )
-    harness: Literal["claude", "cursor-agent"] = Field(
-        default="claude", description="The coding agent sessions run."
+    harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
+        default="claude",
+        description="The coding agent sessions run. `claude` is hosted in tmux or run "
+        "headless; `cursor-agent`, `codex`, `gemini` and `copilot` run headless (`runnerKind: "
+        "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
         default="tmux",
@@ -420,6 +430,15 @@ class RoutingConfig(_Section):
         if not isinstance(entries, list):
             return entries
         return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
+
+    @model_validator(mode="after")
+    def _hostable_harness(self) -> RoutingConfig:
+        # Only Claude can live in a tmux pane; any other would fail every spawn on the runner.
+        if self.runner_kind == "tmux" and self.harness != "claude":
+            raise ValueError(
+                f"harness {self.harness} runs headless only: set runnerKind: process with it"
+            )
+        return self
 
 
 class RunnersConfig(_Section):
