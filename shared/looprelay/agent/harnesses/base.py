@@ -36,6 +36,15 @@ def check_session_id(session_id: str) -> None:
         )
 
 
+def required_id(session_id: str | None) -> str:
+    """``session_id``, which a harness that takes ids needs on every turn; raises
+    ``RunnerError`` ``invalid-session-id`` when it is missing or not a canonical UUID."""
+    if session_id is None:
+        raise RunnerError("a headless turn needs a session id", reason="invalid-session-id")
+    check_session_id(session_id)
+    return session_id
+
+
 @dataclass(frozen=True)
 class Harness:
     """One coding-agent CLI: what it is called, where it reads things, how it is run.

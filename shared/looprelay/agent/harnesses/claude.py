@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from looprelay.agent import claude_config
-from looprelay.agent.harnesses.base import Harness, check_session_id, is_session_id
+from looprelay.agent.harnesses.base import Harness, check_session_id, is_session_id, required_id
 from looprelay.agent.harnesses.output import JsonObject, Turn, finish, last_object, text
-from looprelay.errors import ConfigError, RunnerError
+from looprelay.errors import ConfigError
 
 PERMISSION_MODES = frozenset({"acceptEdits", "bypassPermissions", "default", "dontAsk", "plan"})
 """Values Claude's ``--permission-mode`` takes; any other makes the harness exit at spawn."""
@@ -42,11 +42,8 @@ class Claude(Harness):
     def headless_argv(
         self, binary: str, *, session_id: str | None, resume: bool, extra: Sequence[str]
     ) -> list[str]:
-        if session_id is None:
-            raise RunnerError("a headless turn needs a session id", reason="invalid-session-id")
-        check_session_id(session_id)
         flag = "--resume" if resume else "--session-id"
-        return [binary, "-p", "--output-format", "json", flag, session_id, *extra]
+        return [binary, "-p", "--output-format", "json", flag, required_id(session_id), *extra]
 
     def parse_turn(self, *, exit_code: int, stdout: str, stderr: str) -> Turn:
         return parse_result_object(

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from looprelay.agent.harnesses.base import AGENT_SKILLS, Harness, check_session_id, is_session_id
+from looprelay.agent.harnesses.base import AGENT_SKILLS, Harness, is_session_id, required_id
 from looprelay.agent.harnesses.output import Turn, event_lines, finish, text
-from looprelay.errors import RunnerError
 
 OWNED_FLAGS = frozenset(
     {
@@ -34,11 +33,8 @@ class Copilot(Harness):
     def headless_argv(
         self, binary: str, *, session_id: str | None, resume: bool, extra: Sequence[str]
     ) -> list[str]:
-        if session_id is None:
-            raise RunnerError("a headless turn needs a session id", reason="invalid-session-id")
-        check_session_id(session_id)
         flag = "--resume" if resume else "--session-id"
-        return [binary, "--output-format", "json", f"{flag}={session_id}", *extra]
+        return [binary, "--output-format", "json", f"{flag}={required_id(session_id)}", *extra]
 
     def parse_turn(self, *, exit_code: int, stdout: str, stderr: str) -> Turn:
         answer, failure, session, ended = None, "", "", False
