@@ -1,14 +1,17 @@
 """Every harness through the same cases, with its real CLI completing real turns offline.
 
-Each CLI (the pinned Claude Code, Codex, Gemini CLI and Copilot CLI) runs headless under the
-applier, with a real ledger and a real git tree, against a loopback stand-in for its model API
-(``tests.model_apis``): the stand-in sees the prompts, the CLI prints its real output, and the
-harness module reads it. cursor-agent is not on npm; its module runs through the fake harness
-(tests/agent/test_apply.py).
+Each CLI (the pinned Claude Code, Codex, Gemini CLI and Copilot CLI) runs under the applier,
+with a real ledger and a real git tree, against a loopback stand-in for its model API
+(``tests.model_apis``): the stand-in sees the prompts, the CLI prints or draws its real output,
+and the harness module reads it. Headless turns run for every one; the hostable ones are also
+hosted in real tmux, where a spawn, a pasted comment and a respawn after the harness was killed
+must all reach the same conversation. cursor-agent is not on npm; its module runs through the
+fake harness (tests/agent/test_apply.py).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -26,13 +29,16 @@ from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.skill import SKILL_NAME
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
-from looprelay.config.model import RoutingConfig
+from looprelay.config.model import HOSTABLE_HARNESSES, RoutingConfig
 from tests.agent.conftest import SESSION, make_dispatch
 from tests.claude_cli import fresh_claude_home
+from tests.fake_harness import wait_until
 from tests.gitrepos import GitRepos, git
 from tests.harness_clis import STANDIN_KEY, binary, offline_setup
 from tests.model_apis import REFUSAL, ModelApi, gemini_api, messages_api, responses_api
 
+DEADLINE = 60.0
+"""How long a hosted harness may take to send what was pasted; about 2 s when idle."""
 TURN_TIMEOUT_SECONDS = 120.0
 """One offline turn takes 1-3 s; this is for a loaded machine."""
 DIALECTS = {"claude": messages_api, "codex": responses_api, "gemini": gemini_api}
@@ -49,6 +55,9 @@ class Turns:
     tree: Path
 
 
+HOSTED = sorted(name for name in DIALECTS if harnesses.get(name).hostable)
+
+
 @pytest.fixture(params=sorted(DIALECTS))
 def turns(
     request: pytest.FixtureRequest,
@@ -57,6 +66,28 @@ def turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Turns]:
     name: str = request.param
+    terminal = TmuxTerminal(f"looprelay-test-{uuid.uuid4().hex[:12]}")  # headless: never started
+    yield from _turns(name, terminal, tmp_path, git_repos, monkeypatch)
+
+
+@pytest.fixture(params=HOSTED)
+def hosted(
+    request: pytest.FixtureRequest,
+    terminal: TmuxTerminal,
+    tmp_path: Path,
+    git_repos: GitRepos,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Turns]:
+    yield from _turns(request.param, terminal, tmp_path, git_repos, monkeypatch)
+
+
+def _turns(
+    name: str,
+    terminal: TmuxTerminal,
+    tmp_path: Path,
+    git_repos: GitRepos,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Turns]:
     api, stack = ModelApi(DIALECTS[name]), ExitStack()
     args = _environment(name, tmp_path, api.url, monkeypatch, stack)
     checkout = git_repos.clone("octo/repo", tmp_path / "checkout")
@@ -65,10 +96,11 @@ def turns(
         configured={"octo/repo": checkout}, root=tmp_path / "ws", worktrees=tmp_path / "wt"
     )
     applier = Applier(
-        TmuxTerminal(f"looprelay-test-{uuid.uuid4().hex[:12]}"),  # headless: never started
+        terminal,
         ledger,
         SessionPreparer(workspaces, ledger, {name: args}),
         headless_timeout_seconds=TURN_TIMEOUT_SECONDS,
+        spawn_probe_seconds=1.0,
     )
     yield Turns(name, applier, api, tmp_path / "ws" / SESSION)
     ledger.close()
@@ -83,6 +115,11 @@ def _environment(
     only ``name`` pointed at the stand-in would have it; return its ``--harness-arg`` flags."""
     if name == "claude":
         claude = stack.enter_context(fresh_claude_home(_claude_binary(), tmp_path))
+        # Claude asks once whether to use a key found in its environment; say yes, as an
+        # operator who exported it would have.
+        config = json.loads(claude.config_path.read_text(encoding="utf-8"))
+        config["customApiKeyResponses"] = {"approved": [STANDIN_KEY[-20:]], "rejected": []}
+        claude.config_path.write_text(json.dumps(config), encoding="utf-8")
         for unset in claude.unset:
             monkeypatch.delenv(unset, raising=False)
         for key, value in {**claude.env, "ANTHROPIC_BASE_URL": api_url}.items():
@@ -163,6 +200,46 @@ class TestHarnessContract:
         assert turns.api.saw(SKILL_NAME), "the harness did not tell its model about the skill"
 
 
+class TestHostedContract:
+    def test_a_spawn_and_a_later_comment_reach_the_same_live_session(self, hosted: Turns) -> None:
+        spawn = make_dispatch(harness=hosted.name, prompt="first prompt")
+        spawned = hosted.applier.apply(spawn)
+        assert spawned.status == "spawned", spawned.detail
+        wait_until(
+            lambda: hosted.api.saw("first prompt"),
+            seconds=DEADLINE,
+            what="boot prompt",
+            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+        )
+        later = make_dispatch(harness=hosted.name, kind="deliver", seq=2, prompt="second prompt")
+        delivered = hosted.applier.apply(later)
+        assert (delivered.status, delivered.detail) == ("delivered", "pasted")
+        wait_until(
+            lambda: _both(hosted),
+            seconds=DEADLINE,
+            what="the comment, in the same chat",
+            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+        )
+
+    def test_a_killed_harness_resumes_the_same_conversation(self, hosted: Turns) -> None:
+        spawned = hosted.applier.apply(make_dispatch(harness=hosted.name, prompt="first prompt"))
+        assert spawned.status == "spawned", spawned.detail
+        wait_until(lambda: hosted.api.saw("first prompt"), seconds=DEADLINE, what="boot prompt")
+        terminal = hosted.applier.terminal
+        terminal.terminate_harness(SESSION, 5.0)
+        wait_until(lambda: terminal.pane_dead(SESSION), seconds=DEADLINE, what="the harness gone")
+        later = make_dispatch(harness=hosted.name, kind="deliver", seq=2, prompt="second prompt")
+        respawned = hosted.applier.apply(later)
+        assert (respawned.status, respawned.resumed) == ("spawned", True), respawned.detail
+        assert respawned.session_id == spawned.session_id
+        wait_until(lambda: _both(hosted), seconds=DEADLINE, what="the resumed conversation")
+
+
+def _both(turns: Turns) -> bool:
+    """A request carried the second prompt with the first: one conversation."""
+    return any(b"first prompt" in body and b"second prompt" in body for body in turns.api.bodies)
+
+
 def test_every_hosted_harness_has_a_contract_case() -> None:
     """A harness added to the registry without a real-CLI case here fails this."""
     assert set(harnesses.NAMES) - {"cursor-agent"} == set(DIALECTS)
@@ -171,6 +248,8 @@ def test_every_hosted_harness_has_a_contract_case() -> None:
 def test_the_config_offers_exactly_the_registered_harnesses() -> None:
     offered = RoutingConfig.model_fields["harness"].annotation
     assert set(get_args(offered)) == set(harnesses.NAMES)
+    hostable = {name for name, harness in harnesses.REGISTRY.items() if harness.hostable}
+    assert set(HOSTABLE_HARNESSES) == hostable
 
 
 def test_an_untrusted_tree_gets_every_harness_config_path_from_the_base() -> None:

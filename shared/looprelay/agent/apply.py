@@ -150,7 +150,8 @@ class Applier:
         name, pane = d.session_name, self.terminal.pane(d.session_name)
         state = None if pane is None else pane.dead
         if state is False:  # scenario 36: a live occupant gets the paste
-            self.terminal.paste(name, d.prompt, listed=pane)
+            confirm = harnesses.get(d.harness).confirm_submit
+            self.terminal.paste(name, d.prompt, listed=pane, confirm=confirm)
             local = self.ledger.session(name)
             sid = local.session_id if local else stored_id
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")

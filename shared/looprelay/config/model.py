@@ -320,6 +320,10 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
+HOSTABLE_HARNESSES = ("claude", "gemini", "copilot")
+"""The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
+
+
 class RoutingConfig(_Section):
     """Policy and routing in the worker."""
 
@@ -381,8 +385,8 @@ class RoutingConfig(_Section):
     )
     harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
         default="claude",
-        description="The coding agent sessions run. `claude` is hosted in tmux or run "
-        "headless; `cursor-agent`, `codex`, `gemini` and `copilot` run headless (`runnerKind: "
+        description="The coding agent sessions run. `claude`, `gemini` and `copilot` are hosted "
+        "in tmux or run headless; `cursor-agent` and `codex` run headless only (`runnerKind: "
         "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
@@ -433,8 +437,8 @@ class RoutingConfig(_Section):
 
     @model_validator(mode="after")
     def _hostable_harness(self) -> RoutingConfig:
-        # Only Claude can live in a tmux pane; any other would fail every spawn on the runner.
-        if self.runner_kind == "tmux" and self.harness != "claude":
+        # A harness that cannot live in a tmux pane would fail every spawn on the runner.
+        if self.runner_kind == "tmux" and self.harness not in HOSTABLE_HARNESSES:
             raise ValueError(
                 f"harness {self.harness} runs headless only: set runnerKind: process with it"
             )

@@ -56,7 +56,8 @@ class Harness:
     harness reads; ``home_paths`` its config under ``$HOME`` (bound read-write in the sandbox);
     ``config_paths`` / ``config_names`` the repository paths it reads as configuration (at the
     root / at any depth), which an untrusted tree gets from the base; ``owned_flags`` the flags
-    the agent sets itself, refused in ``--harness-arg``.
+    the agent sets itself, refused in ``--harness-arg``; ``confirm_submit`` that a paste's
+    Enter may be read as a newline, so every paste is watched until the harness took it.
     """
 
     name: str
@@ -68,6 +69,7 @@ class Harness:
     config_paths: tuple[str, ...] = ()
     config_names: tuple[str, ...] = ()
     owned_flags: frozenset[str] = frozenset()
+    confirm_submit: bool = False
 
     def hosted_argv(
         self, binary: str, *, session_id: str, resume: bool, extra: Sequence[str]

@@ -1,7 +1,10 @@
-"""GitHub Copilot CLI (``copilot``, npm ``@github/copilot``): headless turns.
+"""GitHub Copilot CLI (``copilot``, npm ``@github/copilot``): hosted in tmux or headless.
 
-``copilot --output-format json (--session-id|--resume) <uuid> [extra]`` with the prompt on
-stdin; one JSON line per event, the answer in the last ``assistant.message``::
+Hosted: ``copilot (--session-id|--resume)=<uuid> [extra]``, the boot prompt pasted, with the
+tree trusted beforehand in its config (``trustedFolders`` in ``${COPILOT_HOME:-~/.copilot}/
+config.json``; else it asks "Do you trust the files in this folder?" and eats the prompt).
+Headless: ``copilot --output-format json (--session-id|--resume)=<uuid> [extra]`` with the
+prompt on stdin; one JSON line per event, the answer in the last ``assistant.message``::
 
     {"type":"assistant.message","data":{"content":"Noted.",...},...}
     {"type":"result","sessionId":"<uuid>","exitCode":0,...}
@@ -14,10 +17,15 @@ the operator's choice. The loop's skill goes to ``.agents/skills``, which Copilo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from looprelay.agent.harnesses.base import AGENT_SKILLS, Harness, is_session_id, required_id
 from looprelay.agent.harnesses.output import Turn, event_lines, finish, text
+from looprelay.agent.json_merge import JsonObject, merge_json_file
+from looprelay.errors import RunnerError
+
+CONFIG_FILE = "config.json"
 
 OWNED_FLAGS = frozenset(
     {
@@ -29,6 +37,44 @@ OWNED_FLAGS = frozenset(
 
 class Copilot(Harness):
     """Copilot CLI; see the module docstring."""
+
+    def hosted_argv(
+        self, binary: str, *, session_id: str, resume: bool, extra: Sequence[str]
+    ) -> list[str]:
+        flag = "--resume" if resume else "--session-id"
+        return [binary, f"{flag}={required_id(session_id)}", *extra]
+
+    def prepare(
+        self,
+        tree: Path,
+        *,
+        harness_args: Sequence[str],
+        environ: Mapping[str, str],
+        trust: bool,
+        trusted: bool,
+    ) -> list[str]:
+        if not trust:
+            return []
+        folder = str(tree.resolve())
+        config = self.home_config(environ)[0] / CONFIG_FILE
+
+        def merge(data: JsonObject) -> list[str]:
+            folders = data.setdefault("trustedFolders", [])
+            if not isinstance(folders, list):
+                raise RunnerError(
+                    f"{config}: trustedFolders is not a list; looprelay left it untouched",
+                    reason="trust-failed",
+                )
+            if folder in folders:
+                return []
+            folders.append(folder)
+            return [f"trustedFolders[{folder}]"]
+
+        return merge_json_file(config, merge, peer_lock=None, reason="trust-failed")
+
+    def home_config(self, environ: Mapping[str, str]) -> list[Path]:
+        home = environ.get("COPILOT_HOME")
+        return [Path(home)] if home else super().home_config(environ)
 
     def headless_argv(
         self, binary: str, *, session_id: str | None, resume: bool, extra: Sequence[str]
@@ -61,7 +107,7 @@ class Copilot(Harness):
 COPILOT = Copilot(
     name="copilot",
     binary="copilot",
-    hostable=False,
+    hostable=True,
     takes_session_id=True,
     skill_dir=AGENT_SKILLS,
     home_paths=(".copilot",),

@@ -1,12 +1,15 @@
-"""Google's Gemini CLI (``gemini``, npm ``@google/gemini-cli``): headless turns.
+"""Google's Gemini CLI (``gemini``, npm ``@google/gemini-cli``): hosted in tmux or headless.
 
-``gemini --output-format json --skip-trust (--session-id|--resume) <uuid> [extra]`` with the
-prompt on stdin (a piped stdin makes it non-interactive). It prints one object::
+Hosted: ``gemini --skip-trust (--session-id|--resume) <uuid> [extra]``, the boot prompt pasted.
+Headless: ``gemini --output-format json --skip-trust (--session-id|--resume) <uuid> [extra]``
+with the prompt on stdin (a piped stdin makes it non-interactive). It prints one object::
 
     {"session_id": "<uuid>", "response": "Noted.", "stats": {...}}
     {"session_id": "<uuid>", "error": {"type": "Error", "message": "...", "code": 41}}
 
-``--skip-trust`` trusts the tree for that run only, after an untrusted tree's ``.gemini`` was
+Hosted, an Enter that reaches it within 40 ms of a paste is read as a newline (its guard
+against pasted commands), so its pastes are watched until it took the Enter
+(``confirm_submit``). ``--skip-trust`` trusts the tree for that run only, after an untrusted tree's ``.gemini`` was
 made the base's. The loop's skill goes to ``.agents/skills``, which Gemini CLI reads.
 """
 
@@ -27,6 +30,12 @@ OWNED_FLAGS = frozenset(
 
 class Gemini(Harness):
     """Gemini CLI; see the module docstring."""
+
+    def hosted_argv(
+        self, binary: str, *, session_id: str, resume: bool, extra: Sequence[str]
+    ) -> list[str]:
+        flag = "--resume" if resume else "--session-id"
+        return [binary, "--skip-trust", flag, required_id(session_id), *extra]
 
     def headless_argv(
         self, binary: str, *, session_id: str | None, resume: bool, extra: Sequence[str]
@@ -62,11 +71,12 @@ def _is_result(value: JsonObject) -> bool:
 GEMINI = Gemini(
     name="gemini",
     binary="gemini",
-    hostable=False,
+    hostable=True,
     takes_session_id=True,
     skill_dir=AGENT_SKILLS,
     home_paths=(".gemini",),
     config_paths=(".gemini", ".agents"),
     config_names=("GEMINI.md", "AGENTS.md"),
     owned_flags=OWNED_FLAGS,
+    confirm_submit=True,
 )
