@@ -10,7 +10,8 @@ with the prompt on stdin (a piped stdin makes it non-interactive). It prints one
 Hosted, an Enter that reaches it within 40 ms of a paste is read as a newline (its guard
 against pasted commands), so its pastes are watched until it took the Enter
 (``confirm_submit``). ``--skip-trust`` trusts the tree for that run only, after an untrusted
-tree's ``.gemini`` was made the base's. The loop's skill goes to ``.agents/skills``, which Gemini CLI reads.
+tree's ``.gemini`` was made the base's. The loop's skill goes to ``.agents/skills``, which
+Gemini CLI reads.
 """
 
 from __future__ import annotations
