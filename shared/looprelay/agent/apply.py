@@ -22,8 +22,7 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
-from looprelay.agent import harness
-from looprelay.agent.headless import parse_turn
+from looprelay.agent import harness, harnesses
 from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
 from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
@@ -154,7 +153,8 @@ class Applier:
         name, pane = d.session_name, self.terminal.pane(d.session_name)
         state = None if pane is None else pane.dead
         if state is False:  # scenario 36: a live occupant gets the paste
-            self.terminal.paste(name, d.prompt, listed=pane)
+            confirm = harnesses.get(d.harness).confirm_submit
+            self.terminal.paste(name, d.prompt, listed=pane, confirm=confirm)
             local = self.ledger.session(name)
             sid = local.session_id if local else stored_id
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")
@@ -308,8 +308,8 @@ class Applier:
             timeout_seconds=self.headless_timeout_seconds,
             env=self._identity(d),
         )
-        turn = parse_turn(
-            d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
+        turn = harnesses.get(d.harness).parse_turn(
+            exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
         )
         if not turn.ok:
             # The harness's own message first: the event log keeps only the detail's start.

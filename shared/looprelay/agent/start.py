@@ -17,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from looprelay.agent import harness
+from looprelay.agent import harness, harnesses
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, read_credentials
@@ -119,8 +119,8 @@ def _assemble(
     binaries = available_harnesses()
     if not binaries:
         raise ConfigError(
-            f"none of {', '.join(harness.HARNESSES)} is on PATH; install Claude Code "
-            "(npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
+            f"none of {', '.join(harnesses.NAMES)} is on PATH; install one (Claude Code: "
+            "npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
         )
     socket_name = options.tmux_socket or default_tmux_socket(credentials.runner_id)
     terminal = TmuxTerminal(socket_name)
@@ -200,7 +200,7 @@ def sandbox_line(sandbox: Sandbox) -> str:
 def available_harnesses() -> dict[str, str]:
     """Return each harness whose binary is on PATH, with its absolute path."""
     found = {}
-    for name in harness.HARNESSES:
+    for name in harnesses.NAMES:
         try:
             found[name] = harness.resolve_binary(name)
         except RunnerError:

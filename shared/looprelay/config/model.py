@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
@@ -353,6 +360,10 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
+HOSTABLE_HARNESSES = ("claude", "gemini", "copilot")
+"""The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
+
+
 class RoutingConfig(_Section):
     """Policy and routing in the worker."""
 
@@ -412,8 +423,11 @@ class RoutingConfig(_Section):
         "events go to the work item's session, told the code is untrusted). See "
         "docs/security.md.",
     )
-    harness: Literal["claude", "cursor-agent"] = Field(
-        default="claude", description="The coding agent sessions run."
+    harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
+        default="claude",
+        description="The coding agent sessions run. `claude`, `gemini` and `copilot` are hosted "
+        "in tmux or run headless; `cursor-agent` and `codex` run headless only (`runnerKind: "
+        "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
         default="tmux",
@@ -460,6 +474,15 @@ class RoutingConfig(_Section):
         if not isinstance(entries, list):
             return entries
         return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
+
+    @model_validator(mode="after")
+    def _hostable_harness(self) -> RoutingConfig:
+        # A harness that cannot live in a tmux pane would fail every spawn on the runner.
+        if self.runner_kind == "tmux" and self.harness not in HOSTABLE_HARNESSES:
+            raise ValueError(
+                f"harness {self.harness} runs headless only: set runnerKind: process with it"
+            )
+        return self
 
 
 class RunnersConfig(_Section):
