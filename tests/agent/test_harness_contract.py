@@ -11,7 +11,6 @@ fake harness (tests/agent/test_apply.py).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -31,18 +30,15 @@ from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.config.model import HOSTABLE_HARNESSES, RoutingConfig
 from tests.agent.conftest import SESSION, make_dispatch
-from tests.claude_cli import fresh_claude_home
 from tests.fake_harness import wait_until
 from tests.gitrepos import GitRepos, git
-from tests.harness_clis import STANDIN_KEY, binary, offline_setup
-from tests.model_apis import REFUSAL, ModelApi, gemini_api, messages_api, responses_api
+from tests.harness_clis import DIALECTS, pointed_at_stand_in
+from tests.model_apis import REFUSAL, ModelApi
 
 DEADLINE = 60.0
 """How long a hosted harness may take to send what was pasted; about 2 s when idle."""
 TURN_TIMEOUT_SECONDS = 120.0
 """One offline turn takes 1-3 s; this is for a loaded machine."""
-DIALECTS = {"claude": messages_api, "codex": responses_api, "gemini": gemini_api}
-DIALECTS["copilot"] = messages_api  # its own-provider mode, set to Anthropic's API
 
 
 @dataclass
@@ -88,8 +84,8 @@ def _turns(
     git_repos: GitRepos,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Turns]:
-    api, stack = ModelApi(DIALECTS[name]), ExitStack()
-    args = _environment(name, tmp_path, api.url, monkeypatch, stack)
+    stack = ExitStack()
+    api, args = stack.enter_context(pointed_at_stand_in(name, tmp_path, monkeypatch))
     checkout = git_repos.clone("octo/repo", tmp_path / "checkout")
     ledger = Ledger(tmp_path / "state" / "ledger.db")
     workspaces = Workspaces(
@@ -104,44 +100,7 @@ def _turns(
     )
     yield Turns(name, applier, api, tmp_path / "ws" / SESSION)
     ledger.close()
-    api.close()
     stack.close()
-
-
-def _environment(
-    name: str, tmp_path: Path, api_url: str, monkeypatch: pytest.MonkeyPatch, stack: ExitStack
-) -> tuple[str, ...]:
-    """Set this process's environment (the harness inherits it) as a runner machine with
-    only ``name`` pointed at the stand-in would have it; return its ``--harness-arg`` flags."""
-    if name == "claude":
-        claude = stack.enter_context(fresh_claude_home(_claude_binary(), tmp_path))
-        # Claude asks once whether to use a key found in its environment; say yes, as an
-        # operator who exported it would have.
-        config = json.loads(claude.config_path.read_text(encoding="utf-8"))
-        config["customApiKeyResponses"] = {"approved": [STANDIN_KEY[-20:]], "rejected": []}
-        claude.config_path.write_text(json.dumps(config), encoding="utf-8")
-        for unset in claude.unset:
-            monkeypatch.delenv(unset, raising=False)
-        for key, value in {**claude.env, "ANTHROPIC_BASE_URL": api_url}.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", STANDIN_KEY)
-        return ()
-    found = binary(name)
-    setup = offline_setup(name, home=tmp_path / "home", api_url=api_url)
-    for key, value in setup.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PATH", f"{found.parent}:{Path('/usr/bin')}:{Path('/bin')}")
-    return setup.args
-
-
-def _claude_binary() -> Path:
-    from tests import claude_cli
-
-    found = claude_cli.cached_binary()
-    if found is None:
-        binary("claude")  # skips, or fails in CI, the same way as the others
-        raise AssertionError("unreachable")
-    return found
 
 
 class TestHarnessContract:
@@ -224,7 +183,12 @@ class TestHostedContract:
     def test_a_killed_harness_resumes_the_same_conversation(self, hosted: Turns) -> None:
         spawned = hosted.applier.apply(make_dispatch(harness=hosted.name, prompt="first prompt"))
         assert spawned.status == "spawned", spawned.detail
-        wait_until(lambda: hosted.api.saw("first prompt"), seconds=DEADLINE, what="boot prompt")
+        wait_until(
+            lambda: hosted.api.saw("first prompt"),
+            seconds=DEADLINE,
+            what="boot prompt",
+            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+        )
         terminal = hosted.applier.terminal
         terminal.terminate_harness(SESSION, 5.0)
         wait_until(lambda: terminal.pane_dead(SESSION), seconds=DEADLINE, what="the harness gone")
@@ -232,7 +196,12 @@ class TestHostedContract:
         respawned = hosted.applier.apply(later)
         assert (respawned.status, respawned.resumed) == ("spawned", True), respawned.detail
         assert respawned.session_id == spawned.session_id
-        wait_until(lambda: _both(hosted), seconds=DEADLINE, what="the resumed conversation")
+        wait_until(
+            lambda: _both(hosted),
+            seconds=DEADLINE,
+            what="the resumed conversation",
+            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+        )
 
 
 def _both(turns: Turns) -> bool:

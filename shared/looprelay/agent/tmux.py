@@ -230,11 +230,12 @@ class TmuxTerminal:
 
         A TUI may draw its input box before it acts on Enter: Gemini CLI shows the pasted text
         there and drops the Enter for seconds more while it starts (its footer still changing).
-        So the first submit into a pane waits for the screen to settle, sends Enter, and sends
-        it again each ``SUBMIT_WATCH_SECONDS`` the text's first line stays on the same rows
-        (or, when the harness shows a long paste folded, the screen stays the same), up to
-        ``ready_wait_seconds``. An extra Enter on an empty input box does nothing in the
-        harnesses hosted here. Gemini CLI also reads an Enter that reaches it within 40 ms of
+        So the first submit into a pane waits for the screen to settle and, when the screen
+        shows the text's first line (an input box echoing it), sends Enter again each
+        ``SUBMIT_WATCH_SECONDS`` that line stays on the same rows, up to
+        ``ready_wait_seconds``. A harness that shows no echo (a long paste folded, a program
+        drawing nothing) gets one Enter. An extra Enter on an empty input box does nothing in
+        the harnesses hosted here. Gemini CLI also reads an Enter that reaches it within 40 ms of
         a paste as a newline (its guard against pasted commands), which a loaded machine makes
         likely whatever the gap sent: its pastes are all confirmed.
         """
@@ -243,11 +244,12 @@ class TmuxTerminal:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
             return
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        before = self._settled_screen(pane)
+        probe = first[:SUBMIT_PROBE_CHARS]
+        rows = _rows_with(self._settled_screen(pane), probe)
         deadline = time.monotonic() + self._ready_wait_seconds
         while True:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
-            if self._taken(pane, before, first[:SUBMIT_PROBE_CHARS]):
+            if not rows or self._taken(pane, rows, probe):
                 break
             if time.monotonic() >= deadline:
                 break
@@ -269,14 +271,12 @@ class TmuxTerminal:
             screen = again
         return screen
 
-    def _taken(self, pane: Pane, before: str, probe: str) -> bool:
-        """Tell whether, within ``SUBMIT_WATCH_SECONDS``, the screen shows an Enter taken: the
-        rows holding ``probe`` moved, or, with ``probe`` not shown before, anything changed."""
-        rows = _rows_with(before, probe)
+    def _taken(self, pane: Pane, rows: tuple[int, ...], probe: str) -> bool:
+        """Tell whether, within ``SUBMIT_WATCH_SECONDS``, the rows holding ``probe`` moved
+        from ``rows``: the harness took the Enter and the text left its input box."""
         deadline = time.monotonic() + SUBMIT_WATCH_SECONDS
         while True:
-            screen = self._screen(pane)
-            if (_rows_with(screen, probe) != rows) if rows else (screen != before):
+            if _rows_with(self._screen(pane), probe) != rows:
                 return True
             if time.monotonic() >= deadline:
                 return False
