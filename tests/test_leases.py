@@ -28,13 +28,14 @@ from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
-from looprelay.ports import DispatchFeed, RunnerDirectory, WorkItemStore
+from looprelay.ports import DispatchFeed, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
     LeaseDesk,
 )
 from looprelay.service.results import Progress
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runners import RunnerApi, mint_registration_token
 from looprelay.service.waker import DispatchWaker, Opened
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
@@ -208,7 +209,7 @@ def _lease_desk(
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
     kind: type[LeaseDesk] = LeaseDesk,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
 ) -> LeaseDesk:
     """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``
     (as ``kind``, which may count what it does)."""
@@ -233,7 +234,7 @@ def _lease_desk(
         feed=feed,
         monotonic=monotonic,
         expire_unserved=feed is None,
-        directory=directory,
+        records=records,
     )
 
 
@@ -245,11 +246,11 @@ def serve_desk(
     waker: DispatchWaker | None = None,
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
     kind: type[LeaseDesk] = LeaseDesk,
 ) -> Iterator[Desk]:
     """Serve the runner API over real HTTP on ``stores``, progress going to ``github``;
-    ``feed`` (ringing ``waker``) and ``directory`` as the cloud wires them; the lease desk
+    ``feed`` (ringing ``waker``) and ``records`` as the cloud wires them; the lease desk
     as ``kind``."""
     clock = SteppingClock()
     waker = waker or DispatchWaker()
@@ -261,7 +262,7 @@ def serve_desk(
         headless_replies=headless_replies,
         feed=feed,
         config=config,
-        directory=directory,
+        records=records,
         kind=kind,
     )
     runner_api = RunnerApi(
@@ -270,7 +271,7 @@ def serve_desk(
         clock=clock,
         config=config,
         desk=lease_desk,
-        directory=directory,
+        records=records,
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()
@@ -434,6 +435,56 @@ class TestDispatchWaker:
             return len(waits)
 
         assert asyncio.run(polls()) == 3
+
+    def test_a_ring_judges_only_the_polls_of_the_runners_it_is_addressed_to(self) -> None:
+        """200 runners wait: a comment for runner 7's session judges runner 7's check alone,
+        and a spawn for a repository judges those that serve it and those with a workspace;
+        the other runners' checks are never called."""
+        waker = DispatchWaker()
+        judged: list[str] = []
+
+        def runner(n: int) -> RunnerRecord:
+            served = ["octo/other"] if n % 2 else [REPOSITORY]
+            return RunnerRecord(
+                runner_id=f"r{n}",
+                name=f"r{n}",
+                secret_hash="a" * 64,
+                registered_at=datetime.now(UTC),
+                repositories=served,
+                workspace=n == 199,
+            )
+
+        def check(runner_id: str) -> Callable[[Opened], int]:
+            def wants(opened: Opened) -> int:
+                judged.append(runner_id)
+                return 1
+
+            return wants
+
+        async def polls() -> tuple[list[str], list[str]]:
+            seen = waker.generation()
+            runners = [runner(n) for n in range(200)]
+            waits = {
+                r.runner_id: asyncio.create_task(
+                    waker.wait_async(HTTP_TIMEOUT, since=seen, wants=check(r.runner_id), runner=r)
+                )
+                for r in runners
+            }
+            await _until(lambda: waker.waiting() == 200)
+            comment = _ringing(1).model_copy(update={"kind": "deliver", "runner_id": "r7"})
+            threading.Thread(target=waker.notify, args=([comment],)).start()
+            await asyncio.wait_for(waits["r7"], HTTP_TIMEOUT)
+            first = sorted(judged)
+            judged.clear()
+            threading.Thread(target=waker.notify, args=([_ringing(2)],)).start()
+            await _until(lambda: waker.waiting() == 199 - len(serving))
+            return first, sorted(judged)
+
+        serving = {f"r{n}" for n in range(0, 200, 2)} | {"r199"}
+        first, second = asyncio.run(polls())
+        assert first == ["r7"]
+        assert set(second) == serving
+        assert len(second) == len(serving)
 
     def test_the_newest_poll_is_woken_first(self) -> None:
         waker = DispatchWaker()

@@ -64,8 +64,8 @@ BUILDERS: dict[str, Callable[[Config, dict[str, str]], object]] = {
     "sweeper": cloud.build_sweeper,
     "status": lambda config, environ: cloud.build_status_reader(config),
 }
-# Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
-TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
+# Collections whose documents carry expires_at (firestore store, runners, runner_changes).
+TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens", "runner_changes")
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 CREDENTIAL_PATTERNS = {
     "PEM block": re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"),

@@ -117,7 +117,7 @@ async def long_poll(
             # Woken only by a ring this runner might act on, and only as many of its polls
             # as it opened dispatches for: the others cost it no look.
             woken_by = await waker.wait_async(
-                desk.pause_seconds(remaining), since=looked.seen, wants=wants
+                desk.pause_seconds(remaining), since=looked.seen, wants=wants, runner=runner
             )
         else:
             await asyncio.sleep(desk.pause_seconds(remaining))

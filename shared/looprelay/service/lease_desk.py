@@ -36,7 +36,6 @@ from looprelay.errors import Conflict, NotFound, Transient
 from looprelay.ports import (
     Clock,
     DispatchFeed,
-    RunnerDirectory,
     RunnerRegistry,
     SessionSlot,
     Store,
@@ -44,7 +43,7 @@ from looprelay.ports import (
 )
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
-from looprelay.service.runner_cache import RunnerCache
+from looprelay.service.runner_cache import RunnerCache, RunnerRecords
 from looprelay.service.waker import EVERY, DispatchWaker, Opened, Wants
 from looprelay.wire.runner_api import (
     PollBody,
@@ -104,12 +103,12 @@ class LeaseDesk:
         feed: DispatchFeed | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         expire_unserved: bool = True,
-        directory: RunnerDirectory | None = None,
+        records: RunnerRecords | None = None,
     ) -> None:
         """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
-        cloud ``feed`` rings it); ``directory`` holds the runners whose liveness a choice
-        asks about (``RunnerCache``); with ``feed`` a look checks the open dispatches it pushed
-        and reads the store only for one this runner may take."""
+        cloud ``feed`` rings it); ``records`` holds runners read lately, whose liveness a
+        choice then reads alone (``RunnerCache``); with ``feed`` a look checks the open
+        dispatches it pushed and reads the store only for one this runner may take."""
         self._registry = registry
         self._items = work_items
         self._store = store
@@ -123,7 +122,7 @@ class LeaseDesk:
             registry,
             max_age_seconds=config.runner_list_max_age_seconds,
             monotonic=monotonic,
-            directory=directory,
+            records=records,
         )
         self._wants: dict[str, Wants] = {}
         self._latest: dict[str, RunnerRecord] = {}
@@ -360,12 +359,15 @@ class LeaseDesk:
     ) -> None:
         """Wake the polls a settled ``dispatch`` may have opened work for: those that might
         take its work item's next dispatches (one read, instead of one per waiting poll), and
-        ``runner``'s when its session slot was freed. With a feed, every poll: each checks the
-        feed's open dispatches in memory, and the feed rings again once it has the change."""
+        ``runner``'s when its session slot was freed. With a feed, the feed rings the polls
+        its push of the change concerns; ``runner``'s look at once when a slot was freed."""
         if self._waker is None:
             return
         if self._feed is not None:
-            self._waker.notify()
+            if self._feed.open_dispatches() is None:
+                self._waker.notify()  # the feed is down: no push will say what opened
+            elif freed_slot:
+                self._waker.notify((), runners=(runner.runner_id,))
             return
         try:
             line = self._items.list_dispatches(statuses=DISPATCH_OPEN, work_item=dispatch.work_item)

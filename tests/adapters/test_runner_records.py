@@ -1,7 +1,8 @@
-"""The cloud runner API's runner directory on the Firestore emulator: once its listener has
-pushed, an idle runner's polls and heartbeats read nothing; revocation and rotation by another
-client take effect as soon as the push arrives; and whatever the directory cannot vouch for
-(an unknown id, a secret it does not hold, no listener) is decided on a read of the registry.
+"""The cloud runner API's cache of runners on the Firestore emulator: once a runner was read,
+its idle polls and heartbeats read nothing; revocation and rotation by another client take
+effect as soon as the runner changes feed pushes them; whatever the cache cannot vouch for (an
+unknown id, a secret it does not hold, no live feed) is decided on a read of the registry; and
+the cache holds at most its size, not the fleet.
 
 Served by ``tests/cloud_rig.py``.
 """
@@ -11,12 +12,19 @@ from __future__ import annotations
 import os
 import select
 import signal
+import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
 import requests
+from google.cloud import firestore
 
 from bench.storecount import OpCounts
+from looprelay.adapters.firestore.runner_changes import FirestoreRunnerChanges
+from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
+from looprelay.core.model import RunnerRecord
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runner_secrets import hash_credential, new_runner_id, new_runner_secret
 from tests.cloud_rig import WOKEN_WITHIN, Cloud
 from tests.fake_harness import wait_until
@@ -32,8 +40,17 @@ ALIVE = {
 }
 """What a heartbeat that reports nothing new costs: one blind write of the liveness document."""
 LOOKUP = {"call.RunnerRegistry.get_runner": 1, "port.read": 1, "doc.reads": 2}
-"""What authenticating a runner costs when the directory cannot vouch for it: its runner and
+"""What authenticating a runner costs when the cache cannot vouch for it: its runner and
 liveness documents, in one batch get."""
+
+
+def make_runner(runner_id: str) -> RunnerRecord:
+    return RunnerRecord(
+        runner_id=runner_id,
+        name=runner_id,
+        secret_hash=hash_credential(new_runner_secret()),
+        registered_at=datetime.now(UTC),
+    )
 
 
 def _spent(cloud: Cloud, action: Callable[[], object]) -> dict[str, int]:
@@ -43,31 +60,30 @@ def _spent(cloud: Cloud, action: Callable[[], object]) -> dict[str, int]:
     return OpCounts.minus(cloud.counts.snapshot(), before)
 
 
-def test_once_pushed_polls_and_heartbeats_read_nothing(cloud: Cloud) -> None:
+def test_once_read_polls_and_heartbeats_read_nothing(cloud: Cloud) -> None:
     runner = cloud.runner("a")
-    listened = cloud.directory.reads
+    listened = cloud.records.changes.reads
     assert _spent(cloud, lambda: _status(cloud.desk.poll(runner), 204)) == {}
     cloud.desk.clock.advance(30)
     assert _spent(cloud, lambda: cloud.desk.heartbeat(runner)) == ALIVE
-    assert cloud.directory.reads == listened  # no listener heard the heartbeat
+    assert cloud.records.changes.reads == listened  # the heartbeat announced nothing
     seen = cloud.elsewhere.registry.get_runner(runner.runner_id)
     assert seen is not None and seen.last_seen_at == cloud.desk.clock.now()
     listed = cloud.elsewhere.registry.list_runners()
     assert [r.last_seen_at for r in listed] == [cloud.desk.clock.now()]
 
 
-def test_a_heartbeat_with_a_new_status_updates_the_runner_and_the_directory(
-    cloud: Cloud,
-) -> None:
+def test_a_heartbeat_with_a_new_status_is_read_again_once(cloud: Cloud) -> None:
     runner = cloud.runner("a")
-    listened = cloud.directory.reads
+    listened = cloud.records.changes.reads
     spent = _spent(cloud, lambda: cloud.desk.heartbeat(runner, sessions=1))
     assert spent["doc.reads"] == 1  # the conditional update's read; authentication none
-    wait_until(
-        lambda: (held := cloud.directory.find(runner.runner_id)) and held.sessions == 1,
-        what="the push of the new status",
-    )
-    assert cloud.directory.reads == listened + 1
+    wait_until(lambda: cloud.records.find(runner.runner_id) is None, what="the push of the change")
+    assert cloud.records.changes.reads == listened + 1  # one small change document
+    assert _spent(cloud, lambda: _status(cloud.desk.poll(runner, 0), 204)) == LOOKUP
+    held = cloud.records.find(runner.runner_id)
+    assert held is not None and held.sessions == 1
+    assert _spent(cloud, lambda: _status(cloud.desk.poll(runner, 0), 204)) == {}
 
 
 def test_a_runner_revoked_elsewhere_is_refused_once_the_push_arrives(cloud: Cloud) -> None:
@@ -76,9 +92,8 @@ def test_a_runner_revoked_elsewhere_is_refused_once_the_push_arrives(cloud: Clou
     wait_until(
         lambda: cloud.desk.poll(runner).status_code == 401,
         seconds=WOKEN_WITHIN,
-        what="the revocation to reach the directory",
+        what="the revocation to reach the cache",
     )
-    assert cloud.directory.find(runner.runner_id) is None
     response = cloud.desk.post("heartbeat", {}, auth=runner.auth)
     assert response.status_code == 401 and "revoked" in response.text
 
@@ -89,13 +104,13 @@ def test_a_rotated_secret_works_at_once_and_the_old_one_stops(cloud: Cloud) -> N
     assert cloud.elsewhere.registry.rotate_runner_secret(
         old.runner_id, secret_hash=hash_credential(new.secret)
     )
-    # Before the push arrives the directory holds the old hash: the new secret is then
-    # checked on a read, never refused.
+    # Before the push arrives the cache holds the old hash: the new secret is then checked on
+    # a read, never refused.
     _status(cloud.desk.poll(new), 204)
     wait_until(
         lambda: cloud.desk.poll(old).status_code == 401,
         seconds=WOKEN_WITHIN,
-        what="the rotation to reach the directory",
+        what="the rotation to reach the cache",
     )
     assert _spent(cloud, lambda: _status(cloud.desk.poll(new), 204)) == {}
 
@@ -112,26 +127,52 @@ def test_a_wrong_secret_is_refused_after_reading_the_registry(cloud: Cloud) -> N
     assert _spent(cloud, lambda: _status(cloud.desk.poll(guess), 401)) == LOOKUP
 
 
-def test_until_the_directory_listens_every_request_reads_its_runner(
-    directory_down: Cloud,
-) -> None:
-    runner = directory_down.runner("a")
-    assert not directory_down.directory.listening()
-    assert _spent(directory_down, lambda: _status(directory_down.desk.poll(runner), 204)) == LOOKUP
+def test_until_the_feed_listens_every_request_reads_its_runner(records_down: Cloud) -> None:
+    runner = records_down.runner("a")
+    assert not records_down.records.listening()
+    for _ in range(2):
+        assert _spent(records_down, lambda: _status(records_down.desk.poll(runner), 204)) == LOOKUP
     stranger = Runner(new_runner_id(), new_runner_secret(), "stranger")
-    assert _spent(directory_down, lambda: _status(directory_down.desk.poll(stranger), 401)) == (
-        LOOKUP
-    )
+    assert _spent(records_down, lambda: _status(records_down.desk.poll(stranger), 401)) == LOOKUP
 
 
-def test_a_dropped_listener_is_opened_again(cloud: Cloud) -> None:
+def test_a_dropped_listener_is_opened_again_and_what_was_held_is_read_again(
+    cloud: Cloud,
+) -> None:
+    """A change may have been missed while no listener was open: nothing read before the
+    drop is trusted, and the runner is read once again."""
     runner = cloud.runner("a")
-    cloud.directory._listened._watch.close()  # as the client library does on a fatal error
+    changes = cloud.records.changes
+    changes._listened._watch.close()  # as the client library does on a fatal error
     wait_until(
-        lambda: cloud.directory.listeners_opened == 2 and cloud.directory.listening(),
+        lambda: changes.listeners_opened == 2 and changes.live(),
         what="a second listener's first push",
     )
-    assert _spent(cloud, lambda: _status(cloud.desk.poll(runner), 204)) == {}
+    assert cloud.records.find(runner.runner_id) is None
+    assert _spent(cloud, lambda: _status(cloud.desk.poll(runner, 0), 204)) == LOOKUP
+    assert _spent(cloud, lambda: _status(cloud.desk.poll(runner, 0), 204)) == {}
+
+
+def test_a_renewed_listener_keeps_what_is_held_and_still_hears_changes(
+    firestore_client: firestore.Client,
+) -> None:
+    """The listener is renewed on a moved window: the cache stays live throughout, and a
+    revocation written after the renewal is told."""
+    prefix = f"t{uuid.uuid4().hex[:12]}_"
+    registry = FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix)
+    told: list[set[str] | None] = []
+    changes = FirestoreRunnerChanges(
+        firestore_client, collection_prefix=prefix, check_seconds=0.05, window_seconds=0.5
+    )
+    changes.start(lambda ids: told.append(None if ids is None else set(ids)))
+    try:
+        wait_until(lambda: changes.listeners_opened >= 3, what="two renewals")
+        assert changes.live() and None not in told
+        registry.add_runner(make_runner("r1"))
+        assert registry.revoke_runner("r1", at=datetime.now(UTC))
+        wait_until(lambda: any(ids and "r1" in ids for ids in told), what="the revocation")
+    finally:
+        changes.close()
 
 
 MANY = 50
@@ -159,24 +200,24 @@ def test_choosing_reads_only_the_liveness_of_the_runner_a_dispatch_follows(cloud
     assert not any("RunnerRegistry" in k for k in spent), spent
 
 
-def test_a_runner_the_directory_does_not_hold_is_read_whole(cloud: Cloud) -> None:
-    """Revoked elsewhere, the session's runner leaves the directory: the look reads it (its
-    two documents), finds it revoked, and the session fails over."""
+def test_a_runner_the_cache_does_not_hold_is_read_whole(cloud: Cloud) -> None:
+    """Revoked elsewhere, the session's runner leaves the cache: the look reads it (its two
+    documents), finds it revoked, and the session fails over."""
     owner, other = cloud.runner("owner"), cloud.runner("other")
     _pinned_to(cloud, owner)
     assert cloud.elsewhere.registry.revoke_runner(owner.runner_id, at=cloud.desk.clock.now())
-    wait_until(lambda: cloud.directory.find(owner.runner_id) is None, what="the revocation")
+    wait_until(lambda: cloud.records.find(owner.runner_id) is None, what="the revocation")
     spent = _spent(cloud, lambda: _status(cloud.desk.poll(other, 0), 200))
     assert spent.get("call.RunnerRegistry.get_runners") == 1, spent
     assert "call.RunnerRegistry.list_last_seen" not in spent
 
 
-def test_until_the_directory_listens_choosing_reads_the_runners_asked_about(
-    directory_down: Cloud,
+def test_until_the_feed_listens_choosing_reads_the_runners_asked_about(
+    records_down: Cloud,
 ) -> None:
-    owner, other = directory_down.runner("owner"), directory_down.runner("other")
-    _pinned_to(directory_down, owner)
-    spent = _spent(directory_down, lambda: _status(directory_down.desk.poll(other, 0), 204))
+    owner, other = records_down.runner("owner"), records_down.runner("other")
+    _pinned_to(records_down, owner)
+    spent = _spent(records_down, lambda: _status(records_down.desk.poll(other, 0), 204))
     assert spent.get("call.RunnerRegistry.get_runners") == 1, spent
     assert "call.RunnerRegistry.list_runners" not in spent
 
@@ -185,21 +226,52 @@ def _status(response: requests.Response, expected: int) -> None:
     assert response.status_code == expected, response.text
 
 
-def test_a_process_forked_from_a_listening_one_vouches_for_nobody(cloud: Cloud) -> None:
-    # gunicorn forks its worker from the arbiter that built the app: a copy of the
-    # directory there would hold a result nothing updates (a revoked runner still in it).
+def test_the_cache_holds_at_most_its_size(firestore_client: firestore.Client) -> None:
+    """Not the fleet: the least recently used runner is dropped first, and read again when
+    it comes back."""
+    changes = FirestoreRunnerChanges(
+        firestore_client, collection_prefix=f"t{uuid.uuid4().hex[:12]}_", check_seconds=0.05
+    )
+    records = RunnerRecords(changes, size=2)
+    records.start()
+    try:
+        wait_until(changes.live, what="the first push")
+        for name in ("r1", "r2", "r3"):
+            records.keep(make_runner(name), records.mark())
+        assert len(records) == 2
+        assert records.find("r1") is None
+        assert records.find("r3") is not None
+    finally:
+        records.close()
+    assert records.find("r3") is None  # closed: vouches for nobody
+
+
+def test_a_record_read_before_a_change_is_told_is_not_kept(cloud: Cloud) -> None:
+    """A read that raced a revocation: the record read may predate it, so it is not kept."""
     runner = cloud.runner("a")
-    assert cloud.directory.find(runner.runner_id) is not None
+    held = cloud.records.find(runner.runner_id)
+    assert held is not None
+    mark = cloud.records.mark()
+    cloud.records.changed({runner.runner_id})
+    cloud.records.keep(held, mark)
+    assert cloud.records.find(runner.runner_id) is None
+
+
+def test_a_process_forked_from_a_listening_one_vouches_for_nobody(cloud: Cloud) -> None:
+    # gunicorn forks its worker from the arbiter that built the app: a copy of the cache
+    # there would hold records nothing tells of changes (a revoked runner still in it).
+    runner = cloud.runner("a")
+    assert cloud.records.find(runner.runner_id) is not None
     assert cloud.feed.open_dispatches() is not None
 
     in_child = _in_a_forked_child(
         lambda: (
-            cloud.directory.find(runner.runner_id) is None and cloud.feed.open_dispatches() is None
+            cloud.records.find(runner.runner_id) is None and cloud.feed.open_dispatches() is None
         )
     )
 
     assert in_child is True
-    assert cloud.directory.find(runner.runner_id) is not None  # the parent still listens
+    assert cloud.records.find(runner.runner_id) is not None  # the parent still listens
 
 
 def _in_a_forked_child(check: Callable[[], bool]) -> bool | None:
