@@ -219,6 +219,18 @@ variable "worker_dispatch_deadline_seconds" {
 # arithmetic). A limit is a ceiling, not a reservation: with no minimum instances nothing is
 # billed while idle, so a small deployment pays nothing for the headroom.
 
+variable "runner_poll_wait_seconds" {
+  type        = number
+  default     = 300
+  description = "Longest a runner's long poll is held (runners.pollWaitSeconds): the longer, the fewer requests (and request-log lines) an idle runner costs."
+}
+
+variable "runner_timeout_seconds" {
+  type        = number
+  default     = 360
+  description = "Request timeout of the runner API; at least 30 s longer than runner_poll_wait_seconds, so a held poll is answered before the platform cuts it off."
+}
+
 variable "worker_timeout_seconds" {
   type        = number
   default     = 120

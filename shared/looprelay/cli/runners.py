@@ -15,6 +15,7 @@ import click
 
 from looprelay.cli.common import data_path, load, log_options, state_options, table
 from looprelay.logs import LogFormat
+from looprelay.wire.runner_api import MAX_POLL_WAIT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -306,10 +307,10 @@ def runner_register(
 )
 @click.option(
     "--poll-wait",
-    type=float,
-    default=25.0,
+    type=click.FloatRange(0, MAX_POLL_WAIT_SECONDS),
+    default=300.0,
     show_default=True,
-    help="Seconds one long poll may wait.",
+    help="Seconds one long poll may wait; the server holds it at most its runners.pollWaitSeconds.",
 )
 @click.option(
     "--keep-session-on-terminate/--kill-session-on-terminate",

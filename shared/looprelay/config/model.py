@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
 from looprelay.errors import ConfigError
+from looprelay.wire.runner_api import MAX_POLL_WAIT_SECONDS
 
 ENV_OVERRIDE_PREFIX = "LOOPRELAY__"
 GITHUB_MAX_PAYLOAD_BYTES = 25 * 1024 * 1024
@@ -438,7 +439,13 @@ class RunnersConfig(_Section):
         default=30, ge=5, description="How often a runner agent sends its heartbeat."
     )
     poll_wait_seconds: int = Field(
-        default=25, ge=1, le=55, description="Longest a long poll for work is held open."
+        default=25,
+        ge=1,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest a long poll for work is held open (a runner asking for less "
+        "gets less). Minutes cut an idle runner's requests where nothing in front of the "
+        "server ends a quiet request sooner (the cloud deployment holds polls 300 s; a "
+        "proxy in front of `looprelay up` may cut them at 60 s).",
     )
     lease_seconds: int = Field(
         default=60, ge=10, description="How long a leased dispatch stays with its runner."

@@ -161,10 +161,20 @@ class HeartbeatBody(_Body):
         return repositories
 
 
+MAX_POLL_WAIT_SECONDS = 3600
+"""Longest any long poll is held: Cloud Run's and Cloud Functions' longest request."""
+
+
 class PollBody(_Body):
     """A long poll for work."""
 
-    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+    wait_seconds: float = Field(
+        default=25.0,
+        ge=0,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest the poll may be held; the server holds it at most its "
+        "`runners.pollWaitSeconds`.",
+    )
     agent_id: str = Field(
         default="",
         max_length=64,
