@@ -7,8 +7,8 @@ Three measurements, on Google's Firestore emulator (started here unless
 - ``listener``: the CPU one instance's listener spends per change to one runner (a heartbeat
   reporting a new status, written through the registry). **old**: a real-time listener on
   every runner not revoked (the runner directory this replaced: ``ListenedQuery`` on the
-  runners, as it was). **new**: the runner changes feed (``FirestoreRunnerChanges``) on a
-  window seeded with the changes a fleet of that size makes in it (one per runner-hour).
+  runners, as it was). **new**: the runner changes feed (``FirestoreRunnerChanges``), its
+  window seeded with the stamps a fleet of that size leaves in it (one change a runner-hour).
   CPU is the process's (every thread's, ``getrusage``) from the write to the push, less the
   same write with no listener open; reads are the listener's billed reads per change, plus,
   for the new design, the re-read of the runner on its next poll.
@@ -58,8 +58,6 @@ from looprelay.ports import RunnerStatus  # noqa: E402
 PROJECT = "demo-looprelay"
 BATCH = 500
 """Documents one seeding commit writes (Firestore's limit)."""
-CHANGES_PER_RUNNER_HOUR = 1.0
-"""How often a runner's record changes (a new status): issue 22's figure."""
 
 
 def _cpu() -> float:
@@ -98,18 +96,24 @@ def _seed_runners(client: Any, prefix: str, count: int) -> list[RunnerRecord]:
     return runners
 
 
-def _seed_window(client: Any, prefix: str, count: int) -> int:
-    """The change documents a fleet of ``count`` runners leaves in one listener's window."""
-    from google.cloud import firestore
+def _seed_stamps(client: Any, prefix: str, runners: list[RunnerRecord]) -> int:
+    """The stamps a fleet of ``runners`` changing once a runner-hour leaves in a listener's
+    window (its margin, its life and one bucket), in this bucket's documents; returns how
+    many stamps."""
+    from looprelay.adapters.firestore.runner_changes import (
+        BUCKET_SECONDS,
+        MARGIN_SECONDS,
+        RENEW_SECONDS,
+        stamp,
+    )
 
-    from looprelay.adapters.firestore.runner_changes import MARGIN_SECONDS, WINDOW_SECONDS
-
-    held = round(count * CHANGES_PER_RUNNER_HOUR / 3600 * (WINDOW_SECONDS + MARGIN_SECONDS))
+    window = MARGIN_SECONDS + RENEW_SECONDS + BUCKET_SECONDS
+    held = min(len(runners), round(len(runners) / 3600 * window))
     for start in range(0, held, BATCH):
         batch = client.batch()
-        for n in range(start, min(held, start + BATCH)):
-            doc = {"runner_id": f"r-{n % count:016x}", "at": firestore.SERVER_TIMESTAMP}
-            batch.set(client.collection(f"{prefix}runner_changes").document(), doc)
+        for runner in runners[start : start + held][:BATCH]:
+            name, doc = stamp(runner.runner_id)
+            batch.set(client.collection(f"{prefix}runner_changes").document(name), doc, merge=True)
         batch.commit()
     return held
 
@@ -164,7 +168,7 @@ def listener_row(count: int, changes: int) -> dict[str, Any]:
     client, listening = firestore.Client(project=PROJECT), firestore.Client(project=PROJECT)
     t0 = time.perf_counter()
     runners = _seed_runners(client, prefix, count)
-    window = _seed_window(client, prefix, count)
+    window = _seed_stamps(client, prefix, runners)
     seeded = time.perf_counter() - t0
     registry = FirestoreRunnerRegistry(client, collection_prefix=prefix)
     base_cpu, base_wall = _changes_cpu(registry, runners, changes, None)
@@ -209,7 +213,7 @@ def listener_row(count: int, changes: int) -> dict[str, Any]:
     listening.close()
     return {
         "runners": count,
-        "window documents": window,
+        "stamps in window": window,
         "seeded s": round(seeded, 2),
         "write alone ms": round(base_cpu * 1000, 2),
         "old first push cpu ms": round(old_first[0] * 1000, 1),

@@ -7,6 +7,7 @@ with progress going to the loopback fake GitHub and time coming from a clock the
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ import requests
 
 from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
+from looprelay.app.asgi import Blocking
+from looprelay.app.longpoll import long_poll
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord, SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
@@ -337,6 +340,21 @@ def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requ
         return list(pool.map(poll, runners))
 
 
+def long_polled(lease_desk: LeaseDesk, runner: RunnerRecord, wait: float) -> DispatchRecord | None:
+    """What a long poll of ``runner`` for up to ``wait`` s leased, served as production serves
+    it (``app.longpoll.long_poll`` on an event loop, looks on a pool thread); None on 204."""
+    body = PollBody(wait_seconds=wait)
+    response = asyncio.run(long_poll(lease_desk, runner, body, Blocking()))
+    if response.status == 204:
+        return None
+    assert response.status == 200, response.body
+    leased = lease_desk.work_items.get_dispatch(
+        json.loads(response.body)["dispatch"]["dispatch_id"]
+    )
+    assert leased is not None
+    return leased
+
+
 def _ringing(number: int) -> DispatchRecord:
     return make_dispatch(repository=REPOSITORY, number=number, created_at=datetime.now(UTC))
 
@@ -358,7 +376,7 @@ class TestDispatchWaker:
         seen = waker.generation()
         waker.notify()
         started = time.monotonic()
-        waker.wait(10.0, since=seen)
+        asyncio.run(waker.wait_async(10.0, since=seen))
         assert time.monotonic() - started < 5.0
         assert waker.generation() == seen + 1
 
@@ -366,7 +384,7 @@ class TestDispatchWaker:
         waker = DispatchWaker()
         waker.notify()  # before the wait began: not this wait's news
         started = time.monotonic()
-        waker.wait(0.1)
+        asyncio.run(waker.wait_async(0.1, since=waker.generation()))
         assert time.monotonic() - started >= 0.1
 
     def test_a_ring_reaches_only_the_waits_it_concerns(self) -> None:
@@ -393,7 +411,7 @@ class TestDispatchWaker:
         seen = waker.generation()
         waker.notify()
         started = time.monotonic()
-        waker.wait(10.0, since=seen, wants=lambda _opened: False)
+        asyncio.run(waker.wait_async(10.0, since=seen, wants=lambda _opened: False))
         assert time.monotonic() - started < 5.0
 
     def test_a_ring_wakes_as_many_of_a_runners_polls_as_it_opened_work_for(self) -> None:
@@ -573,7 +591,7 @@ class TestPoll:
         assert runner is not None
         wait = 6.0
         started = time.monotonic()
-        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = long_polled(lease_desk, runner, wait)
         elapsed = time.monotonic() - started
         assert leased is not None and reads >= 2
         assert elapsed < wait / 2, f"the poll slept {elapsed:.1f} s through the ring"
@@ -597,7 +615,7 @@ class TestPoll:
         assert runner is not None
         wait = 3 * CLOUD_POLL_INTERVAL_SECONDS + 3
         started = time.monotonic()
-        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = long_polled(lease_desk, runner, wait)
         elapsed = time.monotonic() - started
         assert leased is not None and leased.dispatch_id == "dp-1-1"
         assert CLOUD_POLL_INTERVAL_SECONDS <= elapsed < wait - 1.5
@@ -1108,7 +1126,7 @@ def _poll_with(desk: Desk, runner: Runner, wait: float, meanwhile: Callable[[], 
     record = desk.stores.registry.get_runner(runner.runner_id)
     assert record is not None
     started = time.monotonic()
-    leased = lease_desk.poll(record, PollBody(wait_seconds=wait))
+    leased = long_polled(lease_desk, record, wait)
     return Polled(leased, lease_desk.looks, time.monotonic() - started)
 
 

@@ -21,7 +21,13 @@ import requests
 from google.cloud import firestore
 
 from bench.storecount import OpCounts
-from looprelay.adapters.firestore.runner_changes import FirestoreRunnerChanges
+from looprelay.adapters.firestore.runner_changes import (
+    BUCKET_SECONDS,
+    MARGIN_SECONDS,
+    RENEW_SECONDS,
+    SHARDS,
+    FirestoreRunnerChanges,
+)
 from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
 from looprelay.core.model import RunnerRecord
 from looprelay.service.runner_cache import RunnerRecords
@@ -153,16 +159,41 @@ def test_a_dropped_listener_is_opened_again_and_what_was_held_is_read_again(
     assert _spent(cloud, lambda: _status(cloud.desk.poll(runner, 0), 204)) == {}
 
 
-def test_a_renewed_listener_keeps_what_is_held_and_still_hears_changes(
+def test_the_listener_holds_a_few_bucket_documents_however_many_runners_change(
     firestore_client: firestore.Client,
 ) -> None:
-    """The listener is renewed on a moved window: the cache stays live throughout, and a
-    revocation written after the renewal is told."""
+    """200 runners changed: the result is a few bucket documents, not one per runner (nor
+    per change), and each change is told by runner."""
+    prefix = f"t{uuid.uuid4().hex[:12]}_"
+    registry = FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix)
+    told: list[set[str]] = []
+    changes = FirestoreRunnerChanges(firestore_client, collection_prefix=prefix, check_seconds=0.05)
+    changes.start(lambda ids: told.append(set(ids or ())))
+    try:
+        wait_until(changes.live, what="the first push")
+        runners = [make_runner(f"r-{n:016x}") for n in range(200)]
+        for runner in runners:
+            registry.add_runner(runner)
+            assert registry.rotate_runner_secret(runner.runner_id, secret_hash="b" * 64)
+        wanted = {r.runner_id for r in runners}
+        wait_until(lambda: wanted <= set().union(*told), what="every change told")
+        result = changes._listened.current()
+        buckets = (MARGIN_SECONDS + RENEW_SECONDS) / BUCKET_SECONDS + 2
+        assert result is not None and len(result.documents) <= SHARDS * buckets
+    finally:
+        changes.close()
+
+
+def test_a_renewed_listener_stays_live_and_still_hears_changes(
+    firestore_client: firestore.Client,
+) -> None:
+    """The listener is replaced on a moved window: the feed stays live throughout (the cache
+    keeps what it holds), and a revocation written after the renewals is told."""
     prefix = f"t{uuid.uuid4().hex[:12]}_"
     registry = FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix)
     told: list[set[str] | None] = []
     changes = FirestoreRunnerChanges(
-        firestore_client, collection_prefix=prefix, check_seconds=0.05, window_seconds=0.5
+        firestore_client, collection_prefix=prefix, check_seconds=0.05, renew_seconds=0.5
     )
     changes.start(lambda ids: told.append(None if ids is None else set(ids)))
     try:
@@ -171,6 +202,7 @@ def test_a_renewed_listener_keeps_what_is_held_and_still_hears_changes(
         registry.add_runner(make_runner("r1"))
         assert registry.revoke_runner("r1", at=datetime.now(UTC))
         wait_until(lambda: any(ids and "r1" in ids for ids in told), what="the revocation")
+        assert None not in told
     finally:
         changes.close()
 

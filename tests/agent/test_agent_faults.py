@@ -46,8 +46,9 @@ from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, Agen
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
+from looprelay.app.asgi import AsyncHandler, Blocking
+from looprelay.app.longpoll import runner_api_handler
 from looprelay.app.messages import Request, Response, json_response
-from looprelay.app.runner_http import RunnerHttp
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import LeaseDesk
@@ -141,10 +142,12 @@ class Relay:
     _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
-    _http: RunnerHttp = field(init=False)
+    _blocking: Blocking = field(default_factory=Blocking)
+    _served: AsyncHandler = field(init=False)
 
     def __post_init__(self) -> None:
-        self._http = RunnerHttp(self.api)
+        # Served as `looprelay up` and the cloud serve it: polls wait on the event loop.
+        self._served = runner_api_handler(self.api, self._blocking)
 
     @property
     def url(self) -> str:
@@ -152,7 +155,7 @@ class Relay:
 
     def serve(self) -> None:
         """Start serving; after :meth:`shut_down`, on the same port again."""
-        self._server = AppServer(prefixes={"/runner/": self._handle}, port=self.port)
+        self._server = AppServer(served={"/runner/": self._handle}, port=self.port)
         self.port = self._server.address[1]
         self._server.start()
 
@@ -167,17 +170,17 @@ class Relay:
         with self._calls:
             self._calls.wait_for(lambda: self._in_flight == 0, DEADLINE)
 
-    def _handle(self, request: Request) -> Response:
+    async def _handle(self, request: Request) -> Response:
         with self._calls:
             self._in_flight += 1
         try:
-            return self._serve(request)
+            return await self._serve(request)
         finally:
             with self._calls:
                 self._in_flight -= 1
                 self._calls.notify_all()
 
-    def _serve(self, request: Request) -> Response:
+    async def _serve(self, request: Request) -> Response:
         named = "agent_id" in json.loads(request.body or b"{}")
         if self.older and request.path == API_PREFIX + "poll" and named:
             error = "invalid request body: agent_id: Extra inputs are not permitted"
@@ -190,12 +193,13 @@ class Relay:
                 return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
-            return self._http.handle(request)
-        if not stall.after_lease and stall.take() and not stall.hold():
+            return await self._served(request)
+        # A stall holds a pool thread, not the loop: other calls go on meanwhile.
+        if not stall.after_lease and stall.take() and not await self._blocking.run(stall.hold):
             return json_response(503, {"error": "dropped by the test"})
-        response = self._http.handle(request)
+        response = await self._served(request)
         if stall.after_lease and response.status == 200 and stall.take():
-            stall.hold()
+            await self._blocking.run(stall.hold)
         return response
 
     def register(self, name: str, *, capacity: int = 1) -> Credentials:

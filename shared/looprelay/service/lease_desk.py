@@ -136,30 +136,6 @@ class LeaseDesk:
             else None
         )
 
-    def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
-        """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
-        (capped by ``runners.pollWaitSeconds``) on this thread; None when nothing came.
-        Raises ``Transient`` when the store fails.
-
-        The ASGI application waits without a thread instead (``app.longpoll``), between
-        :meth:`try_lease` calls.
-        """
-        deadline = self._monotonic() + self.poll_seconds(body)
-        wants = self.wants(runner)
-        while True:
-            # Read before looking: a dispatch saved after the look rings a later generation.
-            seen = self._waker.generation() if self._waker is not None else 0
-            leased = self.try_lease(runner)
-            if leased is not None:
-                return leased
-            remaining = deadline - self._monotonic()
-            if remaining <= 0:
-                return None
-            if self._waker is not None:
-                self._waker.wait(self.pause_seconds(remaining), since=seen, wants=wants)
-            else:
-                time.sleep(self.pause_seconds(remaining))
-
     @property
     def work_items(self) -> WorkItemStore:
         """The store of work items and dispatches the desk leases from."""

@@ -232,13 +232,6 @@ class RunnerApi:
             raise NotFound("this server hands out no work")
         return self._desk
 
-    def poll(self, runner: RunnerRecord, body: PollBody) -> Leased | None:
-        """Lease the next dispatch ``runner`` may take, waiting on this thread; None when
-        nothing came within the wait (``app.longpoll`` waits without a thread instead).
-        Raises ``Conflict`` as :meth:`admit_poll` does."""
-        self.admit_poll(runner, body)
-        return leased(self.work_desk().poll(runner, body))
-
     def renew(self, runner: RunnerRecord, body: RenewBody) -> Renewed:
         """Extend the lease ``runner`` holds on a dispatch being applied."""
         until = self.work_desk().renew(runner, body)

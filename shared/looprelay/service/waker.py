@@ -149,13 +149,13 @@ class DispatchWaker:
 
     Each :meth:`notify` counts a generation and is remembered (``RECENT_RINGS``), so a ring
     between a poll's look and its wait (read :meth:`generation` before looking, pass it to a
-    wait) is not lost: the wait returns at once if one concerns it. A poll waits on a thread
-    (:meth:`wait`) or, holding none, on its event loop (:meth:`wait_async`): a notify from any
-    thread reaches each loop once, through ``call_soon_threadsafe``.
+    wait) is not lost: the wait returns at once if one concerns it. A poll waits on its event
+    loop, holding no thread (:meth:`wait_async`): a notify from any thread reaches each loop
+    once, through ``call_soon_threadsafe``.
     """
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._generation = 0
         self._recent: deque[Opened] = deque(maxlen=RECENT_RINGS)
         self._index = _Index()
@@ -181,10 +181,9 @@ class DispatchWaker:
             self._ring(opened)
 
     def _ring(self, opened: Opened) -> None:
-        with self._changed:
+        with self._lock:
             self._generation += 1
             self._recent.append(opened)
-            self._changed.notify_all()
             # Only the runners the ring is addressed to: a comment for a session on runner A
             # judges A's polls, not the thousand other runners' waiting here.
             addressed = {
@@ -195,7 +194,7 @@ class DispatchWaker:
         checks = {wants for polls in addressed.values() for _, wants in polls}
         shares = {wants: _share(wants, opened) for wants in checks}
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Opened]]] = {}
-        with self._changed:
+        with self._lock:
             # Newest first: an agent that restarted leaves its old polls waiting for a while,
             # and its live ones are the newest. A poll that began waiting since the judging
             # checks the ring itself (``_news``).
@@ -219,10 +218,9 @@ class DispatchWaker:
     def close(self) -> None:
         """Wake every waiting poll and let no poll wait again (the process is stopping):
         each answers "no work" at once rather than being cut off."""
-        with self._changed:
+        with self._lock:
             self._closed = True
             self._generation += 1
-            self._changed.notify_all()
             waiting, self._waiting, self._index = list(self._waiting), {}, _Index()
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Opened]]] = {}
         for future in waiting:
@@ -233,21 +231,13 @@ class DispatchWaker:
 
     def waiting(self) -> int:
         """How many polls wait on an event loop now (an approximate read for tests)."""
-        with self._changed:
+        with self._lock:
             return len(self._waiting)
 
     def generation(self) -> int:
         """How many times :meth:`notify` has been called so far."""
-        with self._changed:
+        with self._lock:
             return self._generation
-
-    def wait(self, seconds: float, *, since: int | None = None, wants: Wants | None = None) -> None:
-        """Wait up to ``seconds`` for a :meth:`notify` after generation ``since`` (default:
-        after this call starts) that ``wants`` (default: any); returns at once if one already
-        came."""
-        with self._changed:
-            seen = self._generation if since is None else since
-            self._changed.wait_for(lambda: self._news(seen, wants), seconds)
 
     async def wait_async(
         self,
@@ -257,14 +247,14 @@ class DispatchWaker:
         wants: Wants | None = None,
         runner: RunnerRecord | None = None,
     ) -> Opened | None:
-        """:meth:`wait` without a thread: return after a :meth:`notify` past generation
-        ``since`` that ``wants``, or after ``seconds``; at once if one already came. Returns
+        """Wait without a thread: return after a :meth:`notify` past generation ``since``
+        that ``wants`` (default: any), or after ``seconds``; at once if one already came. Returns
         the ring that woke this wait (None: the wait ran out, or the ring came before it
         began). A wait for ``runner`` is judged only by rings addressed to it (its sessions,
         its repositories, a slot freed on it); one naming no runner by every ring. Must run
         on an event loop; cancelling it leaves nothing behind."""
         woken: asyncio.Future[Opened] = asyncio.get_running_loop().create_future()
-        with self._changed:
+        with self._lock:
             if self._news(since, wants):
                 return None
             self._waiting[woken] = self._index.add(woken, wants, runner)
@@ -273,7 +263,7 @@ class DispatchWaker:
         except TimeoutError:
             return None
         finally:
-            with self._changed:
+            with self._lock:
                 key = self._waiting.pop(woken, None)
                 if key is not None:
                     self._index.remove(woken, key)

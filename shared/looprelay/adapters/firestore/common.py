@@ -92,7 +92,7 @@ def conditional_update(
 ) -> bool:
     """Apply ``change`` to the document with a last-update-time precondition, re-reading on
     conflict; ``change`` returns the fields to set, or None to leave the document alone.
-    With ``also``, that document is set in the same atomic write.
+    With ``also``, those fields are merged into that document in the same atomic write.
 
     Returns False when the document is missing or ``change`` declined. Raises ``Transient``
     after ``MAX_CAS_ROUNDS`` conflicting rounds or when Firestore is unavailable.
@@ -114,7 +114,7 @@ def conditional_update(
                 else:
                     batch = client.batch()
                     batch.update(ref, fields, option=option)
-                    batch.set(*also)
+                    batch.set(*also, merge=True)
                     batch.commit()
             except (gexc.FailedPrecondition, gexc.NotFound):
                 continue

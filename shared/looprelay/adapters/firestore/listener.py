@@ -63,7 +63,7 @@ class ListenedQuery(Generic[T]):
 
     def __init__(
         self,
-        query: firestore.Query | Callable[[], firestore.Query],
+        query: firestore.Query | firestore.CollectionReference | Callable[[], firestore.Query],
         *,
         parse: Callable[[dict[str, Any]], T],
         name: str,
@@ -79,7 +79,7 @@ class ListenedQuery(Generic[T]):
         by a new one on a query made afresh (a window that moves keeps its result small); the
         old result stands until the new one's first push. ``name`` and ``fallback`` (what
         callers do meanwhile) word the logs."""
-        self._query = query if callable(query) else (lambda: query)
+        self._query: Callable[[], Any] = query if callable(query) else (lambda: query)
         self._renew_seconds = renew_seconds
         self._parse = parse
         self._name, self._fallback = name, fallback

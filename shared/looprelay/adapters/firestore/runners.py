@@ -2,10 +2,10 @@
 
 Layout: ``{prefix}registration_tokens/{token_hash}`` (with ``expires_at``, also the TTL field),
 ``{prefix}runners/{runner_id}``, ``{prefix}runner_liveness/{runner_id}`` and
-``{prefix}runner_changes/{auto id}``.
+``{prefix}runner_changes/{shard}``.
 
 Scenario: every instance of the runner API keeps the runners it authenticated lately in a
-bounded cache, told of each change to one by a small change document written in the same
+bounded cache, told of each change to one by a stamp in a shard document written in the same
 batch (``runner_changes.py``), whose listener bills one read per change per instance. A
 runner's identity (secret, labels, revocation) and status (version, repositories, sessions)
 stay in its runner document, written on register, rotate and revoke and when a heartbeat
@@ -32,7 +32,7 @@ from looprelay.adapters.firestore.common import (
     translated,
     utc,
 )
-from looprelay.adapters.firestore.runner_changes import change_document
+from looprelay.adapters.firestore.runner_changes import stamp
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.core.scheduling import with_last_seen
@@ -131,7 +131,8 @@ class FirestoreRunnerRegistry:
             return None if doc.get("revoked_at") is not None else fields
 
         # Announced in the same write: every instance's cache of this runner reads it again.
-        announce = (self._changes.document(), change_document(runner_id))
+        shard, stamped = stamp(runner_id)
+        announce = (self._changes.document(shard), stamped)
         return conditional_update(
             self._client,
             self._runners.document(runner_id),
