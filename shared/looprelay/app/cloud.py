@@ -128,7 +128,9 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> CloudRunnerA
 
     waker = DispatchWaker()
     feed = open_dispatch_feed(config, on_change=waker.notify)
-    records = RunnerRecords(open_runner_changes(config, data_dir=None))
+    records = RunnerRecords(
+        open_runner_changes(config, data_dir=None), size=config.runners.cached_runners
+    )
     api = wire(
         config,
         store=open_store(config, data_dir=None),

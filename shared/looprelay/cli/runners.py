@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import click
 
 from looprelay.cli.common import data_path, load, log_options, state_options, table
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS
 from looprelay.logs import LogFormat
-from looprelay.wire.runner_api import MAX_POLL_WAIT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^(\d+)([smhd])$")

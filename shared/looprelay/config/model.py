@@ -19,7 +19,6 @@ from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
 from looprelay.errors import ConfigError
-from looprelay.wire.runner_api import MAX_POLL_WAIT_SECONDS
 
 ENV_OVERRIDE_PREFIX = "LOOPRELAY__"
 GITHUB_MAX_PAYLOAD_BYTES = 25 * 1024 * 1024
@@ -423,6 +422,10 @@ class RoutingConfig(_Section):
         return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
 
 
+MAX_POLL_WAIT_SECONDS = 3600
+"""Longest any long poll is held: Cloud Run's and Cloud Functions' longest request."""
+
+
 class RunnersConfig(_Section):
     """Runner agents: registration, liveness and leases."""
 
@@ -457,6 +460,16 @@ class RunnersConfig(_Section):
         description="How stale the runner API's cached liveness of a runner may be when "
         "choosing a dispatch depends on it (a session's runner: a silent runner is noticed "
         "that much later; 0 reads it on every choice).",
+    )
+    cached_runners: int = Field(
+        default=20_000,
+        ge=0,
+        le=1_000_000,
+        description="Runners one instance of the runner API keeps in memory after reading "
+        "them (about 1 KiB each; the least recently used leave first): an idle runner's "
+        "polls and heartbeats read nothing while it is held, so keep it above the runners "
+        "that reach one instance. Changes to a runner (revoke, rotate, a new status) reach "
+        "every instance through a small feed, whatever this is.",
     )
     unserved_expiry_seconds: int = Field(
         default=24 * 3600,

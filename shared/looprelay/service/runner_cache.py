@@ -35,8 +35,8 @@ from looprelay.core.model import RunnerRecord
 from looprelay.core.scheduling import is_live, with_last_seen
 from looprelay.ports import RunnerChanges, RunnerRegistry
 
-DEFAULT_KEPT_RUNNERS = 4096
-"""Runner records one instance keeps (about 1 KiB each): more than its share of a fleet."""
+DEFAULT_KEPT_RUNNERS = 20_000
+"""Runner records one instance keeps (about 1 KiB each; ``runners.cachedRunners``)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS
 from looprelay.core.model import (
     DISPATCH_KINDS,
     MAX_DETAIL_CHARS,
@@ -159,10 +160,6 @@ class HeartbeatBody(_Body):
             if not _REPOSITORY.fullmatch(repository):
                 raise ValueError(f"{repository[:100]!r} is not owner/repo")
         return repositories
-
-
-MAX_POLL_WAIT_SECONDS = 3600
-"""Longest any long poll is held: Cloud Run's and Cloud Functions' longest request."""
 
 
 class PollBody(_Body):
