@@ -270,9 +270,9 @@ variable "request_concurrency" {
   default = {
     webhook = 32
     worker  = 16
-    runners = 500
+    runners = 1000
   }
-  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds hundreds (Cloud Run allows 1,000)."
+  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds 1,000 (Cloud Run's most), and Cloud Run adds an instance at 60% of it (docs/scaling.md)."
 
   validation {
     condition = alltrue([
