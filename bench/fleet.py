@@ -155,6 +155,26 @@ def _changes_cpu(
     return cpu / changes, wall / changes
 
 
+def _listened(
+    listener: Any,
+    start: Callable[[], None],
+    heard: Heard,
+    measure: Callable[[], tuple[float, float]],
+    changes: int,
+) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """Start ``listener``: the CPU and wall seconds of its first push, what ``measure`` says
+    of the changes, and the listener's billed reads per change; then close it."""
+    c0, w0 = _cpu(), time.perf_counter()
+    start()
+    heard.wait_past(0)
+    first = (_cpu() - c0, time.perf_counter() - w0)
+    reads0 = listener.reads
+    measured = measure()
+    reads = (listener.reads - reads0) / changes
+    listener.close()
+    return first, measured, reads
+
+
 def listener_row(count: int, changes: int) -> dict[str, Any]:
     """The ``listener`` measurement at ``count`` runners."""
     from google.cloud import firestore
@@ -184,25 +204,18 @@ def listener_row(count: int, changes: int) -> dict[str, Any]:
         on_change=heard,
         check_seconds=0.1,
     )
-    c0, w0 = _cpu(), time.perf_counter()
-    old.start()
-    heard.wait_past(0)
-    old_first = (_cpu() - c0, time.perf_counter() - w0)
-    reads0 = old.reads
-    old_cpu, old_wall = _changes_cpu(registry, runners, changes, heard)
-    old_reads = (old.reads - reads0) / changes
-    old.close()
-
+    old_first, (old_cpu, old_wall), old_reads = _listened(
+        old, old.start, heard, lambda: _changes_cpu(registry, runners, changes, heard), changes
+    )
     heard = Heard(threading.Condition())
     new = FirestoreRunnerChanges(listening, collection_prefix=prefix, check_seconds=0.1)
-    c0, w0 = _cpu(), time.perf_counter()
-    new.start(heard)
-    heard.wait_past(0)
-    new_first = (_cpu() - c0, time.perf_counter() - w0)
-    reads0 = new.reads
-    new_cpu, new_wall = _changes_cpu(registry, runners, changes, heard)
-    new_reads = (new.reads - reads0) / changes
-    new.close()
+    new_first, (new_cpu, new_wall), new_reads = _listened(
+        new,
+        lambda: new.start(heard),
+        heard,
+        lambda: _changes_cpu(registry, runners, changes, heard),
+        changes,
+    )
 
     # The new design's other read: the next poll of a changed runner reads it again.
     counts = OpCounts()
@@ -260,7 +273,6 @@ async def _poll_to_lease(
     runners: list[RunnerRecord],
     deliveries: int,
     save: Callable[[int, RunnerRecord], None],
-    settle_wait: Callable[[], bool],
     *,
     settle_pause: float,
 ) -> dict[str, float]:
@@ -291,7 +303,7 @@ async def _poll_to_lease(
         if answer.status != 200:
             raise RuntimeError(f"the poll got {answer.status}")
         await asyncio.sleep(settle_pause)  # the push of the lease, which rings too
-        while not settle_wait():  # the other woken polls back waiting
+        while waker.waiting() < len(runners) - 1 - n:  # the other woken polls back waiting
             await asyncio.sleep(0.001)
         cpus.append(_cpu() - c0)
         polls.pop(target.runner_id)
@@ -316,7 +328,6 @@ def cloud_row(count: int, deliveries: int, old: bool) -> dict[str, Any]:
     from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
     from looprelay.app.services import build_runner_api
     from looprelay.service.waker import DispatchWaker
-    from tests.dispatches import make_dispatch, save_with_own_session
 
     prefix = f"fleet{uuid.uuid4().hex[:8]}_"
     config = Config.model_validate(
@@ -355,24 +366,10 @@ def cloud_row(count: int, deliveries: int, old: bool) -> dict[str, Any]:
     saver = FirestoreWorkItemStore(other, collection_prefix=prefix)
 
     def save(number: int, runner: RunnerRecord) -> None:
-        now = datetime.now(UTC)
-        repo = runner.repositories[0]
-        dispatch = make_dispatch(repository=repo, number=number, created_at=now)
-        save_with_own_session(saver, repository=repo, number=number, dispatches=[dispatch], now=now)
+        _save_spawn(saver, number, runner)
 
     before = counts.snapshot().get("doc.reads", 0)
-    waiting_after = [count - 1]
-
-    def settled() -> bool:
-        if waker.waiting() >= waiting_after[0]:
-            waiting_after[0] -= 1
-            return True
-        return False
-
-    with _old_waker() if old else _nothing():
-        figures = asyncio.run(
-            _poll_to_lease(api.desk, runners, deliveries, save, settled, settle_pause=0.5)
-        )
+    figures = _timed(api.desk, runners, deliveries, save, old=old, settle_pause=0.5)
     reads = (counts.snapshot().get("doc.reads", 0) - before) / deliveries
     feed.close()
     for client in (counted, other, listening):
@@ -390,6 +387,32 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+def _timed(
+    desk: Any,
+    runners: list[RunnerRecord],
+    deliveries: int,
+    save: Callable[[int, RunnerRecord], None],
+    *,
+    old: bool,
+    settle_pause: float,
+) -> dict[str, float]:
+    """``_poll_to_lease`` with the old waker or the new one."""
+    with _old_waker() if old else _nothing():
+        poll = _poll_to_lease(desk, runners, deliveries, save, settle_pause=settle_pause)
+        return asyncio.run(poll)
+
+
+def _save_spawn(items: Any, number: int, runner: RunnerRecord) -> Any:
+    """Save a spawn for work item ``number`` of ``runner``'s repository; return it."""
+    from tests.dispatches import make_dispatch, save_with_own_session
+
+    now = datetime.now(UTC)
+    repo = runner.repositories[0]
+    dispatch = make_dispatch(repository=repo, number=number, created_at=now)
+    save_with_own_session(items, repository=repo, number=number, dispatches=[dispatch], now=now)
+    return dispatch
+
+
 def up_row(count: int, deliveries: int, old: bool) -> dict[str, Any]:
     """The ``up`` measurement at ``count`` runners: SQLite, the waker rung as the router
     rings it (with the saved dispatch)."""
@@ -399,7 +422,6 @@ def up_row(count: int, deliveries: int, old: bool) -> dict[str, Any]:
     from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
     from looprelay.app.services import build_runner_api
     from looprelay.service.waker import DispatchWaker
-    from tests.dispatches import make_dispatch, save_with_own_session
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "looprelay.db"
@@ -424,26 +446,10 @@ def up_row(count: int, deliveries: int, old: bool) -> dict[str, Any]:
         )
 
         def save(number: int, runner: RunnerRecord) -> None:
-            at = datetime.now(UTC)
-            repo = runner.repositories[0]
-            dispatch = make_dispatch(repository=repo, number=number, created_at=at)
-            save_with_own_session(
-                items, repository=repo, number=number, dispatches=[dispatch], now=at
-            )
-            waker.notify([dispatch])  # as the router rings it (``on_dispatch``)
+            # As the router rings it (``on_dispatch``).
+            waker.notify([_save_spawn(items, number, runner)])
 
-        waiting_after = [count - 1]
-
-        def settled() -> bool:
-            if waker.waiting() >= waiting_after[0]:
-                waiting_after[0] -= 1
-                return True
-            return False
-
-        with _old_waker() if old else _nothing():
-            figures = asyncio.run(
-                _poll_to_lease(api.desk, runners, deliveries, save, settled, settle_pause=0)
-            )
+        figures = _timed(api.desk, runners, deliveries, save, old=old, settle_pause=0)
         for adapter in (registry, items, store):
             adapter.close()
     return {"runners": count, "design": "old" if old else "new", **figures}
