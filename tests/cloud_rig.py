@@ -46,11 +46,14 @@ class HeardRecords(RunnerRecords):
     """The cache of runners, counting the lookups authentication makes in it: a request
     reached the runner API when one more was made."""
 
-    def __init__(self, client: firestore.Client, *, collection_prefix: str) -> None:
+    def __init__(
+        self, client: firestore.Client, *, collection_prefix: str, waker: DispatchWaker
+    ) -> None:
         self.changes = FirestoreRunnerChanges(
             client, collection_prefix=collection_prefix, check_seconds=0.1
         )
-        super().__init__(self.changes)
+        # As ``app.cloud`` wires it: a change wakes the runner's waiting polls.
+        super().__init__(self.changes, told=lambda ids: waker.notify((), runners=ids))
         self._finds = 0
         self._counted = threading.Lock()
 
@@ -132,7 +135,7 @@ def _cloud(
     feed = FirestoreDispatchFeed(
         firestore_client, on_change=waker.notify, collection_prefix=prefix, check_seconds=0.1
     )
-    records = HeardRecords(firestore_client, collection_prefix=prefix)
+    records = HeardRecords(firestore_client, collection_prefix=prefix, waker=waker)
     if feed_started:
         feed.start()
         wait_until(lambda: feed.open_dispatches() is not None, what="the first push")

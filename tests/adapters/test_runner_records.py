@@ -14,6 +14,7 @@ import select
 import signal
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
@@ -34,7 +35,7 @@ from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runner_secrets import hash_credential, new_runner_id, new_runner_secret
 from tests.cloud_rig import WOKEN_WITHIN, Cloud
 from tests.fake_harness import wait_until
-from tests.test_leases import Runner
+from tests.test_leases import HTTP_TIMEOUT, Runner
 
 pytestmark = pytest.mark.firestore
 
@@ -102,6 +103,19 @@ def test_a_runner_revoked_elsewhere_is_refused_once_the_push_arrives(cloud: Clou
     )
     response = cloud.desk.post("heartbeat", {}, auth=runner.auth)
     assert response.status_code == 401 and "revoked" in response.text
+
+
+def test_a_poll_waiting_when_its_runner_is_revoked_elsewhere_ends_refused(cloud: Cloud) -> None:
+    """Polls are held for minutes: one already authenticated must not lease work after its
+    runner was revoked. The change wakes it; it reads the runner again and is refused."""
+    runner = cloud.runner("a")
+    with ThreadPoolExecutor(1) as pool:
+        answer = cloud.poll_in_background(pool, runner)
+        wait_until(lambda: cloud.desk.waker.waiting() == 1, what="the poll to wait")
+        assert cloud.elsewhere.registry.revoke_runner(runner.runner_id, at=cloud.desk.clock.now())
+        response = answer.result(timeout=WOKEN_WITHIN + HTTP_TIMEOUT)
+    assert response.status_code == 401, response.text
+    assert "revoked" in response.text
 
 
 def test_a_rotated_secret_works_at_once_and_the_old_one_stops(cloud: Cloud) -> None:

@@ -128,8 +128,11 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> CloudRunnerA
 
     waker = DispatchWaker()
     feed = open_dispatch_feed(config, on_change=waker.notify)
+    # A change to a runner wakes its waiting polls, which read it again (revoked: 401).
     records = RunnerRecords(
-        open_runner_changes(config, data_dir=None), size=config.runners.cached_runners
+        open_runner_changes(config, data_dir=None),
+        size=config.runners.cached_runners,
+        told=lambda ids: waker.notify((), runners=ids),
     )
     api = wire(
         config,

@@ -32,7 +32,7 @@ from looprelay.core.scheduling import (
     pin_to_sessions,
 )
 from looprelay.core.slots import frees_on_lease, frees_on_settle, takes_slot
-from looprelay.errors import Conflict, NotFound, Transient
+from looprelay.errors import Conflict, NotFound, Transient, Unauthorized
 from looprelay.ports import (
     Clock,
     DispatchFeed,
@@ -118,6 +118,7 @@ class LeaseDesk:
         self._waker = waker
         self._feed = feed
         self._monotonic = monotonic
+        self._records = records
         self._runners = RunnerCache(
             registry,
             max_age_seconds=config.runner_list_max_age_seconds,
@@ -211,8 +212,26 @@ class LeaseDesk:
 
     def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
         """One look: lease the next dispatch ``runner`` may take and return it as leased, or
-        None when there is none now. Raises ``Transient`` when the store fails."""
-        return self._lease_next(runner)
+        None when there is none now. Raises ``Transient`` when the store fails, and
+        ``Unauthorized`` when the runner was revoked or its secret rotated since the poll
+        was authenticated (a poll is held for minutes)."""
+        return self._lease_next(self._current(runner))
+
+    def _current(self, runner: RunnerRecord) -> RunnerRecord:
+        """``runner`` as the store holds it now, when a change to it was told since it was
+        read (the cache dropped it): read again, so a waiting poll of a runner revoked or
+        rotated meanwhile leases nothing, and one whose status changed is judged on it."""
+        records = self._records
+        if records is None or not records.live() or records.find(runner.runner_id):
+            return runner
+        mark = records.mark()
+        fresh = self._registry.get_runner(runner.runner_id)
+        if fresh is None or fresh.revoked or fresh.secret_hash != runner.secret_hash:
+            raise Unauthorized(
+                f"runner {runner.name} was revoked or its secret rotated while it polled"
+            )
+        records.keep(fresh, mark)
+        return fresh
 
     def _candidates(self, runner: RunnerRecord, now: datetime) -> list[DispatchRecord]:
         # With a live feed, the open dispatches it pushed say in memory which heads this

@@ -52,9 +52,18 @@ class RunnerRecords:
     """Runners as last read, kept while ``changes`` is live and tells no change to them: at
     most ``size``, the least recently used dropped first. Safe across threads."""
 
-    def __init__(self, changes: RunnerChanges, *, size: int = DEFAULT_KEPT_RUNNERS) -> None:
+    def __init__(
+        self,
+        changes: RunnerChanges,
+        *,
+        size: int = DEFAULT_KEPT_RUNNERS,
+        told: Callable[[Collection[str]], None] = lambda _ids: None,
+    ) -> None:
+        """``told`` hears the ids of each change after they are dropped (the runner API
+        wakes those runners' waiting polls, which then read them again)."""
         self._changes = changes
         self._size = size
+        self._told_to = told
         self._lock = threading.Lock()
         self._held: OrderedDict[str, RunnerRecord] = OrderedDict()
         self._epoch = 0
@@ -87,6 +96,11 @@ class RunnerRecords:
                 self._last_told.move_to_end(runner_id)
             while len(self._last_told) > self._size:
                 _, self._forgotten = self._last_told.popitem(last=False)
+        self._told_to(runner_ids)
+
+    def live(self) -> bool:
+        """Whether the feed is live in this process: only then is anything vouched for."""
+        return self._changes.live()
 
     def find(self, runner_id: str) -> RunnerRecord | None:
         """The runner as last read, or None when not held or the feed is not live here (the
