@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -1075,3 +1076,25 @@ class TestServerDown:
         [done] = relay.wait_settled("dp-1-1", seconds=backoff + DEADLINE)
         assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
+
+
+def test_calls_from_short_lived_threads_share_the_agents_connections(relay: Relay) -> None:
+    """The agent starts a renewer thread for each dispatch; each used to open a connection
+    of its own. A call now borrows an idle connection: 20 calls from 20 threads one after
+    another use one, and a poll held meanwhile takes a second, not one per call."""
+    client = RunnerClient(relay.register("laptop"))
+
+    def calls_in_turn(count: int) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=client.heartbeat, args=({"capacity": 1},))
+            thread.start()
+            thread.join(DEADLINE)
+
+    calls_in_turn(20)
+    assert client.sessions_opened == 1
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(client.poll, 2.0)
+        wait_until(lambda: relay.waker.waiting() == 1, what="the poll to wait")
+        calls_in_turn(20)
+        assert held.result(timeout=DEADLINE) is None
+    assert client.sessions_opened == 2
