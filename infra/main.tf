@@ -40,8 +40,9 @@ locals {
       description = "Runner API (/runner/v1/...): registration, long polls, leases, results."
       memory      = var.function_resources.runners.memory
       cpu         = var.function_resources.runners.cpu
-      # Long polls are held up to 55 s (runners.pollWaitSeconds).
-      timeout_seconds = 120
+      # Long polls are held up to runner_poll_wait_seconds (runners.pollWaitSeconds), and
+      # answered before the platform cuts the request off (tests/infra checks the margin).
+      timeout_seconds = var.runner_timeout_seconds
       concurrency     = var.request_concurrency.runners
       max_instances   = var.max_instances.runners
       secret_env      = [var.github_app_key_env]
@@ -95,6 +96,7 @@ locals {
     LOOPRELAY__github__poll__repositories                 = jsonencode(var.poll_repositories)
     LOOPRELAY__routing__authorizedUsers                   = jsonencode(var.authorized_users)
     LOOPRELAY__routing__botLogins                         = jsonencode(var.bot_logins)
+    LOOPRELAY__runners__pollWaitSeconds                   = jsonencode(var.runner_poll_wait_seconds)
     LOOPRELAY__store__backend                             = jsonencode("firestore")
     LOOPRELAY__store__retentionDays                       = jsonencode(var.retention_days)
     LOOPRELAY__store__firestore__project                  = jsonencode(var.project)

@@ -219,6 +219,18 @@ variable "worker_dispatch_deadline_seconds" {
 # arithmetic). A limit is a ceiling, not a reservation: with no minimum instances nothing is
 # billed while idle, so a small deployment pays nothing for the headroom.
 
+variable "runner_poll_wait_seconds" {
+  type        = number
+  default     = 300
+  description = "Longest a runner's long poll is held (runners.pollWaitSeconds): the longer, the fewer requests (and request-log lines) an idle runner costs."
+}
+
+variable "runner_timeout_seconds" {
+  type        = number
+  default     = 360
+  description = "Request timeout of the runner API; at least 30 s longer than runner_poll_wait_seconds, so a held poll is answered before the platform cuts it off."
+}
+
 variable "worker_timeout_seconds" {
   type        = number
   default     = 120
@@ -258,9 +270,9 @@ variable "request_concurrency" {
   default = {
     webhook = 32
     worker  = 16
-    runners = 500
+    runners = 1000
   }
-  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds hundreds (Cloud Run allows 1,000)."
+  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds 1,000 (Cloud Run's most), and Cloud Run adds an instance at 60% of it (docs/scaling.md)."
 
   validation {
     condition = alltrue([

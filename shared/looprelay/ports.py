@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, never loads them
     from looprelay.core.model import (
@@ -289,6 +289,12 @@ class WorkItemStore(Protocol):
         ...
 
 
+DispatchRing: TypeAlias = "Callable[[Iterable[DispatchRecord] | None, Collection[str]], None]"
+"""Told what a push of the feed opened: the dispatches that may be leasable now (None:
+anything may have), and the runners a settled lease may have freed a slot on
+(``service.waker.DispatchWaker.notify``)."""
+
+
 class DispatchFeed(Protocol):
     """The open dispatches as the store last pushed them: one listener per process, so a
     waiting poll learns of new work without reading the store."""
@@ -324,7 +330,9 @@ class RunnerStatus:
 
 
 class RunnerRegistry(Protocol):
-    """Registration tokens and registered runners."""
+    """Registration tokens and registered runners. Each change to a runner's record (revoke,
+    rotate, a heartbeat with a new status) is announced to ``RunnerChanges`` in the same
+    write; ``record_alive`` announces nothing."""
 
     def add_registration_token(self, token: RegistrationToken) -> None:
         """Store a newly minted (hashed) registration token."""
@@ -383,25 +391,30 @@ class RunnerRegistry(Protocol):
         ...
 
 
-class RunnerDirectory(Protocol):
-    """The runners not revoked as the store last pushed them: one listener per process, so
-    authenticating a runner reads no runner record, and learning whether a runner is live
-    reads only when it was last heard from."""
+RunnerChanged = Callable[[Collection[str] | None], None]
+"""Told the ids of runners whose records changed, or None when changes may have been missed
+(the feed dropped): then no record read before may be trusted."""
 
-    def find(self, runner_id: str) -> RunnerRecord | None:
-        """Return the runner as last pushed; None when the directory cannot vouch for it (not
-        listening, or not pushed a runner of that id, or pushed it revoked): the caller then
-        asks the ``RunnerRegistry``. Its ``last_seen_at`` may be older than the registry's."""
+
+class RunnerChanges(Protocol):
+    """Which runners' records changed (revoked, secret rotated, a new status reported), as
+    the store pushes it: a small feed of changes, not the fleet, so an instance can keep the
+    runners it authenticates in a bounded cache and read only on a miss
+    (``service.runner_cache.RunnerRecords``)."""
+
+    def start(self, on_change: RunnerChanged) -> None:
+        """Start listening in this process (the one that serves: never before a fork),
+        telling ``on_change`` (on the feed's thread; it must not block) each change from
+        then on; once a process, a second call does nothing."""
         ...
 
-    def start(self) -> None:
-        """Start listening in this process (the one that serves: never before a fork);
-        once a process, a second call does nothing. Until its first push in this process,
-        :meth:`find` vouches for nobody."""
+    def live(self) -> bool:
+        """Whether the feed has pushed in this process and not dropped since: only then is a
+        change to a runner sure to be told."""
         ...
 
     def close(self) -> None:
-        """Stop listening; :meth:`find` answers None from then on."""
+        """Stop listening; :meth:`live` answers False from then on."""
         ...
 
 

@@ -65,8 +65,8 @@ BUILDERS: dict[str, Callable[[Config, dict[str, str]], object]] = {
     "poller": cloud.build_poller,
     "status": lambda config, environ: cloud.build_status_reader(config),
 }
-# Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
-TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
+# Collections whose documents carry expires_at (firestore store, runners, runner_changes).
+TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens", "runner_changes")
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 CREDENTIAL_PATTERNS = {
     "PEM block": re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"),
@@ -751,3 +751,13 @@ def test_checkov_finds_no_unjustified_failure() -> None:
     print(f"checkov: {summary} in {elapsed:.1f} s")
     if elapsed > CHECKOV_BUDGET_SECONDS:
         print(f"checkov took {elapsed:.0f} s, over the {CHECKOV_BUDGET_SECONDS:.0f} s budget")
+
+
+def test_a_held_poll_is_answered_before_the_runner_api_times_out() -> None:
+    """Polls are held for minutes (issue 22), and still end before the platform cuts them."""
+    functions = _Eval().value(_infra()["locals"]["functions"])
+    variables = _variables()
+    wait = variables["runner_poll_wait_seconds"]
+    assert _functions()["runners"]["env"]["LOOPRELAY__runners__pollWaitSeconds"] == str(wait)
+    assert wait >= 120, "an idle runner's poll is held for minutes"
+    assert functions["runners"]["timeout_seconds"] >= wait + 30

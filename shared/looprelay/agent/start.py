@@ -54,7 +54,8 @@ class RunnerOptions:
     keep_checkout_on_close: bool = False
     tmux_socket: str | None = None
     capacity: int = 2
-    poll_wait_seconds: float = 25.0
+    poll_wait_seconds: float = 300.0
+    """What a poll asks for; the server caps it (``runners.pollWaitSeconds``)."""
     keep_session_on_terminate: bool = True
     harness_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     sandbox: str = "untrusted"

@@ -8,7 +8,7 @@ Function's cold start loads only the ones its configuration picks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,11 +19,12 @@ from looprelay.errors import ConfigError
 from looprelay.ports import (
     Clock,
     DispatchFeed,
+    DispatchRing,
     GitHub,
     GitHubListings,
     PollCursors,
     Queue,
-    RunnerDirectory,
+    RunnerChanges,
     RunnerRegistry,
     Store,
     TaskAuthenticator,
@@ -103,7 +104,7 @@ def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemSt
     return SqliteWorkItemStore(_sqlite_path(config, data_dir))
 
 
-def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> DispatchFeed | None:
+def open_dispatch_feed(config: Config, *, on_change: DispatchRing) -> DispatchFeed | None:
     """Return the store's change feed of open dispatches, calling ``on_change`` after each
     change once started, and not started: its thread and stream must be opened by the process
     that serves (``start()``, see ``app.asgi.build_asgi``). None when the store pushes none
@@ -116,16 +117,17 @@ def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> Disp
     return FirestoreDispatchFeed.from_config(config.store.firestore, on_change=on_change)
 
 
-def open_runner_directory(config: Config) -> RunnerDirectory | None:
-    """Return the store's directory of runners, not started: the process that serves opens
-    its listener (``start()``), and until then it vouches for nobody. None when the store
-    pushes none (SQLite: a read is cheap, so the runner API reads). Raises ``ConfigError``
-    without credentials."""
-    if config.store.backend != "firestore":
-        return None
-    from looprelay.adapters.firestore.runner_directory import FirestoreRunnerDirectory
+def open_runner_changes(config: Config, *, data_dir: Path | None) -> RunnerChanges:
+    """Return the store's feed of changed runners, not started: the process that serves
+    starts it (``RunnerRecords.start``), and until then nothing is vouched for from memory.
+    Raises ``ConfigError`` without credentials, or without a SQLite path."""
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore.runner_changes import FirestoreRunnerChanges
 
-    return FirestoreRunnerDirectory.from_config(config.store.firestore)
+        return FirestoreRunnerChanges.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite.runner_changes import SqliteRunnerChanges
+
+    return SqliteRunnerChanges(_sqlite_path(config, data_dir))
 
 
 @dataclass(frozen=True)

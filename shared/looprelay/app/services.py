@@ -18,7 +18,6 @@ from looprelay.ports import (
     GitHub,
     PollCursors,
     Queue,
-    RunnerDirectory,
     RunnerRegistry,
     Store,
     WorkItemStore,
@@ -26,6 +25,7 @@ from looprelay.ports import (
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runners import RunnerApi
 from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
@@ -73,11 +73,12 @@ def build_runner_api(
     work_items: WorkItemStore | None = None,
     runners: RunnerRegistry | None = None,
     feed: DispatchFeed | None = None,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
 ) -> RunnerApi:
     """The runner API with its lease desk; stores are opened unless given. ``feed`` (which
     rings ``waker``) lets waiting polls learn of new work without reading the store;
-    ``directory`` lets authentication and the choice among runners read no runner."""
+    ``records`` (the runners read lately, told of changes) lets authentication and the
+    choice among runners read no runner they hold."""
     registry = runners or open_runner_registry(config, data_dir=data_dir)
     work_items = work_items or open_work_item_store(config, data_dir=data_dir)
     progress = Progress(
@@ -98,7 +99,7 @@ def build_runner_api(
         waker=waker,
         feed=feed,
         expire_unserved=feed is None,
-        directory=directory,
+        records=records,
     )
     return RunnerApi(
         registry=registry,
@@ -106,7 +107,7 @@ def build_runner_api(
         clock=clock,
         config=config.runners,
         desk=desk,
-        directory=directory,
+        records=records,
         sessions=SessionComments(
             work_items=work_items,
             store=store,

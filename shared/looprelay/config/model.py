@@ -485,6 +485,10 @@ class RoutingConfig(_Section):
         return self
 
 
+MAX_POLL_WAIT_SECONDS = 3600
+"""Longest any long poll is held: Cloud Run's and Cloud Functions' longest request."""
+
+
 class RunnersConfig(_Section):
     """Runner agents: registration, liveness and leases."""
 
@@ -501,7 +505,13 @@ class RunnersConfig(_Section):
         default=30, ge=5, description="How often a runner agent sends its heartbeat."
     )
     poll_wait_seconds: int = Field(
-        default=25, ge=1, le=55, description="Longest a long poll for work is held open."
+        default=25,
+        ge=1,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest a long poll for work is held open (a runner asking for less "
+        "gets less). Minutes cut an idle runner's requests where nothing in front of the "
+        "server ends a quiet request sooner (the cloud deployment holds polls 300 s; a "
+        "proxy in front of `looprelay up` may cut them at 60 s).",
     )
     lease_seconds: int = Field(
         default=60, ge=10, description="How long a leased dispatch stays with its runner."
@@ -513,6 +523,16 @@ class RunnersConfig(_Section):
         description="How stale the runner API's cached liveness of a runner may be when "
         "choosing a dispatch depends on it (a session's runner: a silent runner is noticed "
         "that much later; 0 reads it on every choice).",
+    )
+    cached_runners: int = Field(
+        default=20_000,
+        ge=0,
+        le=1_000_000,
+        description="Runners one instance of the runner API keeps in memory after reading "
+        "them (about 1 KiB each; the least recently used leave first): an idle runner's "
+        "polls and heartbeats read nothing while it is held, so keep it above the runners "
+        "that reach one instance. Changes to a runner (revoke, rotate, a new status) reach "
+        "every instance through a small feed, whatever this is.",
     )
     unserved_expiry_seconds: int = Field(
         default=24 * 3600,

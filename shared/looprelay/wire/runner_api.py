@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS
 from looprelay.core.model import (
     DISPATCH_KINDS,
     MAX_DETAIL_CHARS,
@@ -178,7 +179,13 @@ class HeartbeatBody(_Body):
 class PollBody(_Body):
     """A long poll for work."""
 
-    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+    wait_seconds: float = Field(
+        default=25.0,
+        ge=0,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest the poll may be held; the server holds it at most its "
+        "`runners.pollWaitSeconds`.",
+    )
     agent_id: str = Field(
         default="",
         max_length=64,
