@@ -61,11 +61,28 @@ def log_options(func: F) -> F:
     )(func)
 
 
-def load(config_path: Path | None) -> Config:
+def load(config_path: Path | None, data_dir: Path | None = None) -> Config:
+    """The configuration, with the App ``looprelay app create`` saved in ``data_dir`` beneath
+    it when a data directory is given."""
     try:
-        return load_config(config_path)
+        return load_config(config_path, data_dir=data_dir)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def preflight(config: Config) -> str | None:
+    """Check what ``config`` names in the environment as a start does (webhook secrets, the
+    operator token, the GitHub credentials, which GitHub is asked about); return who the
+    GitHub credentials act as, or None. Raises ``ConfigError``, one line, for the first one
+    missing or refused."""
+    import os
+
+    from looprelay.adapters.github.identity import github_identity
+    from looprelay.config.secrets import operator_token_from_env, webhook_secrets_from_env
+
+    webhook_secrets_from_env(config.github, os.environ)
+    operator_token_from_env(config.server, os.environ)
+    return github_identity(config.github, os.environ)
 
 
 def data_path(data_dir: Path | None) -> Path:

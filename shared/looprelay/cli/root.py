@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
+from looprelay.cli.appcmds import app_group
 from looprelay.cli.configcmds import config_group
 from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
 from looprelay.cli.runners import runner_group, runners_group
@@ -66,6 +67,7 @@ for _command in (
     send,
     status,
     config_group,
+    app_group,
     deliveries,
     dispatches,
     events,
