@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import jwt
 import pytest
@@ -67,6 +67,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_create_comment"),
     ("GET", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_list_comments"),
     ("GET", re.compile(_REPO + r"/issues/comments/(?P<id>\d+)"), "_get_comment"),
+    ("GET", re.compile(_REPO + r"/labels/(?P<name>[^/]+)"), "_get_label"),
     (
         "POST",
         re.compile(_REPO + r"/(?P<kind>issues|pulls)/comments/(?P<id>\d+)/reactions"),
@@ -77,11 +78,13 @@ _APP_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/app/hook/deliveries"), "_list_deliveries"),
     ("POST", re.compile(r"/app/hook/deliveries/(?P<id>\d+)/attempts"), "_redeliver"),
     ("GET", re.compile(r"/app"), "_get_app"),
+    ("GET", re.compile(r"/app/installations"), "_list_installations"),
 ]
 _FLOW_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"(/organizations/(?P<org>[^/]+))?/settings/apps/new"), "_new_app"),
     ("POST", re.compile(r"/app-manifests/(?P<code>[^/]+)/conversions"), "_convert"),
     ("GET", re.compile(r"/user"), "_user"),
+    ("GET", re.compile(r"/installation/repositories"), "_installation_repositories"),
 ]
 _KINDS = {"issues": "issue", "pulls": "review"}
 Answer = tuple[int, dict[str, str], Any]
@@ -194,6 +197,7 @@ class FakeGitHub:
         self._script: list[_Scripted] = []
         self._next_id = 1000
         self._listing: _Listing | None = None
+        self.labels: dict[str, set[str]] = {}  # repository -> the labels it has
         self.manifests: list[dict[str, Any]] = []  # every manifest posted, as parsed
         self.manifest_owner: str | None = None  # the organization of the last one, if any
         self.created: dict[str, Any] | None = None  # the conversion's answer, once made
@@ -523,6 +527,21 @@ class FakeGitHub:
     def _get_app(self, request: RecordedRequest) -> Answer:
         created = self.created or {}
         return 200, {}, {"id": self.app_id, "slug": created.get("slug", "looprelay-test")}
+
+    def _list_installations(self, request: RecordedRequest) -> Answer:
+        return 200, {}, [{"id": i, "app_id": self.app_id} for i in sorted(self.installations)]
+
+    def _installation_repositories(self, request: RecordedRequest) -> Answer:
+        if self._login(request.headers) != self.app_login:
+            return _error(401, "Bad credentials")
+        listed = [{"full_name": name} for name in sorted(self.repositories)]
+        return 200, {}, {"total_count": len(listed), "repositories": listed}
+
+    def _get_label(self, request: RecordedRequest, login: str, repo: str, name: str) -> Answer:
+        label = unquote(name)
+        if label not in self.labels.get(repo, set()):
+            return _error(404, "Not Found")
+        return 200, {}, {"name": label, "color": "0e8a16"}
 
     def _user(self, request: RecordedRequest) -> Answer:
         login = self._login(request.headers)

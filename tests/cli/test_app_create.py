@@ -146,6 +146,12 @@ def test_one_command_and_one_click_reach_a_routed_signed_delivery(
     try:
         banner = up.stderr_path.read_text()
         assert f"GitHub App {created['slug']} (id {created['id']})" in banner
+        [missing] = [line for line in banner.splitlines() if "has no label" in line]
+        assert missing == (
+            f"octo/widgets has no label {AUTO_LABEL!r}; create it: gh label create "
+            f"'{AUTO_LABEL}' --repo octo/widgets --color 0E8A16 --description "
+            "'looprelay: arms an issue or pull request'"
+        )
         payload = comment_payload(
             repository="octo/widgets",
             issue=5,

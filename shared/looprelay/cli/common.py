@@ -72,17 +72,23 @@ def load(config_path: Path | None, data_dir: Path | None = None) -> Config:
 
 def preflight(config: Config) -> str | None:
     """Check what ``config`` names in the environment as a start does (webhook secrets, the
-    operator token, the GitHub credentials, which GitHub is asked about); return who the
-    GitHub credentials act as, or None. Raises ``ConfigError``, one line, for the first one
-    missing or refused."""
+    operator token, the GitHub credentials, which GitHub is asked about) and print, once per
+    repository the App is installed on, the command creating a missing auto-execute label;
+    return who the GitHub credentials act as, or None. Raises ``ConfigError``, one line, for
+    the first one missing or refused."""
     import os
 
-    from looprelay.adapters.github.identity import github_identity
+    from looprelay.adapters.github.identity import github_identity, missing_label_commands
     from looprelay.config.secrets import operator_token_from_env, webhook_secrets_from_env
 
     webhook_secrets_from_env(config.github, os.environ)
     operator_token_from_env(config.server, os.environ)
-    return github_identity(config.github, os.environ)
+    identity = github_identity(config.github, os.environ)
+    if identity is not None:
+        label = config.routing.auto_execute_label
+        for repository, command in missing_label_commands(config.github, os.environ, label):
+            click.echo(f"{repository} has no label {label!r}; create it: {command}", err=True)
+    return identity
 
 
 def data_path(data_dir: Path | None) -> Path:

@@ -6,17 +6,22 @@ showing up later as failed comments. No message carries a secret."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import shlex
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import quote
 
 import requests
 
 from looprelay.adapters.github.auth import API_HEADERS, AppAuth, auth_from_config
 from looprelay.config.model import GitHubConfig
-from looprelay.errors import ConfigError
+from looprelay.errors import ConfigError, Permanent, Transient
 
 log = logging.getLogger("looprelay.github")
 
 TIMEOUT_SECONDS = 10.0
+MAX_REPOSITORIES = 100
+"""Most repositories whose label is looked for at start (one page of each listing)."""
 
 
 def github_identity(
@@ -62,3 +67,75 @@ def github_identity(
         raise ConfigError(f"{key}: GitHub refuses this credential (HTTP {status}); {hint}")
     log.warning("cannot check the GitHub credentials: GET %s answered HTTP %d", path, status)
     return None
+
+
+def missing_label_commands(
+    cfg: GitHubConfig,
+    environ: Mapping[str, str],
+    label: str,
+    *,
+    session: requests.Session | None = None,
+) -> list[tuple[str, str]]:
+    """Return, once per repository the App is installed on that lacks ``label``, the
+    repository and the command that creates the label there; empty without App auth (a
+    token's repositories are not looked at) or when GitHub cannot be asked (logged).
+    Never raises for GitHub's answers."""
+    if cfg.app_id is None or not (cfg.private_key_env or cfg.private_key_file):
+        return []
+    auth = auth_from_config(cfg, environ)
+    assert isinstance(auth, AppAuth)  # App auth is what the keys above select
+    http = session or requests.Session()
+    api = cfg.api_url.rstrip("/")
+    commands = []
+    try:
+        for repository in _installed_repositories(auth, http, api):
+            url = f"{api}/repos/{repository.full}/labels/{quote(label, safe='')}"
+            answer = http.get(
+                url, headers=API_HEADERS | repository.headers, timeout=TIMEOUT_SECONDS
+            )
+            if answer.status_code == 404:
+                commands.append(
+                    (
+                        repository.full,
+                        f"gh label create {shlex.quote(label)} --repo {repository.full} "
+                        "--color 0E8A16 --description 'looprelay: arms an issue or pull request'",
+                    )
+                )
+    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        log.warning("cannot look for the label %r: %s", label, type(exc).__name__)
+    except (Permanent, Transient) as exc:  # the installation token exchange
+        log.warning("cannot look for the label %r: %s", label, exc)
+    return commands
+
+
+@dataclass(frozen=True)
+class _Installed:
+    full: str
+    headers: dict[str, str]
+
+
+def _installed_repositories(
+    auth: AppAuth, http: requests.Session, api: str
+) -> Iterator[_Installed]:
+    """The repositories of the App's installations (docs: "List installations for the
+    authenticated app", "List repositories accessible to the app installation"), at most
+    ``MAX_REPOSITORIES``."""
+    jwt_headers = API_HEADERS | {"Authorization": f"Bearer {auth.app_jwt()}"}
+    listed = http.get(
+        f"{api}/app/installations?per_page=100", headers=jwt_headers, timeout=TIMEOUT_SECONDS
+    )
+    listed.raise_for_status()
+    count = 0
+    for installation in listed.json():
+        headers = auth.headers(int(installation["id"]))
+        repos = http.get(
+            f"{api}/installation/repositories?per_page=100",
+            headers=API_HEADERS | headers,
+            timeout=TIMEOUT_SECONDS,
+        )
+        repos.raise_for_status()
+        for repository in repos.json()["repositories"]:
+            if count >= MAX_REPOSITORIES:
+                return
+            count += 1
+            yield _Installed(str(repository["full_name"]), headers)
