@@ -11,9 +11,9 @@ import pytest
 from tests.cli.test_up_errors import looprelay, one_error
 from tests.fake_github import AppKey, FakeGitHub, make_app_key
 
-TOKEN = "good-token-0123456789abcdef"  # noqa: S105 - the stand-in's
-WRONG = "wrong-token-0123456789abcdef"  # noqa: S105 - nobody's
-PASTED_TOKEN = "ghp_" + "A1b2C3d4E5" * 3 + "f6G7h8"  # noqa: S105 - a token's shape
+TOKEN = "good-token-0123456789abcdef"  # the stand-in's
+WRONG = "wrong-token-0123456789abcdef"  # nobody's
+PASTED_TOKEN = "ghp_" + "A1b2C3d4E5" * 3 + "f6G7h8"  # a token's shape
 
 
 def _config(tmp_path: Path, github: str) -> Path:
@@ -39,7 +39,8 @@ def test_a_good_token_is_named_by_its_login(tmp_path: Path, github: FakeGitHub) 
     config = _config(tmp_path, f"  apiUrl: {github.url}\n  tokenEnv: GH_TOKEN\n")
     result = looprelay("config", "validate", str(config), env={"GH_TOKEN": TOKEN})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{config}: valid; GitHub credentials act as GitHub user octocat"
+    expected = f"{config}: valid; GitHub credentials act as GitHub user octocat"
+    assert result.stdout.strip() == expected
     assert [r.path for r in github.requests] == ["/user"]
 
 
