@@ -11,6 +11,7 @@ import click
 from looprelay.cli.appcmds import app_group
 from looprelay.cli.configcmds import config_group
 from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
+from looprelay.cli.runner_service import service_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
 from looprelay.cli.skill import skill_group
@@ -77,6 +78,7 @@ for _command in (
     skill_group,
 ):
     cli.add_command(_command)
+runner_group.add_command(service_group)
 
 
 def main() -> None:
