@@ -99,8 +99,8 @@ def _banner(stack: Any, insecure: bool, identity: str | None) -> str:
         "Next:",
         f'  try it:   {command} send --comment "hello" --issue 1 --url {stack.webhook_url}'
         + (f" --data {stack.data_dir}" if source.path else ""),
-        "  GitHub:   point your App's webhook (through a tunnel) at the webhook URL and paste "
-        "the secret" + (f": cat {source.path}" if source.path else ""),
+        "  GitHub:   `looprelay app create --webhook-url PUBLIC_URL/webhook`, or README "
+        "'Connecting GitHub'" + (f"; the secret: cat {source.path}" if source.path else ""),
         f"  inspect:  {command} deliveries --data {stack.data_dir}",
         "",
     ]
