@@ -1,5 +1,5 @@
-# looprelay on Google Cloud: five Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
-# Secret Manager and a Cloud Scheduler job. docs/architecture.md has the picture.
+# looprelay on Google Cloud: six Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
+# Secret Manager and two Cloud Scheduler jobs. docs/architecture.md has the picture.
 
 locals {
   firestore_location = coalesce(var.firestore_location, var.region)
@@ -56,6 +56,18 @@ locals {
       max_instances   = var.max_instances.sweeper
       secret_env      = [var.github_app_key_env]
     }
+    # The poll ingress (docs/polling.md): one round over poll_repositories per scheduled call.
+    # One at a time on one instance: a repository's cursors have one writer.
+    poller = {
+      entry_point     = "poller"
+      description     = "Cloud Scheduler target: poll GitHub's listings of poll_repositories, queue what is new."
+      memory          = "512Mi"
+      cpu             = "1"
+      timeout_seconds = 120
+      concurrency     = 1
+      max_instances   = 1
+      secret_env      = [var.github_app_key_env]
+    }
     # The operators' status page, apart from the sweeper: the sweeper serves one request on one
     # instance, so a page view there waited out a sweep and could make a scheduled one be
     # skipped (issue 22). A few operators at a time: one instance's blocking pool serves them
@@ -80,6 +92,7 @@ locals {
     LOOPRELAY__github__appId                              = jsonencode(var.github_app_id)
     LOOPRELAY__github__privateKeyEnv                      = jsonencode(var.github_app_key_env)
     LOOPRELAY__github__webhookSecrets                     = jsonencode(var.webhook_secret_names)
+    LOOPRELAY__github__poll__repositories                 = jsonencode(var.poll_repositories)
     LOOPRELAY__routing__authorizedUsers                   = jsonencode(var.authorized_users)
     LOOPRELAY__routing__botLogins                         = jsonencode(var.bot_logins)
     LOOPRELAY__store__backend                             = jsonencode("firestore")

@@ -316,7 +316,24 @@ variable "sweeper_schedule" {
 variable "sweeper_time_zone" {
   type        = string
   default     = "Etc/UTC"
-  description = "Time zone of sweeper_schedule."
+  description = "Time zone of sweeper_schedule and poller_schedule."
+}
+
+variable "poll_repositories" {
+  type        = list(string)
+  default     = []
+  description = "Repositories (owner/repo) the poller reads GitHub's listings of, instead of or beside the webhook (github.poll.repositories, docs/polling.md). Empty: the poller's schedule is paused."
+
+  validation {
+    condition     = alltrue([for r in var.poll_repositories : can(regex("^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$", r))])
+    error_message = "poll_repositories entries must be owner/repo."
+  }
+}
+
+variable "poller_schedule" {
+  type        = string
+  default     = "* * * * *"
+  description = "Cron schedule of the poller: each run reads every listing of every repository in poll_repositories (a 304 when nothing changed costs no rate limit)."
 }
 
 # --- Operators ------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ with a code and the state; ``POST /app-manifests/{code}/conversions`` answers th
 ``GET /app`` (the App's JWT) and ``GET /user`` (a token) say who a credential is. A path under
 ``/api/v3`` is served as GitHub Enterprise Server's API is.
 
+``fake.poll`` serves the listings the poll ingress reads (``tests/fake_github_poll.py``).
+
 Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
 chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
 """
@@ -49,6 +51,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.fake_github_poll import PollListings
 from tests.loopback import LoopbackServer
 
 REPOSITORY = "octo/widgets"
@@ -204,6 +207,9 @@ class FakeGitHub:
         self._codes: dict[str, dict[str, Any]] = {}  # code -> its manifest, until converted
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
+        self.poll = PollListings(
+            self, REPOSITORY
+        )  # the poll ingress's listings (tests/fake_github_poll.py)
 
     @property
     def url(self) -> str:
@@ -341,7 +347,8 @@ class FakeGitHub:
                     return _error(404, "Not Found")
                 handler: Callable[..., Answer] = getattr(self, name)
                 return handler(request, login, **match.groupdict())
-        return _error(404, "Not Found")
+        listed = self.poll.route(request)
+        return listed if listed is not None else _error(404, "Not Found")
 
     def _flow(self, request: RecordedRequest) -> Answer | None:
         for method, pattern, name in _FLOW_ROUTES:

@@ -36,6 +36,7 @@ from looprelay.service.lease_desk import (
 )
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker, Opened
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
@@ -271,6 +272,13 @@ def serve_desk(
         config=config,
         desk=lease_desk,
         directory=directory,
+        sessions=SessionComments(
+            work_items=stores.work_items,
+            store=stores.events,
+            github=GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1),
+            clock=clock,
+            bot_logins=(APP_LOGIN,),
+        ),
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()
@@ -901,6 +909,29 @@ class TestHeadlessReplies:
         assert report.status_code == 200 and report.json() == {"status": "succeeded"}
         [failure] = desk.events("github.failed")
         assert failure["dispatch_id"] == "dp-1-1" and "502" in failure["error"]
+
+    def test_a_post_answered_in_the_wrong_shape_is_found_not_posted_again(self, desk: Desk) -> None:
+        # Issue 24: an answer of the wrong shape failed the whole report with a 500.
+        runner, _ = self._turn(desk)
+        desk.github.script(
+            match="POST .*/issues/1/comments", status=201, body=["not", "a comment"], after=True
+        )
+        report = desk.report(runner, "dp-1-1", status="done", reply="All green.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        assert [body.split("\n")[0] for body in desk.replies(1)] == ["All green."]
+        assert desk.events("github.failed") == []
+
+    def test_a_listing_in_the_wrong_shape_is_a_logged_failure_and_the_report_succeeds(
+        self, desk: Desk
+    ) -> None:
+        runner, dispatch = self._turn(desk)
+        desk.github.script(3, match="GET .*/issues/1/comments", status=200, body={"id": 1})
+        report = desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        [failure] = desk.events("github.failed")
+        assert failure["dispatch_id"] == "dp-1-1"
+        assert "not a list of comments" in failure["error"]
+        assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]  # the rest went on
 
     def test_with_replies_switched_off_nothing_is_posted(self, quiet_desk: Desk) -> None:
         runner, dispatch = self._turn(quiet_desk)

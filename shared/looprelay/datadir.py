@@ -104,20 +104,6 @@ def read_private(path: Path) -> str:
     return value
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 0600, replacing it at once (a reader sees the old
-    file or the new one, never half of one)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
 def lock_data_dir(path: Path) -> IO[str]:
     """Take the data directory's exclusive lock, so only one ``looprelay up`` owns it.
 

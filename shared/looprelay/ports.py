@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, never loads them
     from looprelay.core.model import (
@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, 
         RunnerRecord,
         WorkItemRecord,
     )
+    from looprelay.core.poll import PollCursor
 
 MAX_TASK_BYTES = 1_000_000
 """A Cloud Task holds at most 1 MB, counting its name, URL and headers with the body; the
@@ -318,6 +319,8 @@ class RunnerStatus:
     sessions: int = 0
     agent_id: str = ""
     """The agent process sending it (``core.identity``); empty from an agent that names none."""
+    hostname: str = ""
+    """The machine the agent runs on, for the operator's status view."""
 
 
 class RunnerRegistry(Protocol):
@@ -485,6 +488,78 @@ class GitHub(Protocol):
     def redeliver(self, *, delivery_id: int) -> None:
         """Ask GitHub to deliver the attempt ``delivery_id`` (an ``AppDelivery.id``) again; a
         retried request may deliver it twice, which the ledger absorbs. Needs App auth."""
+        ...
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A REST listing read to its last page (``Link: rel="next"``), or found unchanged."""
+
+    items: list[dict[str, Any]]
+    etag: str
+    """The first page's ``ETag``, to ask with next time (``If-None-Match``)."""
+    unchanged: bool = False
+    """GitHub answered 304 Not Modified to the ``etag`` given: ``items`` is empty."""
+    quota_reset: float | None = None
+    """Epoch seconds until which the rate limit is spent (the last answer said
+    ``x-ratelimit-remaining: 0``): call no more before then."""
+
+
+class GitHubListings(Protocol):
+    """The reads the poll ingress makes (docs: "REST API endpoints for issues", "... for issue
+    comments", "... for pull request review comments", "... for pull request reviews", "...
+    for issue events"), on behalf of the repository's installation (None: token auth).
+
+    Every method raises ``RateLimited`` at once when GitHub asks to wait (a poll never waits
+    a rate limit out, nor calls through it), ``Transient`` on 5xx and network errors after
+    its own short retry budget, and ``Permanent`` on a 4xx retrying cannot fix.
+    """
+
+    def list_all(
+        self,
+        *,
+        installation_id: int | None,
+        repository: str,
+        path: str,
+        params: Mapping[str, str],
+        etag: str = "",
+        max_pages: int = 10,
+        back_to: datetime | None = None,
+    ) -> Listing:
+        """GET ``/repos/{repository}/{path}`` with ``params`` and ``per_page=100``, every
+        page up to ``max_pages``; with ``etag``, asked conditionally (a 304 costs no quota).
+        ``back_to``: the listing is newest first, and pages stop once one reaches an item
+        ``created_at`` before it."""
+        ...
+
+    def get_object(
+        self, *, installation_id: int | None, repository: str, path: str = ""
+    ) -> dict[str, Any] | None:
+        """GET ``/repos/{repository}/{path}`` (the repository itself when ``path`` is empty);
+        None when GitHub answers 404 (deleted, or not visible to the credentials)."""
+        ...
+
+    def repository_installation(self, repository: str) -> int | None:
+        """The App's installation on ``repository`` (``GET /repos/{o}/{r}/installation``, as
+        the App); None with token auth, which needs none."""
+        ...
+
+
+class PollCursors(Protocol):
+    """Where each listing of each polled repository stands (``core.poll.PollCursor``): one
+    poller writes them, so a plain write suffices; they never expire."""
+
+    def get_poll_cursor(self, repository: str, listing: str) -> PollCursor | None:
+        """Return the cursor of ``listing`` of ``repository`` (any case), or None."""
+        ...
+
+    def save_poll_cursor(self, cursor: PollCursor) -> None:
+        """Write ``cursor`` over the one of its repository and listing. Raises ``Transient``
+        when the store is unavailable."""
+        ...
+
+    def list_poll_cursors(self) -> list[PollCursor]:
+        """Return every cursor, by repository and listing."""
         ...
 
 

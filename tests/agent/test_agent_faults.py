@@ -53,6 +53,7 @@ from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
@@ -184,7 +185,7 @@ class Relay:
             return json_response(400, {"error": error})
         if self.older and request.path == API_PREFIX + "heartbeat":
             sent = set(json.loads(request.body or b"{}"))
-            unknown = {"restarted", "held", "released", "agent_id", "replaces"} & sent
+            unknown = {"restarted", "held", "released", "agent_id", "replaces", "hostname"} & sent
             if unknown:
                 error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
                 return json_response(400, {"error": error})
@@ -302,8 +303,20 @@ def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
         progress=progress,
         waker=waker,
     )
+    sessions = SessionComments(
+        work_items=stores.work_items,
+        store=stores.events,
+        github=github,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+    )
     api = RunnerApi(
-        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
+        registry=stores.registry,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        desk=desk,
+        sessions=sessions,
     )
     served = Relay(stores, clock, waker, api, fake_github)
     served.serve()
@@ -382,6 +395,7 @@ def start_agent(
             poll_wait_seconds=POLL_WAIT_SECONDS,
             lease_renew_seconds=2.0,
             agent_id=uuid.uuid4().hex,
+            hostname="test-box",
         )
         local = LocalAgent(
             agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
@@ -523,6 +537,7 @@ class TestOrder:
 
         spawn, first, second = relay.wait_settled("dp-1-1", "dp-1-2", "dp-1-3")
         assert [d.status for d in (spawn, first, second)] == ["succeeded"] * 3
+        assert relay.runner(spawn.lease_holder or "").hostname == "test-box"
         assert [d.result for d in (spawn, first, second)] == ["spawned", "delivered", "delivered"]
         [start] = fake_harness.starts()
         assert texts[0] not in start["argv"]  # the boot prompt is pasted, never in argv
@@ -1029,6 +1044,7 @@ class TestOlderServer:
             seconds=CONFIG.heartbeat_seconds + DEADLINE,
         )
         assert relay.runner(agent.runner_id).sessions == 1
+        assert relay.runner(agent.runner_id).hostname == ""  # refused with the rest
         assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
             "the server refused this agent's failover report (runner API refused heartbeat: "
             "invalid request body: agent_id: Extra inputs are not permitted); heartbeats go "

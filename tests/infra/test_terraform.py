@@ -62,6 +62,7 @@ BUILDERS: dict[str, Callable[[Config, dict[str, str]], object]] = {
     "worker": cloud.build_worker,
     "runners": cloud.build_runner_api,
     "sweeper": cloud.build_sweeper,
+    "poller": cloud.build_poller,
     "status": lambda config, environ: cloud.build_status_reader(config),
 }
 # Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
@@ -535,6 +536,7 @@ def test_who_may_invoke_each_function() -> None:
     invokers = {key: set(bindings.values()) for key, bindings in _invokers().items()}
     assert invokers["worker"] == {"${google_service_account.tasks.member}"}
     assert invokers["sweeper"] == {"${google_service_account.scheduler.member}"}
+    assert invokers["poller"] == {"${google_service_account.scheduler.member}"}
     public = {key for key, members in invokers.items() if "allUsers" in members}
     assert public == {"webhook", "runners"}, "only the HMAC- and secret-checked functions"
     config = _config(_functions()["webhook"]["env"])
@@ -544,9 +546,14 @@ def test_who_may_invoke_each_function() -> None:
     assert config.worker.oidc.audience == config.queue.cloudtasks.worker_url
     worker_name = _functions()["worker"]["name"]
     assert config.queue.cloudtasks.worker_url.endswith(f".cloudfunctions.net/{worker_name}")
-    (job,) = _resources("google_cloud_scheduler_job").values()
-    oidc = _block(_block(job, "http_target"), "oidc_token")
-    assert oidc["service_account_email"] == "${google_service_account.scheduler.email}"
+    jobs = _resources("google_cloud_scheduler_job")
+    assert set(jobs) == {"sweeper", "poller"}
+    for name, job in jobs.items():
+        target = _block(job, "http_target")
+        oidc = _block(target, "oidc_token")
+        assert oidc["service_account_email"] == "${google_service_account.scheduler.email}"
+        assert target["uri"] == f'${{google_cloudfunctions2_function.fn["{name}"].url}}'
+        assert oidc["audience"] == target["uri"]
 
 
 def test_the_status_page_has_a_function_of_its_own_for_operators_only() -> None:

@@ -12,7 +12,13 @@ import requests
 
 from looprelay.agent.credentials import Credentials, credentials_lock, read_credentials
 from looprelay.errors import ConfigError, Transient, Unauthorized
-from looprelay.wire.runner_api import Deregistered, Dispatch, Rotated, runner_bearer
+from looprelay.wire.runner_api import (
+    Deregistered,
+    Dispatch,
+    Rotated,
+    SessionToken,
+    runner_bearer,
+)
 
 log = logging.getLogger("looprelay.agent.client")
 
@@ -84,6 +90,18 @@ class RunnerClient:
     def report(self, dispatch_id: str, result: dict[str, Any]) -> None:
         """Report a result; raises ``LeaseLost`` when it no longer counts."""
         self._call("results", {"dispatch_id": dispatch_id, **result})
+
+    def session_token(self, dispatch_id: str) -> SessionToken:
+        """A new token for the session of the dispatch this runner is applying; raises
+        ``LeaseLost`` when its lease passed to another runner, ``Transient`` otherwise."""
+        return SessionToken.model_validate(
+            self._call("session-token", {"dispatch_id": dispatch_id}).json()
+        )
+
+    @property
+    def server(self) -> str:
+        """The server's base URL, as the credentials name it."""
+        return self._credentials.server.rstrip("/")
 
     def rotate(self) -> str:
         """Ask for a new secret; the current one stops working as the server answers."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from looprelay.datadir import write_private
 from looprelay.errors import ConfigError
+from looprelay.filemodes import write_private_file
 
 
 class Credentials(BaseModel):
@@ -36,7 +36,7 @@ def default_credentials_path() -> Path:
 def write_credentials(path: Path, credentials: Credentials) -> None:
     """Write ``credentials`` to ``path`` with mode 0600, replacing any previous file atomically."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_private(path, credentials.model_dump_json(indent=2) + "\n")
+    write_private_file(path, credentials.model_dump_json(indent=2) + "\n")
 
 
 @contextmanager

@@ -20,6 +20,8 @@ from looprelay.ports import (
     Clock,
     DispatchFeed,
     GitHub,
+    GitHubListings,
+    PollCursors,
     Queue,
     RunnerDirectory,
     RunnerRegistry,
@@ -71,6 +73,20 @@ def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegi
     from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
 
     return SqliteRunnerRegistry(_sqlite_path(config, data_dir))
+
+
+def open_poll_cursors(config: Config, *, data_dir: Path | None) -> PollCursors:
+    """Return the poll ingress's cursors next to the configured store.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore.poll_cursors import FirestorePollCursors
+
+        return FirestorePollCursors.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite.poll_cursors import SqlitePollCursors
+
+    return SqlitePollCursors(_sqlite_path(config, data_dir))
 
 
 def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemStore:
@@ -213,6 +229,22 @@ def app_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHub:
             "github.privateKeyEnv (the name of an environment variable holding the App's "
             "private key), or run `looprelay app create`; a token cannot list the App's "
             "deliveries"
+        )
+    from looprelay.adapters.github.rest import GitHubRest
+
+    return GitHubRest.from_config(config, environ)
+
+
+def poll_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHubListings:
+    """The GitHub client the poll ingress reads with (App or token auth).
+
+    Raises ``ConfigError`` when no credentials are configured, and as
+    ``GitHubRest.from_config`` does (naming the variable) when a secret is missing.
+    """
+    if config.app_id is None and config.token_env is None:
+        raise ConfigError(
+            "github.poll.repositories needs GitHub credentials to read them: set github.appId "
+            "and github.privateKeyEnv (App auth) or github.tokenEnv (token auth)"
         )
     from looprelay.adapters.github.rest import GitHubRest
 

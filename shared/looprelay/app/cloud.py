@@ -17,6 +17,7 @@ from looprelay.errors import ConfigError
 if TYPE_CHECKING:
     from looprelay.ports import DispatchFeed, RunnerDirectory
     from looprelay.service.ingress import Ingress
+    from looprelay.service.poller import Poller
     from looprelay.service.runners import RunnerApi
     from looprelay.service.status import StatusReader
     from looprelay.service.sweeper import Sweeper
@@ -173,19 +174,46 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
     )
 
 
+def build_poller(config: Config, environ: Mapping[str, str]) -> Poller:
+    """The poll ingress, one round per scheduled call: it queues into the configured queue,
+    as the webhook does, and keeps its cursors next to the store.
+
+    With ``github.poll.repositories`` empty a round polls nothing (infra pauses its
+    schedule then). Raises ``ConfigError`` when no GitHub credentials are configured.
+    """
+    from looprelay.app.adapters import open_poll_cursors, open_queue, open_store, system_clock
+    from looprelay.app.services import build_poller as wire
+
+    return wire(
+        config,
+        environ,
+        store=open_store(config, data_dir=None),
+        queue=open_queue(config, data_dir=None),
+        cursors=open_poll_cursors(config, data_dir=None),
+        clock=system_clock(),
+    )
+
+
 def build_status_reader(config: Config) -> StatusReader:
     """The status page's reader, on the configured stores (the ``status`` function's, behind
     IAM). It only reads: the function's identity may read Firestore and nothing else."""
     from datetime import timedelta
 
     from looprelay.adapters.clock import SystemClock
-    from looprelay.app.adapters import open_runner_registry, open_store, open_work_item_store
+    from looprelay.app.adapters import (
+        open_poll_cursors,
+        open_runner_registry,
+        open_store,
+        open_work_item_store,
+    )
     from looprelay.service.status import StatusReader
 
+    polled = config.github.poll.repositories
     return StatusReader(
         store=open_store(config, data_dir=None),
         work_items=open_work_item_store(config, data_dir=None),
         runners=open_runner_registry(config, data_dir=None),
         clock=SystemClock(),
         lost_after=timedelta(seconds=config.runners.lost_after_seconds),
+        poll_cursors=open_poll_cursors(config, data_dir=None) if polled else None,
     )

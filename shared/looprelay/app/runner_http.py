@@ -29,6 +29,8 @@ from looprelay.wire.runner_api import (
     RegisterBody,
     RenewBody,
     ResultBody,
+    SessionCommentBody,
+    SessionTokenBody,
 )
 
 log = logging.getLogger("looprelay.service.runners")
@@ -118,6 +120,21 @@ def _results(api: RunnerApi, request: Request) -> BaseModel | None:
     return api.results(runner, parse_body(request, ResultBody))
 
 
+def _session_token(api: RunnerApi, request: Request) -> BaseModel | None:
+    runner = _runner(api, request)
+    return api.session_token(runner, parse_body(request, SessionTokenBody))
+
+
+def _session_says(ask: bool) -> Callable[[RunnerApi, Request], BaseModel | None]:
+    """A session endpoint: its caller is the session its token names, not a runner."""
+
+    def operation(api: RunnerApi, request: Request) -> BaseModel | None:
+        body = parse_body(request, SessionCommentBody)
+        return api.session_comment(request.headers.get("authorization", ""), body, ask=ask)
+
+    return operation
+
+
 _OPERATIONS: dict[str, Callable[[RunnerApi, Request], BaseModel | None]] = {
     "register": _register,
     "heartbeat": _heartbeat,
@@ -126,6 +143,9 @@ _OPERATIONS: dict[str, Callable[[RunnerApi, Request], BaseModel | None]] = {
     "poll": _poll,
     "renew": _renew,
     "results": _results,
+    "session-token": _session_token,
+    "session-comment": _session_says(ask=False),
+    "session-ask": _session_says(ask=True),
 }
 # The documented table and the operations must name the same endpoints.
 assert _OPERATIONS.keys() == ENDPOINTS.keys()

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
@@ -14,6 +16,8 @@ from looprelay.ports import (
     Clock,
     DispatchFeed,
     GitHub,
+    PollCursors,
+    Queue,
     RunnerDirectory,
     RunnerRegistry,
     Store,
@@ -23,7 +27,11 @@ from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
 from looprelay.service.runners import RunnerApi
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
+
+if TYPE_CHECKING:
+    from looprelay.service.poller import Poller
 
 log = logging.getLogger("looprelay.app.services")
 
@@ -99,4 +107,36 @@ def build_runner_api(
         config=config.runners,
         desk=desk,
         directory=directory,
+        sessions=SessionComments(
+            work_items=work_items,
+            store=store,
+            github=github,
+            clock=clock,
+            bot_logins=config.routing.bot_logins,
+        ),
+    )
+
+
+def build_poller(
+    config: Config,
+    environ: Mapping[str, str],
+    *,
+    store: Store,
+    queue: Queue,
+    cursors: PollCursors,
+    clock: Clock,
+) -> Poller:
+    """The poll ingress over ``config.github.poll``, queueing into ``queue`` as the webhook
+    does. Raises ``ConfigError`` without GitHub credentials (``adapters.poll_github``)."""
+    from looprelay.app.adapters import poll_github
+    from looprelay.service.poller import Poller
+
+    return Poller(
+        github=poll_github(config.github, environ),
+        cursors=cursors,
+        ledger=store,
+        queue=queue,
+        clock=clock,
+        config=config.github.poll,
+        webhook=config.webhook,
     )

@@ -14,6 +14,7 @@ from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
 from looprelay.cli.runner_service import service_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
+from looprelay.cli.session import session_group
 from looprelay.cli.skill import skill_group
 from looprelay.cli.status import status
 from looprelay.errors import LoopRelayError
@@ -75,6 +76,7 @@ for _command in (
     queue_group,
     runners_group,
     runner_group,
+    session_group,
     skill_group,
 ):
     cli.add_command(_command)

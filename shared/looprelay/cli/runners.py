@@ -93,7 +93,16 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     if not as_json:
         table(
             rows,
-            ("runner_id", "name", "status", "capacity", "version", "labels", "last_seen_at"),
+            (
+                "runner_id",
+                "name",
+                "status",
+                "hostname",
+                "capacity",
+                "version",
+                "labels",
+                "last_seen_at",
+            ),
             now=now,
         )
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from looprelay.cli.common import data_path, load, log_options, preflight, state_options
-from looprelay.config.model import Config
+from looprelay.config.model import AuthorizedUser, Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from looprelay.logs import LogFormat
 
@@ -87,24 +87,52 @@ def _banner(stack: Any, insecure: bool, identity: str | None) -> str:
         "",
         f"looprelay is up on {stack.base_url}",
         f"  webhook URL   {stack.webhook_url}",
+        f"  status page   {stack.base_url}/status",
         f"  data          {stack.data_dir}",
         f"  secret        {source.description}"
         + (" (generated now, mode 0600)" if source.generated else ""),
     ]
     lines.append(f"  GitHub        {identity or 'no credentials checked (no comments on GitHub)'}")
+    poll = stack.config.github.poll
+    if poll.repositories:
+        lines.append(
+            f"  polling       {', '.join(poll.repositories)} every {poll.interval_seconds:g} s"
+        )
     if insecure:
         lines.append("  WARNING       signatures are NOT verified (--insecure-no-verify)")
+    user, caveat = _try_it_user(stack.config)
     lines += [
         "",
         "Next:",
-        f'  try it:   {command} send --comment "hello" --issue 1 --url {stack.webhook_url}'
+        f'  try it:   {command} send --comment "hello" --issue 1 {user}--url {stack.webhook_url}'
         + (f" --data {stack.data_dir}" if source.path else ""),
+        *([f"            ({caveat})"] if caveat else []),
         "  GitHub:   `looprelay app create --webhook-url PUBLIC_URL/webhook`, or README "
         "'Connecting GitHub'" + (f"; the secret: cat {source.path}" if source.path else ""),
         f"  inspect:  {command} deliveries --data {stack.data_dir}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _try_it_user(config: Config) -> tuple[str, str]:
+    """The ``--user`` (and ``--user-id``) options of the banner's "try it" line, naming the
+    first person ``routing.authorizedUsers`` accepts, and a caveat to print with it."""
+    import shlex
+
+    users = config.routing.authorized_users
+    if not users:
+        return "", "routing.authorizedUsers is empty: add yourself, or the comment is refused"
+    first = users[0]
+    if isinstance(first, AuthorizedUser):
+        return f"--user {shlex.quote(first.login)} --user-id {first.id} ", ""
+    if isinstance(first, int):
+        return f"--user you --user-id {first} ", ""
+    return (
+        f"--user {shlex.quote(first)} ",
+        f"this pins {first} to a made-up user id in this data directory; list yourself as "
+        "{login, id} to try it as you",
+    )
 
 
 @click.command()

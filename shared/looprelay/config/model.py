@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
@@ -65,6 +72,43 @@ def _check_env_name(name: str) -> str:
     return name
 
 
+# Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
+REPOSITORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
+
+
+class PollConfig(_Section):
+    """The poll ingress: GitHub's REST listings read on a schedule, no public URL needed
+    (docs/polling.md)."""
+
+    repositories: list[str] = Field(
+        default_factory=list,
+        description="Repositories (`owner/repo`) whose issues, pull requests, comments and "
+        "reviews are polled, instead of or beside the webhook. Empty: no polling.",
+    )
+    interval_seconds: float = Field(
+        default=30.0,
+        ge=5,
+        le=3600,
+        description="Seconds between polls of each repository under `looprelay up` (the "
+        "cloud's poller runs on `poller_schedule` in infra/).",
+    )
+    overlap_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="Each listing asks for changes since its cursor minus this much, so an "
+        "item GitHub lists late is not missed; what is listed twice is deduplicated.",
+    )
+
+    @field_validator("repositories")
+    @classmethod
+    def _repository_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not REPOSITORY_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not owner/repo")
+        return list(dict.fromkeys(names))
+
+
 class GitHubConfig(_Section):
     """How looprelay talks to GitHub and proves deliveries came from it."""
 
@@ -91,6 +135,9 @@ class GitHubConfig(_Section):
     token_env: str | None = Field(
         default=None,
         description="Environment variable holding a token, instead of App auth (local use).",
+    )
+    poll: PollConfig = Field(
+        default_factory=PollConfig, description="Polling GitHub instead of, or beside, the webhook."
     )
 
     @field_validator("webhook_secrets")
@@ -332,6 +379,10 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
+HOSTABLE_HARNESSES = ("claude", "gemini", "copilot")
+"""The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
+
+
 class RoutingConfig(_Section):
     """Policy and routing in the worker."""
 
@@ -391,8 +442,11 @@ class RoutingConfig(_Section):
         "events go to the work item's session, told the code is untrusted). See "
         "docs/security.md.",
     )
-    harness: Literal["claude", "cursor-agent"] = Field(
-        default="claude", description="The coding agent sessions run."
+    harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
+        default="claude",
+        description="The coding agent sessions run. `claude`, `gemini` and `copilot` are hosted "
+        "in tmux or run headless; `cursor-agent` and `codex` run headless only (`runnerKind: "
+        "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
         default="tmux",
@@ -439,6 +493,15 @@ class RoutingConfig(_Section):
         if not isinstance(entries, list):
             return entries
         return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
+
+    @model_validator(mode="after")
+    def _hostable_harness(self) -> RoutingConfig:
+        # A harness that cannot live in a tmux pane would fail every spawn on the runner.
+        if self.runner_kind == "tmux" and self.harness not in HOSTABLE_HARNESSES:
+            raise ValueError(
+                f"harness {self.harness} runs headless only: set runnerKind: process with it"
+            )
+        return self
 
 
 class RunnersConfig(_Section):

@@ -33,6 +33,7 @@ from looprelay.service.runner_secrets import (
     new_runner_secret,
     parse_runner_bearer,
 )
+from looprelay.service.session_comments import SessionComments
 from looprelay.wire.runner_api import (
     Deregistered,
     Dispatch,
@@ -47,6 +48,10 @@ from looprelay.wire.runner_api import (
     Reported,
     ResultBody,
     Rotated,
+    SessionCommentBody,
+    SessionPosted,
+    SessionToken,
+    SessionTokenBody,
 )
 
 log = logging.getLogger("looprelay.service.runners")
@@ -75,9 +80,12 @@ class RunnerApi:
         config: RunnersConfig,
         desk: LeaseDesk | None = None,
         directory: RunnerDirectory | None = None,
+        sessions: SessionComments | None = None,
     ) -> None:
         """``desk`` serves poll/renew/results; without it only registration is served.
-        ``directory`` spares authentication its read of the runner."""
+        ``directory`` spares authentication its read of the runner. ``sessions`` serves the
+        session endpoints (``looprelay session``)."""
+        self._sessions = sessions
         self._registry = registry
         self._directory = directory
         self._desk = desk
@@ -162,6 +170,7 @@ class RunnerApi:
             workspace=body.workspace,
             sessions=body.sessions,
             agent_id=body.agent_id or runner.agent_id,
+            hostname=body.hostname or runner.hostname,
         )
         if not reports_new_status(runner, status):
             # Authentication has just refused a revoked runner: no need to read it again.
@@ -239,6 +248,23 @@ class RunnerApi:
     def results(self, runner: RunnerRecord, body: ResultBody) -> Reported:
         """Record what ``runner`` did with a dispatch it leased."""
         return Reported(status=self.work_desk().report(runner, body))
+
+    def session_token(self, runner: RunnerRecord, body: SessionTokenBody) -> SessionToken:
+        """Mint the token of the session whose dispatch ``runner`` holds
+        (``SessionComments.issue_token``); ``NotFound`` on a server without sessions."""
+        return self._session_desk().issue_token(runner, body)
+
+    def session_comment(
+        self, authorization: str, body: SessionCommentBody, *, ask: bool
+    ) -> SessionPosted:
+        """Post what a session says (``SessionComments.post``); ``NotFound`` on a server
+        without sessions."""
+        return self._session_desk().post(authorization, body, ask=ask)
+
+    def _session_desk(self) -> SessionComments:
+        if self._sessions is None:
+            raise NotFound("this server serves no sessions")
+        return self._sessions
 
     def _event(self, name: str, runner: RunnerRecord, data: dict[str, object]) -> None:
         self._store.append_event(

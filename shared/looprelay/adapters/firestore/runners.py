@@ -149,6 +149,7 @@ class FirestoreRunnerRegistry:
             "workspace": status.workspace,
             "sessions": status.sessions,
             "agent_id": status.agent_id,
+            "hostname": status.hostname,
         }
         if not self._change(runner_id, fields, "record a heartbeat"):
             return False

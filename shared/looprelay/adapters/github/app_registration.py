@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from looprelay.adapters.github.auth import API_HEADERS
 from looprelay.config.model import APP_FRAGMENT_FILE
-from looprelay.datadir import WEBHOOK_SECRET_FILE, ensure_data_dir, write_private
+from looprelay.datadir import WEBHOOK_SECRET_FILE, ensure_data_dir
 from looprelay.errors import ConfigError
+from looprelay.filemodes import write_private_file
 
 PRIVATE_KEY_FILE = "github-app.pem"
 CLIENT_SECRET_FILE = "github-app-client-secret"  # noqa: S105 - a file name
@@ -103,5 +104,5 @@ def save_app(data_dir: Path, app: CreatedApp, *, api_url: str) -> list[Path]:
         + yaml.safe_dump(fragment, sort_keys=False),
     }
     for name, text in files.items():
-        write_private(data_dir / name, text)
+        write_private_file(data_dir / name, text)
     return [data_dir / name for name in files]

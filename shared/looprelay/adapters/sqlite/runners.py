@@ -132,4 +132,5 @@ def _status_fields(status: RunnerStatus) -> dict[str, Any]:
         "workspace": status.workspace,
         "sessions": status.sessions,
         "agent_id": status.agent_id,
+        "hostname": status.hostname,
     }
