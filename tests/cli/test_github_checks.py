@@ -139,3 +139,24 @@ def test_a_secret_pasted_where_its_variables_name_belongs_is_refused_unechoed(
     assert result.returncode == 1
     assert "this holds a NAME of a variable" in result.stderr
     _no_secret(result.stdout + result.stderr, PASTED_TOKEN, pem.splitlines()[1])
+
+
+def test_a_polled_repository_without_the_label_is_named_once_with_the_command(
+    tmp_path: Path, github: FakeGitHub
+) -> None:
+    github.repositories.add("octo/gadgets")
+    github.labels["octo/gadgets"] = {"the-loop: auto-execute"}
+    config = _config(
+        tmp_path,
+        f"  apiUrl: {github.url}\n  tokenEnv: GH_TOKEN\n"
+        "  poll:\n    repositories: [octo/widgets, octo/gadgets]\n",
+    )
+    result = looprelay("config", "validate", str(config), env={"GH_TOKEN": TOKEN})
+    assert result.returncode == 0, result.stderr
+    missing = [line for line in result.stderr.splitlines() if "has no label" in line]
+    assert missing == [
+        "octo/widgets has no label 'the-loop: auto-execute'; create it: gh label create "
+        "'the-loop: auto-execute' --repo octo/widgets --color 0E8A16 --description "
+        "'looprelay: arms an issue or pull request'"
+    ]
+    _no_secret(result.stdout + result.stderr, TOKEN)

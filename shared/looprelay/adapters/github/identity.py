@@ -76,19 +76,24 @@ def missing_label_commands(
     *,
     session: requests.Session | None = None,
 ) -> list[tuple[str, str]]:
-    """Return, once per repository the App is installed on that lacks ``label``, the
-    repository and the command that creates the label there; empty without App auth (a
-    token's repositories are not looked at) or when GitHub cannot be asked (logged).
+    """Return, once per served repository that lacks ``label``, the repository and the
+    command that creates the label there. Served: the repositories the App is installed on
+    (App auth), else those ``github.poll.repositories`` names (a token's other repositories
+    are not looked at). Empty without credentials or when GitHub cannot be asked (logged).
     Never raises for GitHub's answers."""
-    if cfg.app_id is None or not (cfg.private_key_env or cfg.private_key_file):
+    if cfg.app_id is None and cfg.token_env is None:
         return []
     auth = auth_from_config(cfg, environ)
-    assert isinstance(auth, AppAuth)  # App auth is what the keys above select
     http = session or requests.Session()
     api = cfg.api_url.rstrip("/")
     commands = []
     try:
-        for repository in _installed_repositories(auth, http, api):
+        served = (
+            _installed_repositories(auth, http, api)
+            if isinstance(auth, AppAuth)
+            else (_Installed(name, auth.headers(None)) for name in cfg.poll.repositories)
+        )
+        for repository in served:
             url = f"{api}/repos/{repository.full}/labels/{quote(label, safe='')}"
             answer = http.get(
                 url, headers=API_HEADERS | repository.headers, timeout=TIMEOUT_SECONDS
