@@ -59,6 +59,7 @@ def app_create(
     from looprelay.app.app_setup import CALLBACK_PATH, AppSetup, new_apps_url
     from looprelay.app.server import LocalServer, bind_listener
     from looprelay.core.app_manifest import app_manifest
+    from looprelay.datadir import WEBHOOK_SECRET_FILE
 
     config = load(config_path)
     data = data_path(data_dir)
@@ -78,6 +79,8 @@ def app_create(
     except ValueError as exc:
         listener.close()
         raise click.ClickException(f"webhook.events: {exc}") from exc
+    secret_file = data / WEBHOOK_SECRET_FILE
+    had_secret = secret_file.exists()
     setup = AppSetup(
         manifest=manifest,
         post_to=new_apps_url(web, org),
@@ -97,4 +100,9 @@ def app_create(
     app = setup.outcome.app
     click.echo(f"App created: {app.slug} (id {app.id}), credentials in {data}")
     click.echo(f"Install it on your repositories: {app.install_url}")
+    if had_secret:
+        click.echo(
+            f"{secret_file} now holds the App's webhook secret; a repository webhook that used "
+            "the one before needs this one"
+        )
     click.echo(f"Then start: looprelay up --data {data}")
