@@ -221,14 +221,16 @@ def app_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHub:
     """The GitHub client a sweep needs, with App auth: only the App itself (its JWT) may list
     and redeliver its webhook deliveries.
 
-    Raises ``ConfigError`` when ``github.appId`` or ``github.privateKeyEnv`` is unset, and as
-    ``GitHubRest.from_config`` does (naming the variable) when the key is missing or unusable.
+    Raises ``ConfigError`` when ``github.appId`` or the App's key (``github.privateKeyEnv``
+    or ``github.privateKeyFile``) is unset, and as ``GitHubRest.from_config`` does (naming the
+    variable or file) when the key is missing or unusable.
     """
-    if config.app_id is None or not config.private_key_env:
+    if config.app_id is None or not (config.private_key_env or config.private_key_file):
         raise ConfigError(
             "the redelivery sweep needs GitHub App auth: set github.appId and "
             "github.privateKeyEnv (the name of an environment variable holding the App's "
-            "private key); a token cannot list the App's deliveries"
+            "private key), or run `looprelay app create`; a token cannot list the App's "
+            "deliveries"
         )
     from looprelay.adapters.github.rest import GitHubRest
 

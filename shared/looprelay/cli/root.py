@@ -8,8 +8,10 @@ from typing import Any, NoReturn
 
 import click
 
+from looprelay.cli.appcmds import app_group
 from looprelay.cli.configcmds import config_group
 from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
+from looprelay.cli.runner_service import service_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
 from looprelay.cli.session import session_group
@@ -67,6 +69,7 @@ for _command in (
     send,
     status,
     config_group,
+    app_group,
     deliveries,
     dispatches,
     events,
@@ -77,6 +80,7 @@ for _command in (
     skill_group,
 ):
     cli.add_command(_command)
+runner_group.add_command(service_group)
 
 
 def main() -> None:

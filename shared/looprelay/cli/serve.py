@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from looprelay.cli.common import data_path, load, log_options, state_options
+from looprelay.cli.common import data_path, load, log_options, preflight, state_options
 from looprelay.config.model import AuthorizedUser, Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from looprelay.logs import LogFormat
@@ -49,7 +49,8 @@ def up(
     from looprelay.logs import configure_logging
 
     configure_logging(log_level, log_format=log_format)
-    config = load(config_path)
+    config = load(config_path, data_path(data_dir))
+    identity = preflight(config)
     server = config.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -57,7 +58,8 @@ def up(
     stack = LocalStack(
         config, data_dir=data_path(data_dir), environ=os.environ, verify=not insecure_no_verify
     )
-    code = stack.serve(on_started=lambda: click.echo(_banner(stack, insecure_no_verify), err=True))
+    banner = _banner(stack, insecure_no_verify, identity)
+    code = stack.serve(on_started=lambda: click.echo(banner, err=True))
     if code == 0:
         click.echo("stopped: queued tasks stay on disk and are sent on the next start", err=True)
     sys.exit(code)
@@ -78,7 +80,7 @@ def shell_command() -> str:
     return f"{shlex.quote(sys.executable)} -m looprelay.cli"
 
 
-def _banner(stack: Any, insecure: bool) -> str:
+def _banner(stack: Any, insecure: bool, identity: str | None) -> str:
     command = shell_command()
     source = stack.secret_source
     lines = [
@@ -90,6 +92,7 @@ def _banner(stack: Any, insecure: bool) -> str:
         f"  secret        {source.description}"
         + (" (generated now, mode 0600)" if source.generated else ""),
     ]
+    lines.append(f"  GitHub        {identity or 'no credentials checked (no comments on GitHub)'}")
     poll = stack.config.github.poll
     if poll.repositories:
         lines.append(
@@ -104,8 +107,8 @@ def _banner(stack: Any, insecure: bool) -> str:
         f'  try it:   {command} send --comment "hello" --issue 1 {user}--url {stack.webhook_url}'
         + (f" --data {stack.data_dir}" if source.path else ""),
         *([f"            ({caveat})"] if caveat else []),
-        "  GitHub:   point your App's webhook (through a tunnel) at the webhook URL and paste "
-        "the secret" + (f": cat {source.path}" if source.path else ""),
+        "  GitHub:   `looprelay app create --webhook-url PUBLIC_URL/webhook`, or README "
+        "'Connecting GitHub'" + (f"; the secret: cat {source.path}" if source.path else ""),
         f"  inspect:  {command} deliveries --data {stack.data_dir}",
         "",
     ]

@@ -50,7 +50,20 @@ class _Section(BaseModel):
     )
 
 
+_SECRET_SHAPES = re.compile(
+    # GitHub's token prefixes (docs: "About authentication"), a classic 40-hex token, a PEM
+    r"^(gh[pousr]_|github_pat_)|^[0-9a-fA-F]{40}$|-----BEGIN"
+)
+
+
 def _check_env_name(name: str) -> str:
+    if _SECRET_SHAPES.search(name.strip()):
+        # Never echoed: it is a secret pasted where the name of its variable belongs.
+        raise ValueError(
+            "this holds a NAME of a variable, and the value here looks like a token or key "
+            "itself; put the secret in an environment variable (export NAME=...) and write "
+            "NAME here"
+        )
     if not _ENV_NAME.match(name):
         raise ValueError(
             f"{name!r} is not an environment-variable name; put the secret in an environment "
@@ -112,6 +125,12 @@ class GitHubConfig(_Section):
     app_id: int | None = Field(default=None, description="GitHub App id, for App auth.")
     private_key_env: str | None = Field(
         default=None, description="Environment variable holding the App's PEM private key."
+    )
+    private_key_file: str | None = Field(
+        default=None,
+        description="File holding the App's PEM private key (mode 0600), instead of "
+        "`privateKeyEnv`; `looprelay app create` writes one into the data directory and names "
+        "it in `github-app.yaml` there, which `looprelay up` reads beneath the config file.",
     )
     token_env: str | None = Field(
         default=None,
@@ -607,8 +626,19 @@ class Config(_Section):
     sweeper: SweeperConfig = Field(default_factory=SweeperConfig, description="Redelivery sweep.")
 
 
-def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = None) -> Config:
-    """Load the configuration: defaults, then the YAML at ``path``, then env overrides.
+APP_FRAGMENT_FILE = "github-app.yaml"
+"""The config fragment ``looprelay app create`` writes into the data directory."""
+
+
+def load_config(
+    path: str | Path | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    data_dir: Path | None = None,
+) -> Config:
+    """Load the configuration: defaults, then ``data_dir``'s ``github-app.yaml`` (what
+    ``looprelay app create`` wrote, when there is one), then the YAML at ``path``, then env
+    overrides.
 
     Expects ``path`` to be a YAML mapping (or None for defaults only). Raises ``ConfigError``
     naming the file and the key when the file is missing, not YAML, or does not validate.
@@ -616,8 +646,12 @@ def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     source = str(path) if path else "defaults"
     data: dict[str, Any] = {}
+    fragment = data_dir / APP_FRAGMENT_FILE if data_dir is not None else None
+    if fragment is not None and fragment.is_file():
+        data = _app_fragment(fragment)
+        source = f"{fragment} + {source}"
     if path:
-        data = _read_yaml(Path(path))
+        _merge(data, _read_yaml(Path(path)))
     overrides = _apply_env_overrides(data, env)
     try:
         return Config.model_validate(data)
@@ -639,6 +673,28 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return loaded
+
+
+def _app_fragment(path: Path) -> dict[str, Any]:
+    """The fragment's ``github`` section, its ``privateKeyFile`` resolved against its directory
+    (the data directory may move)."""
+    github = _read_yaml(path).get("github")
+    if not isinstance(github, dict):
+        raise ConfigError(f"{path}: holds no github section; run `looprelay app create` again")
+    key_file = github.get("privateKeyFile")
+    if isinstance(key_file, str):
+        github["privateKeyFile"] = str(path.parent / key_file)
+    return {"github": github}
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> None:
+    """Put ``top`` over ``base`` in place, section by section."""
+    for key, value in top.items():
+        below = base.get(key)
+        if isinstance(below, dict) and isinstance(value, Mapping):
+            _merge(below, value)
+        else:
+            base[key] = value
 
 
 def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
