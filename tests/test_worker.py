@@ -192,7 +192,7 @@ class TestTransientFailure:
         assert worker.handler.calls == [(DELIVERY_ID, 1), (DELIVERY_ID, 2)]
         assert worker.event_names() == ["delivery.received", "delivery.settled"]
         [settled] = worker.store.list_events(name="delivery.settled")
-        assert (settled.data["attempts"], settled.data["queue_retries"]) == (2, "1")
+        assert (settled.data["attempts"], settled.data["queue_retries"]) == (2, 1)
 
 
 class TestPermanentFailure:

@@ -537,7 +537,9 @@ def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = 
         data = _read_yaml(Path(path))
     overrides = _apply_env_overrides(data, env)
     try:
-        return Config.model_validate(data)
+        # Keys are spelled as documented (camelCase) only: a field's Python name in the file is
+        # an unknown key, never a silent second spelling.
+        return Config.model_validate(data, by_name=False)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, overrides)) from exc
 
@@ -631,8 +633,10 @@ def _describe(exc: ValidationError, source: str, overrides: Mapping[str, str]) -
             "",
         )
         if error["type"] == "extra_forbidden":
+            last = str(error["loc"][-1]) if error["loc"] else ""
+            hint = f"did you mean {to_camel(last)}? " if "_" in last else ""
             lines.append(
-                f"  {key}: unknown key{origin} (see docs/config.md for the keys there are)"
+                f"  {key}: unknown key{origin} ({hint}see docs/config.md for the keys there are)"
             )
         else:
             lines.append(f"  {key}: {error['msg']}{origin}")
