@@ -244,7 +244,7 @@ class TestPermanentFailure:
         replayed_at = datetime(2026, 5, 1, 13, 0, tzinfo=UTC)
 
         # What `looprelay replay` does: reopen the ledger record, queue its envelope again.
-        assert worker.store.reopen_delivery(DELIVERY_ID, at=replayed_at) is True
+        assert worker.store.reopen_delivery(DELIVERY_ID) is True
         worker.clock.at = replayed_at
         response = worker.post(record.envelope)
 
