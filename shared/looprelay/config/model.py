@@ -241,6 +241,8 @@ DEFAULT_PHASES: tuple[tuple[str, str, bool], ...] = (
     ("requirements-definition", "Write requirements", False),
     ("requirements-approval", "Human approval of the requirements", False),
     ("design", "Write the design", False),
+    # Opt-in, and listed where it runs: right after the design it reviews.
+    ("design-critic-review", "Critic review of the design", True),
     ("test-planning", "Plan the tests", False),
     ("design-approval", "Human approval of the design", False),
     ("tasks-breakdown", "Break the work into tasks", False),
@@ -253,7 +255,6 @@ DEFAULT_PHASES: tuple[tuple[str, str, bool], ...] = (
     ("capability-docs", "Update capability docs", False),
     ("reviewer-briefing", "Brief the reviewer", False),
     ("human-approval", "Human approval of the result", False),
-    ("design-critic-review", "Critic review of the design", True),
 )
 """The shipped outer loop's selectable phases (the predecessor's C7 rows)."""
 
