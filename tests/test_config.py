@@ -46,6 +46,16 @@ class TestLoadConfig:
         assert str(path) in str(caught.value)
         assert "store.backnd: unknown key" in str(caught.value)
 
+    def test_a_snake_case_key_is_refused_naming_its_camel_case_spelling(
+        self, tmp_path: Path
+    ) -> None:
+        path = _write(tmp_path, "routing:\n  authorized_users: [octocat]\n")
+        with pytest.raises(ConfigError) as caught:
+            load_config(path, environ={})
+        assert "routing.authorized_users: unknown key (did you mean authorizedUsers?" in str(
+            caught.value
+        )
+
     def test_a_secret_pasted_where_a_variable_name_belongs_is_refused(self, tmp_path: Path) -> None:
         path = _write(tmp_path, "github:\n  webhookSecrets: ['s3cr3t-value with spaces']\n")
         with pytest.raises(ConfigError, match="environment-variable name"):

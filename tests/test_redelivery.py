@@ -205,7 +205,6 @@ def _replay(config: Config, data_dir: Path) -> None:
         open_store(config, data_dir=data_dir),
         open_queue(config, data_dir=data_dir),
         delivery_id=DELIVERY,
-        now=datetime.now(UTC),
         attempt=token_hex(8),
     )
 

@@ -192,7 +192,7 @@ class TestTransientFailure:
         assert worker.handler.calls == [(DELIVERY_ID, 1), (DELIVERY_ID, 2)]
         assert worker.event_names() == ["delivery.received", "delivery.settled"]
         [settled] = worker.store.list_events(name="delivery.settled")
-        assert (settled.data["attempts"], settled.data["queue_retries"]) == (2, "1")
+        assert (settled.data["attempts"], settled.data["queue_retries"]) == (2, 1)
 
 
 class TestPermanentFailure:
@@ -244,7 +244,7 @@ class TestPermanentFailure:
         replayed_at = datetime(2026, 5, 1, 13, 0, tzinfo=UTC)
 
         # What `looprelay replay` does: reopen the ledger record, queue its envelope again.
-        assert worker.store.reopen_delivery(DELIVERY_ID, at=replayed_at) is True
+        assert worker.store.reopen_delivery(DELIVERY_ID) is True
         worker.clock.at = replayed_at
         response = worker.post(record.envelope)
 

@@ -94,9 +94,9 @@ class Store(Protocol):
         """
         ...
 
-    def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
-        """Put a ``failed`` delivery back to ``received`` for a replay; False if it is not
-        failed."""
+    def reopen_delivery(self, delivery_id: str) -> bool:
+        """Put a ``failed`` delivery back to ``received`` for a replay, keeping when it was
+        received; False if it is not failed."""
         ...
 
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:

@@ -136,12 +136,14 @@ class TestDeliveryLedger:
         store.begin_delivery(_record("bad"))
         store.settle_delivery("bad", outcome="failed", detail="boom", at=T0)
         later = T0 + timedelta(hours=1)
-        assert not store.reopen_delivery("ok", at=later)
-        assert store.reopen_delivery("bad", at=later)
-        assert not store.reopen_delivery("missing", at=later)
+        assert not store.reopen_delivery("ok")
+        assert store.reopen_delivery("bad")
+        assert not store.reopen_delivery("missing")
         reopened = store.get_delivery("bad")
         assert reopened is not None
+        # When GitHub delivered it stays on record: a replay is not a new delivery.
         assert (reopened.outcome, reopened.settled_at) == ("received", None)
+        assert reopened.received_at == _record("bad").received_at
         assert store.settle_delivery("bad", outcome="dispatched", detail="", at=later)
 
     def test_list_is_newest_first_and_filters_by_outcome(self, store: Store) -> None:

@@ -108,7 +108,7 @@ class TestRenderChecklist:
         body = render_checklist(
             phases=PHASES, default_session_per_pr="never", execute_keyword="relay go"
         )
-        assert "reply `relay go` to start" in body
+        assert "reply `relay go` to freeze the selection" in body
         assert EXECUTE not in body
 
     def test_without_phases_it_says_every_phase_runs(self) -> None:

@@ -34,8 +34,19 @@ def register(
     }
     try:
         response = requests.post(url, json=body, timeout=REGISTER_TIMEOUT_SECONDS)
+    except requests.ConnectionError as exc:
+        # requests' own text is a paragraph of urllib3 internals; the operator needs the fix.
+        raise Transient(
+            f"nothing answers at {server.rstrip('/')}: is looprelay running there "
+            "(`looprelay up`), and is --server its address?"
+        ) from exc
+    except requests.Timeout as exc:
+        raise Transient(
+            f"{server.rstrip('/')} did not answer within {REGISTER_TIMEOUT_SECONDS:g} s; "
+            "try again when it is up"
+        ) from exc
     except requests.RequestException as exc:
-        raise Transient(f"cannot reach {url}: {exc}") from exc
+        raise Transient(f"cannot reach {url}: {type(exc).__name__}") from exc
     message = _error_text(response)
     if response.status_code == 401:
         raise Unauthorized(message)

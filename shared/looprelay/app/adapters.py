@@ -59,7 +59,18 @@ def _sqlite_path(config: Config, data_dir: Path | None) -> Path:
         return Path(config.store.sqlite.path)
     if data_dir is None:
         raise ConfigError("store.sqlite.path is unset and there is no data directory")
-    return data_dir / STORE_FILE
+    return _existing(data_dir) / STORE_FILE
+
+
+def _existing(data_dir: Path) -> Path:
+    """``data_dir``, refused in one line saying the fix when nothing created it yet (`up`
+    creates it before it opens anything; SQLite's own words would be "unable to open")."""
+    if not data_dir.is_dir():
+        raise ConfigError(
+            f"no data directory at {data_dir} yet: start looprelay once with `looprelay up` "
+            "(or ./dev up), or pass --data with the directory `up` uses"
+        )
+    return data_dir
 
 
 def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegistry:
@@ -191,7 +202,7 @@ def open_local_queue(config: Config, *, data_dir: Path) -> SqliteQueue:
     from looprelay.adapters.sqlite.queue import SqliteQueue
 
     return SqliteQueue(
-        data_dir / QUEUE_FILE,
+        _existing(data_dir) / QUEUE_FILE,
         retry=config.queue.retry,
         settings=config.queue.embedded,
         order_wait_seconds=config.routing.order_wait_seconds,

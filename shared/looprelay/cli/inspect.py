@@ -121,7 +121,6 @@ def deliveries_replay(
         open_store(config, data_dir=data),
         open_queue(config, data_dir=data),
         delivery_id=delivery_id,
-        now=datetime.now(UTC),
         attempt=secrets.token_hex(8),
     )
     click.echo(f"{delivery_id}: queued again")

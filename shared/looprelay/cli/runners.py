@@ -362,6 +362,12 @@ def runner_run(
     from looprelay.agent.start import RunnerOptions, build_agent
     from looprelay.logs import configure_logging
 
+    if not checkouts and workspace is None:
+        # Without a tree to work in, every session would be refused once claimed.
+        raise click.UsageError(
+            "give --checkout owner/repo=/path/to/checkout (repeat for more) or --workspace DIR: "
+            "without either this runner has nowhere to run a session"
+        )
     configure_logging(log_level, log_format=log_format)
     agent = build_agent(
         RunnerOptions(

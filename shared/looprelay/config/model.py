@@ -307,6 +307,8 @@ DEFAULT_PHASES: tuple[tuple[str, str, bool], ...] = (
     ("requirements-definition", "Write requirements", False),
     ("requirements-approval", "Human approval of the requirements", False),
     ("design", "Write the design", False),
+    # Opt-in, and listed where it runs: right after the design it reviews.
+    ("design-critic-review", "Critic review of the design", True),
     ("test-planning", "Plan the tests", False),
     ("design-approval", "Human approval of the design", False),
     ("tasks-breakdown", "Break the work into tasks", False),
@@ -319,7 +321,6 @@ DEFAULT_PHASES: tuple[tuple[str, str, bool], ...] = (
     ("capability-docs", "Update capability docs", False),
     ("reviewer-briefing", "Brief the reviewer", False),
     ("human-approval", "Human approval of the result", False),
-    ("design-critic-review", "Critic review of the design", True),
 )
 """The shipped outer loop's selectable phases (the predecessor's C7 rows)."""
 
@@ -654,7 +655,9 @@ def load_config(
         _merge(data, _read_yaml(Path(path)))
     overrides = _apply_env_overrides(data, env)
     try:
-        return Config.model_validate(data)
+        # Keys are spelled as documented (camelCase) only: a field's Python name in the file is
+        # an unknown key, never a silent second spelling.
+        return Config.model_validate(data, by_name=False)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, overrides)) from exc
 
@@ -770,8 +773,10 @@ def _describe(exc: ValidationError, source: str, overrides: Mapping[str, str]) -
             "",
         )
         if error["type"] == "extra_forbidden":
+            last = str(error["loc"][-1]) if error["loc"] else ""
+            hint = f"did you mean {to_camel(last)}? " if "_" in last else ""
             lines.append(
-                f"  {key}: unknown key{origin} (see docs/config.md for the keys there are)"
+                f"  {key}: unknown key{origin} ({hint}see docs/config.md for the keys there are)"
             )
         else:
             lines.append(f"  {key}: {error['msg']}{origin}")

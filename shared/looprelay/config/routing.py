@@ -86,27 +86,36 @@ def _unpinned_warning(logins: frozenset[str]) -> str:
 
 
 class TemplateSource:
-    """The prompt and comment templates, read once; each decision gets a fresh boundary."""
+    """The prompt and comment templates; each decision gets a fresh boundary."""
 
     def __init__(self, config: RoutingConfig) -> None:
         """Read and compile the operator's templates now, so a start (and `config validate`)
         refuses what would fail every delivery. Raises ``ConfigError`` naming the file when
         one is missing, unreadable, does not compile or reads an unknown variable."""
-        self._event = _prompt_template(config.prompt_template, EVENT_PROMPT)
-        self._spawn = _prompt_template(config.spawn_prompt_template, SPAWN_PROMPT)
-        self._sandboxed_event = config.prompt_template is not None
-        self._sandboxed_spawn = config.spawn_prompt_template is not None
+        self._event_path = config.prompt_template
+        self._spawn_path = config.spawn_prompt_template
+        self._read()
+
+    def _read(self) -> tuple[str, str]:
+        return (
+            _prompt_template(self._event_path, EVENT_PROMPT),
+            _prompt_template(self._spawn_path, SPAWN_PROMPT),
+        )
 
     def for_decision(self) -> Templates:
-        """Return the templates with a new random UNTRUSTED-block boundary."""
+        """Return the templates with a new random UNTRUSTED-block boundary.
+
+        The operator's files are read again each time, so a template fixed after a dead letter
+        serves its replay without a restart. Raises ``ConfigError`` as ``__init__`` does."""
+        event, spawn = self._read()
         return Templates(
-            event_prompt=self._event,
-            spawn_prompt=self._spawn,
+            event_prompt=event,
+            spawn_prompt=spawn,
             checklist_comment=bundled_template(CHECKLIST_COMMENT),
             confirmation_comment=bundled_template(CONFIRMATION_COMMENT),
             boundary=secrets.token_hex(16),
-            sandboxed_event=self._sandboxed_event,
-            sandboxed_spawn=self._sandboxed_spawn,
+            sandboxed_event=self._event_path is not None,
+            sandboxed_spawn=self._spawn_path is not None,
         )
 
 

@@ -104,9 +104,10 @@ def render_checklist(
     lines = [
         "### Phase selection",
         "",
-        "Untick a phase to skip it; tick an optional phase to run it. Then reply "
-        f"`{execute_keyword}` to start. A reply that carries its own copy of these rows "
-        "wins over the boxes here.",
+        "Untick a phase to skip it; tick an optional phase to run it where it is listed. Then "
+        f"reply `{execute_keyword}` to freeze the selection: until then the session reads, "
+        "plans and asks. A reply that carries its own copy of these rows wins over the boxes "
+        "here.",
         "",
         "**Phases**",
         "",

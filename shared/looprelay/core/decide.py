@@ -16,6 +16,7 @@ unlisted wrote, goes nowhere; nor does a listed login that now carries another u
 
 from __future__ import annotations
 
+from looprelay.core.answers import ANSWER_KIND, answer_for
 from looprelay.core.control import (
     Action,
     Command,
@@ -88,7 +89,7 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
     if reading.verdict is Verdict.NOT_NEW:
         return _ignored("comment-not-new")
     if reading.verdict is Verdict.COMMAND and reading.command is not None:
-        return _command(plan, situation, reading.command)
+        return _answered(_command(plan, situation, reading.command), situation, policy)
     signal = read_signal(
         envelope, auto_execute_label=policy.auto_execute_label, authorization=authorization
     )
@@ -96,7 +97,23 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
         return _close(plan, situation, authorization)
     if signal is Signal.ARM:
         return _transition(plan, situation, Signal.ARM)
-    return _route(plan, situation)
+    return _answered(_route(plan, situation), situation, policy)
+
+
+def _answered(decision: Decision, situation: Situation, policy: RoutingPolicy) -> Decision:
+    """``decision`` with the marked answer its comment's author gets when nothing went through
+    (paused, not armed, already started): the person on GitHub sees why, not only the ledger."""
+    text = answer_for(decision.detail, label=policy.auto_execute_label)
+    if situation.envelope.comment is None or decision.dispatches or text is None:
+        return decision
+    return Decision(
+        decision.outcome,
+        decision.detail,
+        decision.work_item,
+        decision.dispatches,
+        (*decision.comments, CommentPost(ANSWER_KIND, text)),
+        decision.notes,
+    )
 
 
 def _refused(situation: Situation, policy: RoutingPolicy, authorization: Authorization) -> Decision:

@@ -106,10 +106,21 @@ def prune_sessions(sessions: dict[str, SessionRecord], *, keep: int) -> dict[str
     return {endpoint: s for endpoint, s in sessions.items() if endpoint not in dropped}
 
 
-def graph_context(graph: GraphRecord | None) -> str:
-    """Describe a frozen selection for the prompt; built from the operator's tokens only."""
+SELECTION_PENDING = (
+    "## Process selection: pending\n\n"
+    "The people on GitHub have not chosen the phases yet (looprelay's checklist comment on the "
+    "work item). Until the frozen selection arrives in this session as a message of its own, "
+    "read the work item and the code, plan, and ask what is unclear; do not change files, "
+    "commit or open pull requests yet.\n"
+)
+"""Constant: what a session does while the phase selection is open."""
+
+
+def graph_context(graph: GraphRecord | None, *, selecting: bool = False) -> str:
+    """Describe a frozen selection for the prompt, built from the operator's tokens only, or,
+    while ``selecting`` (phases to choose and none frozen), say it is pending."""
     if graph is None:
-        return ""
+        return SELECTION_PENDING if selecting else ""
     selected = ", ".join(graph.phases_selected) or "none"
     skipped = ", ".join(graph.phases_skipped) or "none"
     return (
@@ -249,7 +260,7 @@ class Plan:
             repository=session.repository or self.item.repository,
             delivery_id=envelope.delivery_id,
             interaction_directive=self.policy.interaction.directive,
-            graph_context=graph_context(self.item.graph),
+            graph_context=graph_context(self.item.graph, selecting=bool(self.policy.phases)),
             payload_excerpt=wrap_untrusted(
                 render_excerpt(envelope), boundary=self.templates.boundary
             ),

@@ -12,9 +12,7 @@ from looprelay.errors import ConfigError
 from looprelay.ports import Queue, Store, Task, WorkItemStore
 
 
-def replay_delivery(
-    store: Store, queue: Queue, *, delivery_id: str, now: datetime, attempt: str
-) -> None:
+def replay_delivery(store: Store, queue: Queue, *, delivery_id: str, attempt: str) -> None:
     """Enqueue ``delivery_id``'s envelope again under a task name of its own (``attempt``
     makes it unique): a ``failed`` delivery is reopened first; a ``received`` one is still
     open (its task died, or is still being retried: then two runs race and the ledger keeps
@@ -30,7 +28,7 @@ def replay_delivery(
             f"delivery {delivery_id} is {record.outcome}; only failed ones and ones still "
             "received (their task died) replay"
         )
-    if record.outcome == "failed" and not store.reopen_delivery(delivery_id, at=now):
+    if record.outcome == "failed" and not store.reopen_delivery(delivery_id):
         raise ConfigError(f"delivery {delivery_id} changed while replaying; look again")
     # A name of its own: the earlier task's name stays reserved for about an hour.
     name = delivery_task_name(delivery_id, attempt=f"replay-{attempt}")

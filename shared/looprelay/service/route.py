@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from looprelay.config.routing import TemplateSource
+from looprelay.core.answers import ANSWER_KIND, ANSWER_REACTION
 from looprelay.core.control import Command, find_commands
 from looprelay.core.decide import USER_ID_MISMATCH, decide
 from looprelay.core.decision import CommentPost, Decision, Situation
@@ -332,14 +333,19 @@ class Router:
             effect(lambda post=post: self._post(envelope, item, post))  # type: ignore[misc]
         comment = envelope.comment
         first = decision.dispatches[0] if decision.dispatches else None
-        if first is not None and first.comment_id and comment is not None:
+        # A review's body takes no reaction (GitHub reacts to comments only).
+        answered = envelope.event != "pull_request_review" and any(
+            post.kind == ANSWER_KIND for post in decision.comments
+        )
+        if comment is not None and (answered or (first is not None and first.comment_id)):
+            kind = "review" if envelope.event == "pull_request_review_comment" else "issue"
             effect(
                 lambda: github.add_reaction(
                     installation_id=envelope.installation_id,
                     repository=item.repository,
                     comment_id=comment.id,
-                    comment_kind=first.comment_kind or "issue",
-                    content="eyes",
+                    comment_kind=(first.comment_kind if first else None) or kind,
+                    content=ANSWER_REACTION if answered else "eyes",
                 )
             )
 

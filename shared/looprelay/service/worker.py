@@ -185,7 +185,7 @@ class Worker:
                 "outcome": outcome.outcome,
                 "detail": outcome.detail,
                 "attempts": record.attempts,
-                "queue_retries": retries,
+                "queue_retries": _retry_count(retries),
             },
         )
         # The event rides in the settle's own write: a crash cannot keep one without the other.
@@ -226,3 +226,10 @@ class Worker:
             )
             return Outcome("failed", f"handler returned unknown outcome {outcome.outcome[:80]!r}")
         return outcome
+
+
+def _retry_count(header: str | None) -> int | None:
+    """The queue's retry count as a number, like ``attempts``; None when the queue sent none
+    (the embedded queue) or something that is not a count."""
+    value = (header or "").strip()
+    return int(value) if value.isdigit() else None

@@ -151,9 +151,9 @@ class FirestoreStore:
                 delivery_id, lambda r: None if r.settled else fields, event=event
             )[1]
 
-    def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
+    def reopen_delivery(self, delivery_id: str) -> bool:
         """See ``Store.reopen_delivery``; contention budget as in ``begin_delivery``."""
-        fields = {**_outcome_fields(model.RECEIVED, "", None), "received_at": at}
+        fields = _outcome_fields(model.RECEIVED, "", None)
         with translated("reopen a delivery"):
             return self._transition(
                 delivery_id, lambda r: fields if r.outcome == "failed" else None

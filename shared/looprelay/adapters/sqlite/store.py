@@ -144,13 +144,13 @@ class SqliteStore:
                 _insert_event(db, event)
         return bool(changed)
 
-    def reopen_delivery(self, delivery_id: str, *, at: datetime) -> bool:
+    def reopen_delivery(self, delivery_id: str) -> bool:
         """See ``Store.reopen_delivery``."""
         with self._db.transaction() as db:
             changed = db.execute(
-                "UPDATE deliveries SET outcome = ?, detail = '', settled_at = NULL,"
-                " received_at = ? WHERE delivery_id = ? AND outcome = 'failed'",
-                (RECEIVED, utc_text(at), delivery_id),
+                "UPDATE deliveries SET outcome = ?, detail = '', settled_at = NULL"
+                " WHERE delivery_id = ? AND outcome = 'failed'",
+                (RECEIVED, delivery_id),
             ).rowcount
         return bool(changed)
 
