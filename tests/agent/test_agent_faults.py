@@ -890,7 +890,7 @@ class TestTruthfulAgent:
         start_agent("laptop")
         relay.seed(1, relay.dispatch(1))
         [failed] = relay.wait_settled("dp-1-1")
-        assert (failed.status, failed.result) == ("failed", "harness-exited")
+        assert (failed.status, failed.result) == ("failed", "harness-failed")
         [event] = relay.events("dispatch.failed")
         # tmux 3.3a does not always learn the status of a child that exits before it is
         # read (about 1 run in 3 here): when shown, it is the harness's own.

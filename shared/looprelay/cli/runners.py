@@ -419,11 +419,13 @@ def runner_status(
         raise click.ClickException(f"no agent state in {state_dir}; is `runner run` started?")
     status = json.loads(status_file.read_text())
     sessions = Ledger(state_dir / LEDGER_FILE).all_sessions()
+    hosted = status.get("hosted") or {}  # as the agent's last heartbeat saw them
     status["sessions"] = [
         {
             "session": s.session_name,
             "work_item": s.work_item,
             "endpoint": s.endpoint,
+            "state": hosted.get(s.session_name, "unknown"),
             "checkout": s.checkout,
             "attach": attach_command(socket=tmux_socket, session=s.session_name)
             if s.runner_kind == "tmux"
@@ -443,7 +445,7 @@ def runner_status(
     click.echo("")
     if not status["sessions"]:
         click.echo("no sessions")
-    table(status["sessions"], ("endpoint", "work_item", "session", "checkout", "attach"))
+    table(status["sessions"], ("endpoint", "work_item", "session", "state", "checkout", "attach"))
 
 
 @runner_group.command("rotate")

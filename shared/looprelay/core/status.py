@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
@@ -33,6 +33,29 @@ DETAIL_CHARS = 200
 exception): enough to see what happened, never a whole document."""
 ATTACHABLE = frozenset({"live", "lost"})
 """Session states whose tmux session may still be there to attach to."""
+EXITED = "exited"
+"""A session whose runner reports its harness ended: its slot is free, ``start`` respawns it."""
+
+
+def harness_state(harness: str, *, exit_status: int | None, since: datetime | None) -> str:
+    """The words every view (``status``, ``/status``, ``runner status``) uses for a harness's
+    state: ``running``, ``idle`` (headless, between turns), ``exited (status N, since T)``
+    (either part left out when unknown), ``unknown`` for a state nobody reported. Never
+    raises."""
+    if harness != EXITED:
+        return harness or "unknown"
+    known = [f"status {exit_status}"] if exit_status is not None else []
+    if since is not None:
+        known.append(f"since {since.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    return f"{EXITED} ({', '.join(known)})" if known else EXITED
+
+
+def session_state(session: SessionRecord) -> str:
+    """A session's state as every view shows it: its status, an exited one with its exit
+    status and since when (:func:`harness_state`)."""
+    if session.status != EXITED:
+        return session.status
+    return harness_state(EXITED, exit_status=session.exit_status, since=session.exited_at)
 
 
 class _Row(BaseModel):
@@ -64,6 +87,10 @@ class SessionRow(_Row):
     endpoint: str
     session: str
     state: str
+    """``pending``, ``live``, ``exited (status N, since T)`` (:func:`session_state`), ``lost``,
+    ``terminated`` or ``cleaned``."""
+    exit_status: int | None = None
+    exited_at: datetime | None = None
     runner_id: str | None
     runner: str | None
     harness: str
@@ -252,7 +279,9 @@ def _session_row(
         control=item.control,
         endpoint=session.endpoint,
         session=session.session_name,
-        state=session.status,
+        state=session_state(session),
+        exit_status=session.exit_status,
+        exited_at=session.exited_at,
         runner_id=session.runner_id,
         runner=names.get(session.runner_id or ""),
         harness=session.harness,

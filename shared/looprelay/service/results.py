@@ -1,7 +1,7 @@
 """What a runner's result means outside the dispatch: the session's record, the event log,
 and progress on GitHub (🎉 delivered, 😕 failed, an attach comment after a first spawn and after
-a respawn on another runner, and a headless turn's answer or failure note as a reply on the
-work item or its pull request)."""
+a respawn on another runner, a headless turn's answer or failure note, and a note that a tmux
+session did not start, as a reply on the work item or its pull request)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from looprelay.core.model import DispatchRecord, EventRecord, RunnerRecord, Work
 from looprelay.core.render import render_comment
 from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
+    PASTE_FAILED,
     REPLY_MARKER_KIND,
+    SPAWN_FAILED,
+    TURN_FAILED,
     cut_to,
     failure_note,
     reply_body,
@@ -228,15 +231,24 @@ class Progress:
         )
 
     def _reply_text(self, dispatch: DispatchRecord, result: ResultBody, final: str) -> str:
-        """The text a headless turn leaves on GitHub: its answer, or a short note on failure."""
-        headless_turn = dispatch.runner_kind == "process" and dispatch.kind in _TURN_KINDS
-        if not (self._headless_replies and headless_turn):
+        """The text a result leaves on GitHub: a headless turn's answer, or a short note that
+        it failed; a short note that a hosted (tmux) session did not start or did not get its
+        event (the harness died in its probe, tmux failed): nothing else says so there."""
+        if dispatch.kind not in _TURN_KINDS:
             return ""
-        if final == "succeeded":
-            return reply_body(result.reply)
+        if dispatch.runner_kind == "process":
+            if not self._headless_replies:
+                return ""
+            if final == "succeeded":
+                return reply_body(result.reply)
+            what = TURN_FAILED
+        elif final == "failed":
+            what = SPAWN_FAILED if dispatch.kind == "spawn" else PASTE_FAILED
+        else:
+            return ""
         # A runner that sent no note still gets one, naming only the reason: its detail may
         # hold local paths that do not belong on a public issue.
-        note = result.reply.strip() or failure_note(dispatch.harness, result.reason)
+        note = result.reply.strip() or failure_note(dispatch.harness, result.reason, what=what)
         return cut_to(note, MAX_FAILURE_NOTE_CHARS)
 
     def _reply(self, dispatch: DispatchRecord, item: WorkItemRecord, text: str) -> None:
