@@ -29,14 +29,17 @@ from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultReco
 from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
 from looprelay.agent.sandbox import Sandbox
-from looprelay.agent.tmux import HARNESS_FAILED, SESSION_NAME, TmuxTerminal
+from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
 from looprelay.agent.workspaces import Checkout
 from looprelay.core.replies import SPAWN_FAILED, failure_note
+from looprelay.core.status import HARNESS_FAILED
 from looprelay.errors import RunnerError
 from looprelay.wire.runner_api import DISPATCH_KINDS, MAX_DETAIL_CHARS, Dispatch
 
 SPAWNED, DELIVERED, DONE, FAILED = "spawned", "delivered", "done", "failed"
 RUNNER_KINDS = ("tmux", "process")
+SAID_LINES = 5
+"""How many of a dead harness's last screen lines its note on the work item starts from."""
 RETRYABLE_REASONS = frozenset({"tmux-failed", "session-missing"})
 """Failures after which nothing reached the harness, so the dispatch may be offered again."""
 
@@ -221,7 +224,9 @@ class Applier:
         status = "" if code is None else f" (status {code})"
         last = self.terminal.last_lines(name)
         shown = f"; its last lines:\n{last}" if last else "; its pane showed nothing"
-        said = last.splitlines()[-1] if last else f"exited{status} {when}"
+        # The last few lines, read from their start: Claude puts its reason first ("Unable to
+        # connect to Anthropic services") and its advice after.
+        said = " · ".join(last.splitlines()[-SAID_LINES:]) if last else f"exited{status} {when}"
         return HarnessFailed(f"the harness in {name} exited{status} {when}{shown}", said=said)
 
     def _terminate(self, d: Dispatch) -> ApplyResult:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from looprelay.agent.children import Overran, run_child
 from looprelay.core.attach import attach_command
+from looprelay.core.status import HARNESS_FAILED
 from looprelay.errors import ConfigError, RunnerError
 
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
@@ -48,12 +49,12 @@ _ABSENT = re.compile(
     r"|error connecting to .*\((No such file or directory|Connection refused)\)"
 )
 _EXITED = "looprelay-pane-dead"
-HARNESS_FAILED = "harness-failed"
-"""The one reason for a harness that died where it should run: in its probe, before a paste."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 """Environment names passed on to sessions; others (rare, odd) cannot be listed to tmux."""
 _TMUX_OWN = frozenset({"TMUX", "TMUX_PANE"})
 """Set by tmux itself in each pane: never copied from the agent (it may run inside tmux)."""
+_PANE_DEAD = re.compile(r"Pane is dead( \(.*\))?$")
+"""tmux's own line under a dead pane (remain-on-exit), not the harness's."""
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -279,14 +280,16 @@ class TmuxTerminal:
 
     def last_lines(self, name: str, count: int = LAST_LINES) -> str:
         """The last ``count`` non-blank lines the harness pane of ``name`` shows (a dead one
-        too: remain-on-exit keeps it), control characters dropped; "" when there is no such
+        too: remain-on-exit keeps it; tmux's "Pane is dead" line left out), control characters
+        dropped; "" when there is no such
         session. Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
         pane = self._first_pane(name)
         if pane is None:
             return ""
         lines = self._query("capture-pane", "-p", "-J", "-S", "-200", "-t", pane.pane_id) or []
         shown = [_UNPRINTABLE.sub("", line).rstrip() for line in lines]
-        return "\n".join([line for line in shown if line.strip()][-count:])
+        kept = [line for line in shown if line.strip() and not _PANE_DEAD.match(line)]
+        return "\n".join(kept[-count:])
 
     def _ready_pane(self, name: str, pane: Pane | None) -> Pane:
         """Wait, up to ``ready_wait_seconds``, until ``pane``'s harness reads its terminal raw

@@ -35,6 +35,9 @@ ATTACHABLE = frozenset({"live", "lost"})
 """Session states whose tmux session may still be there to attach to."""
 EXITED = "exited"
 """A session whose runner reports its harness ended: its slot is free, ``start`` respawns it."""
+HARNESS_FAILED = "harness-failed"
+"""The one result reason for a harness that died where it should run (in a (re)spawn's probe,
+before a paste) or whose headless turn failed; such a tmux session is shown ``exited``."""
 
 
 def harness_state(harness: str, *, exit_status: int | None, since: datetime | None) -> str:

@@ -23,6 +23,7 @@ from looprelay.core.replies import (
     failure_note,
     reply_body,
 )
+from looprelay.core.status import EXITED, HARNESS_FAILED
 from looprelay.core.workitems import parse_ref
 from looprelay.errors import Transient
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
@@ -128,8 +129,17 @@ class Progress:
             first = not session.announced and not result.resumed
             moved = session.runner_id not in (None, runner.runner_id)
             announce = result.status == "spawned" and (first or moved)
-            if final == "failed" and dispatch.kind in {"spawn", "deliver"}:
-                changes: dict[str, object] = {"status": "lost"}
+            died = result.reason == HARNESS_FAILED and dispatch.runner_kind == "tmux"
+            if final == "failed" and died and dispatch.kind in _TURN_KINDS:
+                # Its harness died where it should run (in the spawn's probe): shown exited.
+                changes: dict[str, object] = {
+                    "status": EXITED,
+                    "runner_id": runner.runner_id,
+                    "exit_status": None,
+                    "exited_at": self._clock.now(),
+                }
+            elif final == "failed" and dispatch.kind in _TURN_KINDS:
+                changes = {"status": "lost"}
             elif result.status in {"spawned", "delivered"} or _turn_taken(dispatch, result):
                 changes = {
                     "status": "live",

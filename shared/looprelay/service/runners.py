@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from looprelay.config.model import RunnersConfig
 from looprelay.core.identity import second_agent, second_agent_message
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
-from looprelay.core.scheduling import reports_new_status
+from looprelay.core.scheduling import is_live, reports_new_status
 from looprelay.errors import Conflict, NotFound, Unauthorized
 from looprelay.ports import Clock, RunnerDirectory, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.failover import Failover
@@ -158,6 +158,7 @@ class RunnerApi:
         released, held elsewhere, lost to a restart, or exited (``service.hosted``). Raises
         ``Conflict`` for a second live agent on ``runner``'s credentials (``core.identity``)."""
         now = self._clock.now()
+        lost_after = timedelta(seconds=self._config.lost_after_seconds)
         self._one_agent(runner, agent_id=body.agent_id, replaces=body.replaces, now=now)
         status = RunnerStatus(
             version=body.version,
@@ -181,9 +182,10 @@ class RunnerApi:
             released = self._failover.release_leases(runner) if body.restarted else 0
             moved = self._failover.moved(runner, body.held)
         if self._hosted is not None:
-            self._hosted.settle(
-                runner, body.held, held_all=body.held_all, changed=changed or body.restarted
-            )
+            # An idle runner's heartbeat is looked at only when it comes back (restarted, or
+            # silent past lostAfterSeconds) or reports a change: else it reads nothing.
+            back = body.restarted or not is_live(runner, now=now, lost_after=lost_after)
+            self._hosted.settle(runner, body.held, held_all=body.held_all, changed=changed or back)
         return HeartbeatHints(
             heartbeat_seconds=self._config.heartbeat_seconds,
             lost_after_seconds=self._config.lost_after_seconds,
