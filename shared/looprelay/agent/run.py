@@ -109,7 +109,7 @@ class Agent:
     replaces: str = ""
     """The id of the agent that held this state directory before (a restart), or ""."""
     _in_hand: dict[str, str] = field(default_factory=dict, init=False)
-    """Dispatch id -> the session it is being applied to."""
+    """Dispatch id -> the session it is being applied to (changed and read under _truth)."""
     _truth: threading.Lock = field(default_factory=threading.Lock, init=False)
     """Held while a heartbeat reads what the runner hosts and sends it, and while a result
     goes out: a heartbeat never tells the server of a world older than a result it has."""
@@ -319,7 +319,8 @@ class Agent:
             extra={"work_item": dispatch.work_item},
         )
         self.state.update(hold=dispatch, count="leased", note="applying")
-        self._in_hand[dispatch.dispatch_id] = dispatch.session_name
+        with self._truth:
+            self._in_hand[dispatch.dispatch_id] = dispatch.session_name
         done = threading.Event()
         renewer = threading.Thread(target=self._renew_loop, args=(dispatch, done), daemon=True)
         renewer.start()
@@ -329,7 +330,8 @@ class Agent:
             done.set()
         self._log_result(dispatch, result)
         self._report(dispatch, result)
-        self._in_hand.pop(dispatch.dispatch_id, None)
+        with self._truth:
+            self._in_hand.pop(dispatch.dispatch_id, None)
         self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
 
     def _log_result(self, dispatch: Dispatch, result: ApplyResult) -> None:
