@@ -20,7 +20,6 @@ from looprelay.core.model import SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.slots import believed_slots
 from looprelay.service.runners import mint_registration_token
-from looprelay.service.status import StatusReader
 from tests.dispatches import work_item_ref
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.rigs import Stores
@@ -41,15 +40,7 @@ def _ref(number: int) -> str:
 
 def _status(desk: Desk) -> dict[str, Any]:
     """The view ``looprelay status --json`` prints, from the desk's stores."""
-    reader = StatusReader(
-        store=desk.stores.events,
-        work_items=desk.stores.work_items,
-        runners=desk.stores.registry,
-        clock=desk.clock,
-        lost_after=timedelta(seconds=CONFIG.lost_after_seconds),
-    )
-    view: dict[str, Any] = reader.read().model_dump(mode="json")
-    return view
+    return desk.stores.status_json(desk.clock, lost_after_seconds=CONFIG.lost_after_seconds)
 
 
 def _runner_row(view: dict[str, Any], runner: Runner) -> dict[str, Any]:
@@ -449,4 +440,50 @@ class TestLeakedSlots:
         row = _session_rows(_status(desk))[_ref(7)]
         assert row["state"].startswith("exited (since ")
         assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+
+
+class TestFailedSpawns:
+    def test_a_harness_that_died_in_its_probe_is_shown_exited_and_github_is_told_why(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        spawn = desk.dispatch(7)
+        desk.seed(7, spawn)
+        assert desk.polled_id(runner) == "dp-7-1"
+        note = "😕 claude session did not start: `Unable to connect to Anthropic services`"
+        answer = desk.report(
+            runner,
+            "dp-7-1",
+            status="failed",
+            reason="harness-failed",
+            detail="the harness in loop-x exited (status 1) before it could be given the prompt",
+            reply=note,
+        )
+        assert answer.json() == {"status": "failed"}
+        assert desk.reactions(spawn.comment_id or 0) == ["confused"]
+        [reply] = desk.attach_comments(7)  # no attach comment: never announced as running
+        assert reply.startswith(note) and "kind=reply id=dp-7-1" in reply
+        row = _session_rows(_status(desk))[_ref(7)]
+        assert row["state"].startswith("exited (since ")
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+
+    def test_a_spawn_that_tmux_failed_gets_a_reply_naming_only_its_reason(self, desk: Desk) -> None:
+        runner = desk.runner("box", capacity=1)
+        spawn = desk.dispatch(7)
+        desk.seed(7, spawn)
+        assert desk.polled_id(runner) == "dp-7-1"
+        answer = desk.report(
+            runner,
+            "dp-7-1",
+            status="failed",
+            reason="tmux-failed",
+            detail="tmux new-session failed: /home/op/private/path",
+        )
+        assert answer.json() == {"status": "failed"}
+        [reply] = desk.attach_comments(7)
+        assert reply.startswith("😕 claude session did not start: `tmux-failed`")
+        assert "/home/op" not in reply  # the detail's local paths stay off the issue
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "lost"
         _assert_slots_are_sessions(desk, runner)

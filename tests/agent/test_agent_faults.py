@@ -53,7 +53,6 @@ from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
-from looprelay.service.status import StatusReader
 from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
@@ -661,15 +660,7 @@ def _proc_state(pid: int) -> str:
 
 def _view(relay: Relay) -> dict[str, Any]:
     """What ``looprelay status --json`` prints, from the relay's stores."""
-    reader = StatusReader(
-        store=relay.stores.events,
-        work_items=relay.stores.work_items,
-        runners=relay.stores.registry,
-        clock=relay.clock,
-        lost_after=timedelta(seconds=CONFIG.lost_after_seconds),
-    )
-    view: dict[str, Any] = reader.read().model_dump(mode="json")
-    return view
+    return relay.stores.status_json(relay.clock, lost_after_seconds=CONFIG.lost_after_seconds)
 
 
 def _state(relay: Relay, number: int) -> str:
