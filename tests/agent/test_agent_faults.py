@@ -949,8 +949,10 @@ class TestTruthfulAgent:
         # read (about 1 run in 3 here): when shown, it is the harness's own.
         assert re.search(r"exited( \(status 3\))? (before|right after)", event["detail"]), event
         assert "fake harness: not logged in" in event["detail"], event
-        # Never announced as running: the one comment is a short note in the harness's words.
-        [note] = relay.attach_comments(1)
+        # Never announced as running: the one comment is a short note in the harness's words
+        # (posted just after the dispatch settles, with the 😕).
+        wait_until(lambda: relay.reactions_on_dispatch("dp-1-1"), seconds=DEADLINE)
+        [note] = wait_until(lambda: relay.attach_comments(1), seconds=DEADLINE)
         assert note.startswith(
             "😕 claude session did not start: `fake harness: not logged in, exiting at once`"
         )

@@ -69,7 +69,8 @@ def runners_openapi() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
     """List registered runners (never their secrets): not-started, live, lost (silent longer
-    than runners.lostAfterSeconds) or revoked, as `looprelay status` says."""
+    than runners.lostAfterSeconds) or revoked, as `looprelay status` says, and the harnesses
+    each runs (sessions, as its last heartbeat said)."""
     from datetime import UTC, datetime, timedelta
 
     from looprelay.app.adapters import open_runner_registry
@@ -93,7 +94,16 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     if not as_json:
         table(
             rows,
-            ("runner_id", "name", "status", "capacity", "version", "labels", "last_seen_at"),
+            (
+                "runner_id",
+                "name",
+                "status",
+                "capacity",
+                "sessions",
+                "version",
+                "labels",
+                "last_seen_at",
+            ),
             now=now,
         )
 
