@@ -91,7 +91,8 @@ def _tmux_state(terminal: TmuxTerminal, session: LocalSession) -> Hosted:
         return Hosted(session, "exited")
     if not pane.dead:
         return Hosted(session, "running")
-    died = datetime.fromtimestamp(pane.dead_at, UTC) if pane.dead_at is not None else None
+    # tmux 3.3a may not know when (nor how) a harness that exited at once ended: now, then.
+    died = datetime.fromtimestamp(pane.dead_at, UTC) if pane.dead_at else datetime.now(UTC)
     return Hosted(
         session,
         "exited",
