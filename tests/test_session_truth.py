@@ -22,7 +22,7 @@ from looprelay.core.slots import believed_slots
 from looprelay.service.runners import mint_registration_token
 from tests.dispatches import work_item_ref
 from tests.fake_github import REPOSITORY, FakeGitHub
-from tests.rigs import Stores
+from tests.rigs import Stores, status_json
 from tests.test_leases import CONFIG, HTTP_TIMEOUT, Desk, Runner, serve_desk
 
 PR = 30
@@ -40,7 +40,7 @@ def _ref(number: int) -> str:
 
 def _status(desk: Desk) -> dict[str, Any]:
     """The view ``looprelay status --json`` prints, from the desk's stores."""
-    return desk.stores.status_json(desk.clock, lost_after_seconds=CONFIG.lost_after_seconds)
+    return status_json(desk.stores, desk.clock, lost_after_seconds=CONFIG.lost_after_seconds)
 
 
 def _runner_row(view: dict[str, Any], runner: Runner) -> dict[str, Any]:

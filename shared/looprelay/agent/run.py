@@ -113,6 +113,8 @@ class Agent:
     _truth: threading.Lock = field(default_factory=threading.Lock, init=False)
     """Held while a heartbeat reads what the runner hosts and sends it, and while a result
     goes out: a heartbeat never tells the server of a world older than a result it has."""
+    hostname: str = ""
+    """This machine's name, for the status page ("": not said)."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
     _plain_heartbeats: bool = field(default=False, init=False)
@@ -235,14 +237,16 @@ class Agent:
     def _failover_fields(
         self, *, restarted: bool, released: list[dict[str, str]], held: list[Hosted]
     ) -> dict[str, object]:
-        """What a heartbeat adds for failover, this agent's identity and what it hosts
-        (every session, even none: ``held_all``), each other field only when it has
-        something to say."""
+        """What a heartbeat adds for failover, this agent's identity (its host too) and what
+        it hosts (every session, even none: ``held_all``), each other field only when it has
+        something to say; a server older than these refuses them all."""
         fields: dict[str, object] = {"restarted": True} if restarted else {}
         if self.agent_id:
             fields["agent_id"] = self.agent_id
         if self.replaces:
             fields["replaces"] = self.replaces
+        if self.hostname:
+            fields["hostname"] = self.hostname
         fields["held"] = [hosted.to_wire() for hosted in held]
         fields["held_all"] = True
         if released:

@@ -56,6 +56,9 @@ class Issue(_Value):
     is_pull_request: bool = False
     author: Actor | None = None
     labels: list[str] = Field(default_factory=list)
+    updated_at: datetime | None = None
+    """When it last changed: in a label or state change's payload, the moment of that change
+    (``core.sameevent`` tells a webhook delivery and a poll of one change apart by it)."""
 
 
 class Comment(_Value):
@@ -90,6 +93,8 @@ class PullRequest(_Value):
     base_repo_id: int | None = None
     author: Actor | None = None
     labels: list[str] = Field(default_factory=list)
+    updated_at: datetime | None = None
+    """As ``Issue.updated_at``."""
 
 
 class CheckRef(_Value):
@@ -188,13 +193,14 @@ def _order_key(
     created = comment.get("created_at") or comment.get("submitted_at")
     comment_id = _int(comment, "id")
     if _str(payload, "action") in CREATING_ACTIONS and comment_id is not None:
-        when = _moment(created)
+        when = parse_moment(created)
         if when is not None:
             return order_key(when, comment_id)
     return order_key(received_at) if received_at is not None else ""
 
 
-def _moment(value: Any) -> datetime | None:
+def parse_moment(value: Any) -> datetime | None:
+    """GitHub's ISO 8601 time as an aware UTC moment; None for anything else."""
     if not isinstance(value, str):
         return None
     try:
@@ -263,6 +269,7 @@ def _issue(obj: Mapping[str, Any], text: _Text) -> Issue | None:
         is_pull_request="pull_request" in obj,
         author=_actor(_dict(obj, "user")),
         labels=_labels(obj),
+        updated_at=parse_moment(obj.get("updated_at")),
     )
 
 
@@ -296,6 +303,7 @@ def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest 
         base_repo_id=_int(_dict(base, "repo"), "id"),
         author=_actor(_dict(obj, "user")),
         labels=_labels(obj),
+        updated_at=parse_moment(obj.get("updated_at")),
     )
 
 

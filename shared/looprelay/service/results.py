@@ -39,6 +39,8 @@ MAX_SAVE_ROUNDS = 8
 MAX_KEPT_DETAIL_CHARS = 500
 """How much of a result's detail the event log and the dispatch keep."""
 _TURN_KINDS = frozenset({"spawn", "deliver"})
+_ACTIVITY = {"spawned": "spawned", "delivered": "pasted"}
+"""What the status page says a session last did, by result (a headless turn: answered)."""
 
 
 class Progress:
@@ -129,6 +131,7 @@ class Progress:
             first = not session.announced and not result.resumed
             moved = session.runner_id not in (None, runner.runner_id)
             announce = result.status == "spawned" and (first or moved)
+            now = self._clock.now()
             died = result.reason == HARNESS_FAILED and dispatch.runner_kind == "tmux"
             if final == "failed" and died and dispatch.kind in _TURN_KINDS:
                 # Its harness died where it should run (in the spawn's probe): shown exited.
@@ -136,22 +139,30 @@ class Progress:
                     "status": EXITED,
                     "runner_id": runner.runner_id,
                     "exit_status": None,
-                    "exited_at": self._clock.now(),
+                    "exited_at": now,
+                    "activity": f"{dispatch.kind} failed",
+                    "active_at": now,
                 }
             elif final == "failed" and dispatch.kind in _TURN_KINDS:
-                changes = {"status": "lost"}
+                changes = {
+                    "status": "lost",
+                    "activity": f"{dispatch.kind} failed",
+                    "active_at": now,
+                }
             elif result.status in {"spawned", "delivered"} or _turn_taken(dispatch, result):
                 changes = {
                     "status": "live",
                     "runner_id": runner.runner_id,
                     "announced": session.announced or announce,
+                    "activity": _ACTIVITY.get(result.status, "turn answered"),
+                    "active_at": now,
                 }
                 if result.session_id:
                     changes["session_id"] = result.session_id
                 if result.status == "spawned" or (
                     dispatch.kind == "spawn" and result.status == "done"
                 ):
-                    changes["spawned_at"] = self._clock.now()
+                    changes["spawned_at"] = now
                     changes["tmux_socket"] = result.tmux_socket or None
             else:
                 return False
