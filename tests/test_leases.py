@@ -798,7 +798,10 @@ class TestResults:
         report = desk.report(runner, "dp-1-1", status="failed", reason="harness-missing")
         assert report.json() == {"status": "failed"}
         assert desk.reactions(dispatch.comment_id or 0) == ["confused"]
-        assert desk.attach_comments(1) == []
+        # Never announced; a short marked reply says why, naming only the reason.
+        [reply] = desk.attach_comments(1)
+        assert reply.startswith("😕 claude session did not start: `harness-missing`")
+        assert desk.replies(1) == [reply]
 
     def test_a_result_after_the_lease_passed_to_another_runner_is_refused(self, desk: Desk) -> None:
         slow, fast = desk.runner("slow"), desk.runner("fast")

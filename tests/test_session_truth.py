@@ -10,7 +10,7 @@ without one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
@@ -306,3 +306,184 @@ class TestOneAgentPerRunner:
         assert self._beat(desk, runner, agent_id="elsewhere").status_code == 200
         record = desk.stores.registry.get_runner(runner.runner_id)
         assert record is not None and record.agent_id == "elsewhere"
+
+
+def _hosted(number: int, **state: Any) -> dict[str, Any]:
+    """What an agent's heartbeat names for work item ``number``'s own session."""
+    ref = _ref(number)
+    return {"work_item": ref, "endpoint": ref, "session_name": tmux_session_name(ref), **state}
+
+
+def _beat_hosting(
+    desk: Desk, runner: Runner, *held: dict[str, Any], restarted: bool = False
+) -> None:
+    """A heartbeat as the agent sends it: every session it hosts, with its harness's state."""
+    body = {
+        "capacity": 1,
+        "repositories": [REPOSITORY],
+        "held": list(held),
+        "held_all": True,
+        "restarted": restarted,
+    }
+    answer = desk.post("heartbeat", body, auth=runner.auth)
+    assert answer.status_code == 200, answer.text
+
+
+def _spawned(desk: Desk, runner: Runner, number: int) -> None:
+    desk.seed(number, desk.dispatch(number))
+    assert desk.polled_id(runner) == f"dp-{number}-1"
+    assert desk.report(runner, f"dp-{number}-1", status="spawned").status_code == 200
+
+
+class TestExitedSessions:
+    def test_a_harness_reported_exited_is_shown_exited_and_its_slot_taken_by_the_next_issue(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        _spawned(desk, runner, 7)
+        _beat_hosting(desk, runner, _hosted(7, harness="running"))
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "live"
+        desk.seed(8, desk.dispatch(8))
+        assert desk.polled_id(runner) is None  # full
+        assert _waiting(_status(desk))["dp-8-1"] == "runner-at-capacity"
+
+        died = desk.clock.now() - timedelta(seconds=20)
+        _beat_hosting(
+            desk,
+            runner,
+            _hosted(
+                7,
+                harness="exited",
+                exit_status=137,
+                exited_at=died.isoformat(),
+                last_lines="Invalid API key · Please run /login",
+            ),
+        )
+        view = _status(desk)
+        row = _session_rows(view)[_ref(7)]
+        assert row["state"] == f"exited (status 137, since {died:%Y-%m-%dT%H:%M:%SZ})"
+        assert (row["exit_status"], row["attach"]) == (137, None)
+        assert view["totals"]["sessions_live"] == 0
+        assert _runner_row(view, runner)["sessions"] == 0
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+        [exited] = desk.events("session.exited")
+        assert (exited["exit_status"], exited["last_lines"]) == (
+            137,
+            "Invalid API key · Please run /login",
+        )
+        assert desk.polled_id(runner) == "dp-8-1"  # the freed slot takes the waiting issue
+        _assert_slots_are_sessions(desk, runner)
+
+    def test_a_tmux_server_killed_shows_its_sessions_exited_since_the_heartbeat(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        _spawned(desk, runner, 7)
+        # The agent finds no tmux session at all: exited, no status known.
+        _beat_hosting(desk, runner, _hosted(7, harness="exited"))
+        since = desk.clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == f"exited (since {since})"
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+
+    def test_an_exited_session_with_a_dispatch_open_is_left_to_that_dispatch(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        _spawned(desk, runner, 7)
+        comment = desk.dispatch(7, 2, kind="deliver", runner_id=runner.runner_id)
+        desk.seed(7, comment, session_status="live", session_runner=runner.runner_id)
+        assert desk.polled_id(runner) == "dp-7-2"  # the runner finds it dead and respawns it
+        _beat_hosting(desk, runner, _hosted(7, harness="exited", exit_status=1))
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "live"
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {_ref(7): _ref(7)}
+        assert desk.report(runner, "dp-7-2", status="spawned", resumed=True).status_code == 200
+        _beat_hosting(desk, runner, _hosted(7, harness="running"))
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "live"
+        _assert_slots_are_sessions(desk, runner)
+
+    def test_a_plain_heartbeat_changes_nothing(self, desk: Desk) -> None:
+        runner = desk.runner("box", capacity=1)
+        _spawned(desk, runner, 7)
+        desk.heartbeat(runner, sessions=0)  # an agent that reports nothing of what it hosts
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "live"
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {_ref(7): _ref(7)}
+
+
+class TestLeakedSlots:
+    def test_a_runner_back_hosting_nothing_frees_the_slot_of_a_session_that_left_it(
+        self, desk: Desk
+    ) -> None:
+        old, new = desk.runner("old", capacity=1), desk.runner("new", capacity=1)
+        _spawned(desk, old, 7)
+        # Left by an older server: the session moved to the new runner, the slot stayed.
+        _seed_sessions(desk, 7, own=_session(_ref(7), status="live", runner_id=new.runner_id))
+        assert desk.stores.work_items.held_sessions(old.runner_id) == {_ref(7): _ref(7)}
+        desk.seed(8, desk.dispatch(8))
+        assert desk.polled_id(old) is None  # the leak: it waits for ever
+        _beat_hosting(desk, old, restarted=True)  # upgraded and back: it hosts nothing
+        assert desk.stores.work_items.held_sessions(old.runner_id) == {}
+        [freed] = desk.events("session.slot_freed")
+        assert (freed["runner_id"], freed["reason"]) == (old.runner_id, "not-hosted")
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "live"  # on the new runner
+        assert desk.polled_id(old) == "dp-8-1"
+        _assert_slots_are_sessions(desk, old)
+
+    def test_a_runner_back_without_a_session_it_was_believed_to_run_shows_it_exited(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        _spawned(desk, runner, 7)
+        desk.clock.advance(CONFIG.lost_after_seconds + 1)  # silent; its machine rebooted
+        _beat_hosting(desk, runner)
+        row = _session_rows(_status(desk))[_ref(7)]
+        assert row["state"].startswith("exited (since ")
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+
+
+class TestFailedSpawns:
+    def test_a_harness_that_died_in_its_probe_is_shown_exited_and_github_is_told_why(
+        self, desk: Desk
+    ) -> None:
+        runner = desk.runner("box", capacity=1)
+        spawn = desk.dispatch(7)
+        desk.seed(7, spawn)
+        assert desk.polled_id(runner) == "dp-7-1"
+        note = "😕 claude session did not start: `Unable to connect to Anthropic services`"
+        answer = desk.report(
+            runner,
+            "dp-7-1",
+            status="failed",
+            reason="harness-failed",
+            detail="the harness in loop-x exited (status 1) before it could be given the prompt",
+            reply=note,
+        )
+        assert answer.json() == {"status": "failed"}
+        assert desk.reactions(spawn.comment_id or 0) == ["confused"]
+        [reply] = desk.attach_comments(7)  # no attach comment: never announced as running
+        assert reply.startswith(note) and "kind=reply id=dp-7-1" in reply
+        row = _session_rows(_status(desk))[_ref(7)]
+        assert row["state"].startswith("exited (since ")
+        assert desk.stores.work_items.held_sessions(runner.runner_id) == {}
+        _assert_slots_are_sessions(desk, runner)
+
+    def test_a_spawn_that_tmux_failed_gets_a_reply_naming_only_its_reason(self, desk: Desk) -> None:
+        runner = desk.runner("box", capacity=1)
+        spawn = desk.dispatch(7)
+        desk.seed(7, spawn)
+        assert desk.polled_id(runner) == "dp-7-1"
+        answer = desk.report(
+            runner,
+            "dp-7-1",
+            status="failed",
+            reason="tmux-failed",
+            detail="tmux new-session failed: /home/op/private/path",
+        )
+        assert answer.json() == {"status": "failed"}
+        [reply] = desk.attach_comments(7)
+        assert reply.startswith("😕 claude session did not start: `tmux-failed`")
+        assert "/home/op" not in reply  # the detail's local paths stay off the issue
+        assert _session_rows(_status(desk))[_ref(7)]["state"] == "lost"
+        _assert_slots_are_sessions(desk, runner)

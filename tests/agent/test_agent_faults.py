@@ -63,7 +63,7 @@ from tests.dispatches import make_dispatch, save_with_own_session
 from tests.fake_github import APP_LOGIN, FakeGitHub
 from tests.fake_harness import FakeHarness, wait_until
 from tests.gitrepos import GitRepos
-from tests.rigs import SteppingClock, Stores
+from tests.rigs import SteppingClock, Stores, status_json
 
 REPOSITORY = "octo/repo"
 CONFIG = RunnersConfig(lease_seconds=10, poll_wait_seconds=1, heartbeat_seconds=5)
@@ -283,6 +283,12 @@ class Relay:
         """What the server posted on work item ``number`` (attach comments, in order)."""
         return [c.body for c in self.github.on(number, REPOSITORY) if c.author == APP_LOGIN]
 
+    def reactions_on_dispatch(self, dispatch_id: str) -> list[str]:
+        """The reactions the server left on the comment that made ``dispatch_id``."""
+        comment_id = self.stored(dispatch_id).comment_id
+        assert comment_id is not None
+        return [content for _, content in self.github.comments[comment_id].reactions]
+
 
 @pytest.fixture
 def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
@@ -429,6 +435,7 @@ class RunnerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.state = state
+        self.credentials = credentials
         self.runner_id = json.loads(credentials.read_text())["runner_id"]
         self.log_path = state.parent / f"{state.name}-{uuid.uuid4().hex[:6]}.log"
         with self.log_path.open("wb") as log:
@@ -470,6 +477,20 @@ class RunnerProcess:
         """What `looprelay runner status` reads: the note and the dispatches held."""
         path = self.state / STATUS_FILE
         return json.loads(path.read_text()) if path.exists() else {}
+
+    def session_states(self) -> dict[str, str]:
+        """What `looprelay runner status --json` shows of each session's state, by work item."""
+        shown = subprocess.run(
+            [
+                *LOOPRELAY,
+                *("runner", "status", "--credentials", str(self.credentials)),
+                *("--state", str(self.state), "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return {s["work_item"]: s["state"] for s in json.loads(shown.stdout)["sessions"]}
 
     def ledger_state(self, dispatch_id: str) -> str | None:
         with sqlite3.connect(self.state / LEDGER_FILE) as db:
@@ -657,6 +678,30 @@ def _proc_state(pid: int) -> str:
         return "gone"
 
 
+def _view(relay: Relay) -> dict[str, Any]:
+    """What ``looprelay status --json`` prints, from the relay's stores."""
+    return status_json(relay.stores, relay.clock, lost_after_seconds=CONFIG.lost_after_seconds)
+
+
+def _state(relay: Relay, number: int) -> str:
+    """The state ``status --json`` shows for work item ``number``'s own session."""
+    rows = {row["endpoint"]: row for row in _view(relay)["sessions"]}
+    return str(rows[_ref(number)]["state"])
+
+
+def _live_harnesses(fake: FakeHarness) -> list[int]:
+    return [start["pid"] for start in fake.starts() if _alive(start["pid"])]
+
+
+def _assert_slots_are_live_harnesses(relay: Relay, fake: FakeHarness, *runner_ids: str) -> None:
+    """The slots the server counts on ``runner_ids`` are as many as the harnesses running."""
+    held = {r: relay.stores.work_items.held_sessions(r) for r in runner_ids}
+    live = _live_harnesses(fake)
+    assert sum(len(h) for h in held.values()) == len(live), (held, live)
+    counted = {r["runner_id"]: r["sessions"] for r in _view(relay)["runners"]}
+    assert sum(counted[r] for r in runner_ids) == len(live), counted
+
+
 class TestFailover:
     def test_a_runner_back_after_its_session_moved_stops_its_harness_and_the_new_one_is_named(
         self,
@@ -708,6 +753,13 @@ class TestFailover:
         first, second = relay.attach_comments(1)
         assert "**old-box**" in first and "**new-box**" in second
         assert f"attach -t {session}" in second
+        # Capacity 1 on both: each counts what it runs, and the old one takes the next issue.
+        _assert_slots_are_live_harnesses(relay, fake_harness, old.runner_id, new.runner_id)
+        assert _state(relay, 1) == "live"
+        relay.seed(2, relay.dispatch(2))
+        [taken] = relay.wait_settled("dp-2-1")
+        assert (taken.status, taken.lease_holder) == ("succeeded", old.runner_id)
+        _assert_slots_are_live_harnesses(relay, fake_harness, old.runner_id, new.runner_id)
 
 
 class TestWedgedTmux:
@@ -907,16 +959,27 @@ class TestTruthfulAgent:
         self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
     ) -> None:
         fake_harness.mark("exit-once")
-        start_agent("laptop")
-        relay.seed(1, relay.dispatch(1))
+        agent = start_agent("laptop")
+        comment = relay.github.add_comment("go", number=1, repository=REPOSITORY)
+        relay.seed(1, relay.dispatch(1, comment_id=comment))
         [failed] = relay.wait_settled("dp-1-1")
-        assert (failed.status, failed.result) == ("failed", "harness-exited")
+        assert (failed.status, failed.result) == ("failed", "harness-failed")
         [event] = relay.events("dispatch.failed")
         # tmux 3.3a does not always learn the status of a child that exits before it is
         # read (about 1 run in 3 here): when shown, it is the harness's own.
         assert re.search(r"exited( \(status 3\))? (before|right after)", event["detail"]), event
         assert "fake harness: not logged in" in event["detail"], event
-        assert relay.attach_comments(1) == []  # never announced as running
+        # Never announced as running: the one comment is a short note in the harness's words
+        # (posted just after the dispatch settles, with the 😕).
+        wait_until(lambda: relay.reactions_on_dispatch("dp-1-1"), seconds=DEADLINE)
+        [note] = wait_until(lambda: relay.attach_comments(1), seconds=DEADLINE)
+        assert note.startswith(
+            "😕 claude session did not start: `fake harness: not logged in, exiting at once`"
+        )
+        assert "kind=reply id=dp-1-1" in note
+        assert _state(relay, 1).startswith("exited (since ")
+        assert relay.reactions_on_dispatch("dp-1-1") == ["confused"]
+        _assert_slots_are_live_harnesses(relay, fake_harness, agent.runner_id)
 
     def test_a_comment_that_respawned_its_session_is_logged_as_respawned(
         self,
@@ -939,6 +1002,70 @@ class TestTruthfulAgent:
         said = [r.getMessage() for r in caplog.records]
         assert any(m.startswith(f"respawned session {session} for ") for m in said), said
         assert not any(m.startswith("pasted the event into") for m in said), said
+
+
+class TestHarnessLiveness:
+    """Issue 23: every heartbeat says what each hosted harness does; the server follows."""
+
+    def test_a_harness_killed_later_is_shown_exited_and_its_slot_goes_to_the_next_issue(
+        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+    ) -> None:
+        box = launch("box", capacity=1)
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        pid = _pid_of_first_start(fake_harness)
+        relay.seed(2, relay.dispatch(2))
+        assert _state(relay, 1) == "live"
+        _assert_slots_are_live_harnesses(relay, fake_harness, box.runner_id)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: _state(relay, 1).startswith("exited"),
+            seconds=DEADLINE,
+            what="the session shown exited",
+            explain=lambda: (_state(relay, 1), box.output()[-2000:]),
+        )
+        [exited] = relay.events("session.exited")
+        assert exited["runner_id"] == box.runner_id
+        # Its slot is free: #2, waiting for capacity 1, runs now.
+        [taken] = relay.wait_settled("dp-2-1")
+        assert (taken.status, taken.lease_holder) == ("succeeded", box.runner_id)
+        wait_until(lambda: len(_live_harnesses(fake_harness)) == 1, seconds=DEADLINE)
+        _assert_slots_are_live_harnesses(relay, fake_harness, box.runner_id)
+        # `runner status` says the same, in the same words.
+        states = wait_until(
+            lambda: (shown := box.session_states()).get(_ref(2)) == "running" and shown,
+            seconds=DEADLINE,
+            what="runner status showing #2 running",
+            explain=box.session_states,
+        )
+        assert states[_ref(1)].startswith("exited (since ")
+
+    def test_a_killed_tmux_server_shows_the_session_exited_and_a_respawn_brings_it_back(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+    ) -> None:
+        agent = start_agent("laptop")
+        relay.seed(1, relay.dispatch(1))
+        relay.wait_settled("dp-1-1")
+        terminal.kill_server()
+        wait_until(
+            lambda: _state(relay, 1).startswith("exited"),
+            seconds=DEADLINE,
+            what="the session shown exited",
+        )
+        assert relay.stores.work_items.held_sessions(agent.runner_id) == {}
+        wait_until(lambda: not _live_harnesses(fake_harness), seconds=DEADLINE)
+        _assert_slots_are_live_harnesses(relay, fake_harness, agent.runner_id)
+        # What the router writes for the next event on an exited session: a resuming spawn.
+        respawn = relay.dispatch(1, 2, resume=True, runner_id=agent.runner_id)
+        relay.seed(1, respawn, session_status="exited", session_runner=agent.runner_id)
+        [again] = relay.wait_settled("dp-1-2")
+        assert (again.status, again.result) == ("succeeded", "spawned")
+        assert _state(relay, 1) == "live"
+        _assert_slots_are_live_harnesses(relay, fake_harness, agent.runner_id)
 
 
 class TestRevokedRunner:
@@ -1025,6 +1152,7 @@ class TestEnvironmentPerSpawn:
         assert first["env"]["LOOPRELAY_TEST_API_KEY"] == "before"
         assert second["env"]["LOOPRELAY_TEST_API_KEY"] == "after"
         assert _alive(first["pid"])  # the first session was not restarted for it
+        _assert_slots_are_live_harnesses(relay, fake_harness, again.runner_id)
 
 
 class TestOlderServer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -178,13 +179,18 @@ class TestSpawnProbe:
         result = rig.applier.apply(make_dispatch())
         assert (result.status, result.reason, result.retryable) == (
             "failed",
-            "harness-exited",
+            "harness-failed",
             False,
         )
-        assert f"the harness in {SESSION} exited (status 3) before it could be given" in (
-            result.detail
-        )
+        # tmux 3.3a does not always learn the status of a child that exits before it is read
+        # (about 1 run in 3 here): when shown, it is the harness's own.
+        said = rf"the harness in {SESSION} exited( \(status 3\))? before it could be given"
+        assert re.search(said, result.detail), result.detail
         assert "fake harness: not logged in, exiting at once" in result.detail
+        # The work item is told why, in the harness's own last words.
+        assert result.reply == (
+            "😕 claude session did not start: `fake harness: not logged in, exiting at once`"
+        )
         assert rig.terminal.pane(SESSION) is not None  # its dead pane stays, to read
 
     def test_a_harness_that_dies_right_after_its_boot_prompt_is_not_reported_running(
@@ -204,7 +210,7 @@ class TestSpawnProbe:
         result = rig.applier.apply(make_dispatch())
         killer.join(10)
         assert done.is_set()
-        assert (result.status, result.reason) == ("failed", "harness-exited")
+        assert (result.status, result.reason) == ("failed", "harness-failed")
         assert "right after it was given the prompt" in result.detail
         assert "fake harness ready" in result.detail
 

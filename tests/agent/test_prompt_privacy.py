@@ -74,7 +74,7 @@ class TestHostedSessions:
     ) -> None:
         fake_harness.mark("exit-once")
         result = rig.applier.apply(make_dispatch())
-        assert (result.status, result.reason) == ("failed", "harness-exited")
+        assert (result.status, result.reason) == ("failed", "harness-failed")
         assert rig.terminal.pane_dead(SESSION) is True  # the server still answers
         assert cmdlines_holding(make_dispatch().prompt) == {}
 
@@ -114,5 +114,5 @@ class TestPaste:
         wait_until(lambda: terminal.pane_dead(SESSION))
         with pytest.raises(RunnerError) as caught:
             terminal.paste(SESSION, "hello")
-        assert caught.value.reason == "harness-exited"
+        assert caught.value.reason == "harness-failed"
         assert terminal.has_session(SESSION)

@@ -15,8 +15,11 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
+from looprelay.agent.hosted import look
 from looprelay.agent.tmux import TmuxTerminal
-from tests.agent.conftest import SESSION
+from tests.agent.conftest import SESSION, Rig, make_dispatch
 from tests.claude_cli import (
     DEADLINE_SECONDS,
     ClaudeHome,
@@ -152,3 +155,27 @@ class TestHeadless:
         transcripts = list((claude_home.home / ".claude" / "projects").glob("*/*.jsonl"))
         assert [t.name for t in transcripts] == [f"{session_id}.jsonl"]
         assert [m.text for m in read_user_messages(claude_home.home)] == [PROMPT, "and again"]
+
+
+class TestNeverOnboarded:
+    def test_a_claude_never_onboarded_fails_its_spawn_in_its_own_words_and_is_reported_exited(
+        self, rig: Rig, claude_home: ClaudeHome, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Issue 23: such a Claude dies about a second after it starts. The spawn is
+        ``harness-failed`` with its screen as the detail and a note for the work item, never
+        ``spawned``; the next heartbeat names the session exited."""
+        claude_home.config_path.write_text("{}", encoding="utf-8")  # never onboarded
+        for name in claude_home.unset:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in claude_home.env.items():
+            monkeypatch.setenv(name, value)  # what the agent, and so its tmux session, gets
+        rig.applier.spawn_probe_seconds = 3.0
+        result = rig.applier.apply(make_dispatch())
+        assert (result.status, result.reason) == ("failed", "harness-failed"), result
+        assert "Unable to connect to Anthropic services" in result.detail
+        assert result.reply.startswith("😕 claude session did not start: `")
+        assert "Unable to connect to Anthropic services" in result.reply
+        [hosted] = look(rig.terminal, rig.ledger.all_sessions(), in_hand=())
+        assert hosted.harness == "exited"
+        assert "Unable to connect to Anthropic services" in hosted.last_lines
+        assert hosted.shown().startswith("exited (")

@@ -261,6 +261,7 @@ class TestStatus:
                     "note": "applying",
                     "holding": {"dp-1": "deliver github:octo/repo#1"},
                     "counts": {"leased": 3, "spawned": 1},
+                    "hosted": {"loop-octo-repo-1": "exited (status 1, since 2026-12-02T14:02:03Z)"},
                 }
             )
         )
@@ -286,10 +287,21 @@ class TestStatus:
         assert summary == "agent: applying; leased 3, spawned 1"
         assert held_header.split() == ["DISPATCH", "ID", "HOLDING"]
         assert held.split() == ["dp-1", "deliver", "github:octo/repo#1"]
-        assert header.split() == ["ENDPOINT", "WORK", "ITEM", "SESSION", "CHECKOUT", "ATTACH"]
+        assert header.split() == [
+            "ENDPOINT",
+            "WORK",
+            "ITEM",
+            "SESSION",
+            "STATE",
+            "CHECKOUT",
+            "ATTACH",
+        ]
         tmux_row, process_row = rows
         assert tmux_row.endswith("tmux -L sock attach -t loop-octo-repo-1")
         assert tmux_row.index("loop-octo-repo-1") == header.index("SESSION")
+        # As the agent's last heartbeat saw it; one it has not looked at yet is unknown.
+        assert tmux_row[header.index("STATE") :].startswith("exited (status 1, since 2026-12-02")
+        assert process_row[header.index("STATE") :].startswith("unknown")
         assert process_row.split()[-2:] == ["/work/octo-repo-2", "-"]  # no tmux, no attach
 
     def test_an_agent_with_no_sessions_says_so(self, tmp_path: Path) -> None:

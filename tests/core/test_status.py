@@ -25,6 +25,7 @@ from looprelay.core.status import (
     StatusView,
     build_status,
     explain_waits,
+    harness_state,
 )
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -140,6 +141,33 @@ class TestSessions:
     ) -> None:
         view = _view(work_items=[_item(_session(**changes))])
         assert [row.attach for row in view.sessions] == [None]
+
+    @pytest.mark.parametrize(
+        ("exit_status", "exited_at", "shown"),
+        [
+            (137, NOW - timedelta(minutes=3), "exited (status 137, since 2026-12-01T08:57:00Z)"),
+            (None, NOW, "exited (since 2026-12-01T09:00:00Z)"),
+            (0, None, "exited (status 0)"),
+            (None, None, "exited"),
+        ],
+    )
+    def test_an_exited_session_shows_its_status_and_since_when_and_counts_as_not_live(
+        self, exit_status: int | None, exited_at: datetime | None, shown: str
+    ) -> None:
+        exited = _session(status="exited", exit_status=exit_status, exited_at=exited_at)
+        view = _view(work_items=[_item(exited)])
+        [row] = view.sessions
+        assert (row.state, row.exit_status, row.attach) == (shown, exit_status, None)
+        assert view.totals.sessions_live == 0
+
+    def test_the_harness_states_read_the_same_in_every_view(self) -> None:
+        assert [
+            harness_state(s, exit_status=None, since=None) for s in ("running", "idle", "")
+        ] == [
+            "running",
+            "idle",
+            "unknown",
+        ]
 
     @pytest.mark.parametrize(
         ("changes", "activity"),

@@ -736,6 +736,61 @@ class TestArming:
         )
 
 
+class TestExitedSession:
+    """Issue 23: a session whose runner reported its harness exited (``service.hosted``)."""
+
+    def _exited(self, deployment: Relay) -> tuple[str, str]:
+        """Start issue 1, place its session on a runner, then record its harness exited as
+        that runner's heartbeat does; the session id and the runner's id."""
+        first = deployment.start()
+        runner = deployment.runner_holds(workspace=False)
+        item = deployment.must_item()
+        session = item.sessions[ISSUE].model_copy(
+            update={"status": "exited", "exit_status": 1, "exited_at": NOW}
+        )
+        updated = item.model_copy(update={"sessions": {ISSUE: session}})
+        assert deployment.backend.work_items.save_work_item(updated, expected_version=item.version)
+        return first.session_id, runner.runner_id
+
+    def test_a_start_respawns_it_on_its_runner_with_the_spawn_prompt_and_the_comment(
+        self, relay: MakeRelay
+    ) -> None:
+        deployment = relay()
+        session_id, runner_id = self._exited(deployment)
+        again = deployment.comment("the-loop start")
+        assert deployment.ledger(again.delivery_id).outcome == "dispatched"
+        [respawn] = deployment.dispatches(1, delivery_id=again.delivery_id)
+        assert (respawn.kind, respawn.resume, respawn.session_id, respawn.runner_id) == (
+            "spawn",
+            True,
+            session_id,
+            runner_id,
+        )
+        # Should the resume fail, the fresh harness still gets the work item and the event.
+        assert respawn.prompt.startswith(f"# You are starting work on {ISSUE}")
+        assert "the-loop start" in respawn.prompt
+        assert deployment.must_item().sessions[ISSUE].status == "pending"
+
+    def test_a_plain_comment_respawns_it_rather_than_pasting_into_a_dead_pane(
+        self, relay: MakeRelay
+    ) -> None:
+        deployment = relay()
+        session_id, _ = self._exited(deployment)
+        sent = deployment.comment("Are you there?")
+        [respawn] = deployment.dispatches(1, delivery_id=sent.delivery_id)
+        assert (respawn.kind, respawn.resume, respawn.session_id) == ("spawn", True, session_id)
+        assert respawn.prompt.startswith(f"# You are starting work on {ISSUE}")
+        assert "Are you there?" in respawn.prompt
+
+    def test_a_start_on_a_live_session_is_still_ignored(self, relay: MakeRelay) -> None:
+        deployment = relay()
+        deployment.start()
+        deployment.runner_holds(workspace=False)
+        again = deployment.comment("the-loop start")
+        assert deployment.ledger(again.delivery_id).detail == "already-started"
+        assert deployment.dispatches(1, delivery_id=again.delivery_id) == []
+
+
 class TestPause:
     def test_a_pause_holds_events_and_a_resume_lets_them_through(self, relay: MakeRelay) -> None:
         """Scenario 19. Adaptation: "dropped (session-paused), not replayed" = settled

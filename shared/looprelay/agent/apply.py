@@ -10,7 +10,8 @@ Scenario (tmux), for ``spawn`` and ``deliver`` alike:
     (never in argv, which any local user can read in ``/proc``);
   - the resumed harness dies within ``resume_probe_seconds`` -> spawn fresh with a new id;
   - the harness exits before its boot prompt, or within ``spawn_probe_seconds`` after it ->
-    ``failed``/``harness-exited`` with its exit status and last screen lines, never ``spawned``;
+    ``failed``/``harness-failed`` with its exit status and last screen lines, never ``spawned``,
+    and a short note for the work item with its last line;
   - the stored id is not a UUID        -> never passed on; fresh id, reason ``resume-failed``.
 """
 
@@ -29,12 +30,15 @@ from looprelay.agent.process import run_headless
 from looprelay.agent.sandbox import Sandbox
 from looprelay.agent.tmux import SESSION_NAME, TmuxTerminal
 from looprelay.agent.workspaces import Checkout
-from looprelay.core.replies import failure_note
+from looprelay.core.replies import SPAWN_FAILED, failure_note
+from looprelay.core.status import HARNESS_FAILED
 from looprelay.errors import RunnerError
 from looprelay.wire.runner_api import DISPATCH_KINDS, MAX_DETAIL_CHARS, Dispatch
 
 SPAWNED, DELIVERED, DONE, FAILED = "spawned", "delivered", "done", "failed"
 RUNNER_KINDS = ("tmux", "process")
+SAID_LINES = 5
+"""How many of a dead harness's last screen lines its note on the work item starts from."""
 RETRYABLE_REASONS = frozenset({"tmux-failed", "session-missing"})
 """Failures after which nothing reached the harness, so the dispatch may be offered again."""
 
@@ -121,6 +125,9 @@ class Applier:
             return self._replay(prior)
         try:
             result = self._apply(dispatch)
+        except HarnessFailed as exc:
+            note = failure_note(dispatch.harness, exc.said, what=SPAWN_FAILED)
+            result = replace(_failed(exc.reason, str(exc)), reply=note)
         except RunnerError as exc:
             result = _failed(exc.reason, str(exc))
         self.ledger.record_result(dispatch.dispatch_id, result.to_record())
@@ -204,26 +211,27 @@ class Applier:
         until it reads its terminal), then probe it for ``spawn_probe_seconds``: a harness that
         exits before or just after is never reported as running.
 
-        Raises ``RunnerError`` ``harness-exited``, its detail the exit status and the pane's
-        last lines (the harness's own words: not onboarded, a bad flag), and as paste does.
+        Raises ``HarnessFailed``, its detail the exit status and the pane's last lines (the
+        harness's own words: not onboarded, a bad flag), and ``RunnerError`` as paste does.
         """
         try:
             self.terminal.paste(name, prompt)
         except RunnerError as exc:
-            if exc.reason != "harness-exited":
+            if exc.reason != HARNESS_FAILED:
                 raise
             raise self._exited(name, "before it could be given the prompt") from exc
         if self.terminal.wait_dead(name, self.spawn_probe_seconds):
             raise self._exited(name, "right after it was given the prompt")
 
-    def _exited(self, name: str, when: str) -> RunnerError:
+    def _exited(self, name: str, when: str) -> HarnessFailed:
         code = self.terminal.exit_status(name)
         status = "" if code is None else f" (status {code})"
         last = self.terminal.last_lines(name)
         shown = f"; its last lines:\n{last}" if last else "; its pane showed nothing"
-        return RunnerError(
-            f"the harness in {name} exited{status} {when}{shown}", reason="harness-exited"
-        )
+        # The last few lines, read from their start: Claude puts its reason first ("Unable to
+        # connect to Anthropic services") and its advice after.
+        said = " · ".join(last.splitlines()[-SAID_LINES:]) if last else f"exited{status} {when}"
+        return HarnessFailed(f"the harness in {name} exited{status} {when}{shown}", said=said)
 
     def _terminate(self, d: Dispatch) -> ApplyResult:
         if d.runner_kind == "process":
@@ -316,7 +324,7 @@ class Applier:
             detail = f"{d.harness}: {turn.error} (exit {run.exit_code})"
             if run.stderr_tail.strip():
                 detail += f"; stderr: {run.stderr_tail[-400:]}"
-            failed = _failed("harness-failed", detail)
+            failed = _failed(HARNESS_FAILED, detail)
             return replace(failed, reply=failure_note(d.harness, turn.error), events=events)
         printed = turn.session_id if harness.is_session_id(turn.session_id) else ""
         used = session_id or printed
@@ -353,6 +361,15 @@ class Applier:
                 d, session_id=session_id, checkout=checkout.path, created_checkout=checkout.created
             )
         )
+
+
+class HarnessFailed(RunnerError):
+    """A (re)spawned harness died before or right after its boot prompt; ``said`` is its last
+    screen line (its own words), for the note on the work item."""
+
+    def __init__(self, message: str, *, said: str) -> None:
+        super().__init__(message, reason=HARNESS_FAILED)
+        self.said = said
 
 
 def untrusted(d: Dispatch) -> bool:

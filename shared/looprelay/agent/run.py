@@ -21,6 +21,7 @@ from typing import Any
 
 from looprelay.agent.apply import Applier, ApplyResult
 from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient, SecondAgent
+from looprelay.agent.hosted import Hosted, look
 from looprelay.agent.statedir import StateLock
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
 from looprelay.errors import RunnerError, Transient, Unauthorized
@@ -49,6 +50,8 @@ class AgentState:
     holding: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     note: str = "starting"
+    hosted: dict[str, str] = field(default_factory=dict)
+    """Session name -> its harness's state as the last heartbeat reported it."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def update(
@@ -58,6 +61,7 @@ class AgentState:
         release: str | None = None,
         count: str | None = None,
         note: str | None = None,
+        hosted: dict[str, str] | None = None,
     ) -> None:
         """Change the state and write it to the status file (atomically)."""
         with self._lock:
@@ -69,7 +73,14 @@ class AgentState:
                 self.counts[count] = self.counts.get(count, 0) + 1
             if note is not None:
                 self.note = note
-            snapshot = {"note": self.note, "holding": self.holding, "counts": self.counts}
+            if hosted is not None:
+                self.hosted = hosted
+            snapshot = {
+                "note": self.note,
+                "holding": self.holding,
+                "counts": self.counts,
+                "hosted": self.hosted,
+            }
             temporary = self.path.with_suffix(".tmp")
             temporary.write_text(json.dumps(snapshot, indent=2))
             temporary.replace(self.path)
@@ -97,6 +108,11 @@ class Agent:
     """This process's id, new at each start, named on every heartbeat and poll ("": none)."""
     replaces: str = ""
     """The id of the agent that held this state directory before (a restart), or ""."""
+    _in_hand: dict[str, str] = field(default_factory=dict, init=False)
+    """Dispatch id -> the session it is being applied to (changed and read under _truth)."""
+    _truth: threading.Lock = field(default_factory=threading.Lock, init=False)
+    """Held while a heartbeat reads what the runner hosts and sends it, and while a result
+    goes out: a heartbeat never tells the server of a world older than a result it has."""
     hostname: str = ""
     """This machine's name, for the status page ("": not said)."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
@@ -169,19 +185,40 @@ class Agent:
                 return
 
     def _beat(self, *, restarted: bool = False, follow_up: bool = True) -> None:
-        """One heartbeat: what the agent is and hosts; sessions the answer says moved to
-        another runner are stopped, and reported at once on one more heartbeat.
+        """One heartbeat: what the agent is and hosts, each hosted session with its
+        harness's state; sessions the answer says moved to another runner are stopped, and
+        reported at once on one more heartbeat.
 
         A server older than these fields refuses them (400): from then on heartbeats go
         without them, so the runner stays live there. Raises ``Transient`` or
         ``Unauthorized`` as the client does.
         """
+        with self._truth:
+            hints = self._send_heartbeat(restarted=restarted)
+        self.heartbeat_seconds = float(hints.get("heartbeat_seconds", self.heartbeat_seconds))
+        if hints.get("released_leases"):
+            log.info(
+                "the server offers again the %s lease(s) this runner's previous process held",
+                hints["released_leases"],
+            )
+        if self._let_go(hints.get("moved") or []) and follow_up:
+            self._beat(follow_up=False)
+
+    def _send_heartbeat(self, *, restarted: bool) -> dict[str, Any]:
         status = dict(self.describe())
+        hosted = look(
+            self.applier.terminal,
+            self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS],
+            in_hand=set(self._in_hand.values()),
+        )
+        self.state.update(hosted={h.session.session_name: h.shown() for h in hosted})
+        # What runs, not what the ledger remembers: the server's `runners list` shows it.
+        status["sessions"] = sum(1 for h in hosted if h.harness == "running")
         released, self._released = self._released, []
         if not self._plain_heartbeats:
-            status |= self._failover_fields(restarted=restarted, released=released)
+            status |= self._failover_fields(restarted=restarted, released=released, held=hosted)
         try:
-            hints = self.client.heartbeat(status)
+            return self.client.heartbeat(status)
         except BadRequest as exc:
             if self._plain_heartbeats:
                 raise
@@ -192,24 +229,17 @@ class Agent:
                 exc,
             )
             self._plain_heartbeats = True
-            hints = self.client.heartbeat(dict(self.describe()))
+            return self.client.heartbeat(dict(self.describe()))
         except Transient:
             self._released = released + self._released  # said on the next one instead
             raise
-        self.heartbeat_seconds = float(hints.get("heartbeat_seconds", self.heartbeat_seconds))
-        if hints.get("released_leases"):
-            log.info(
-                "the server offers again the %s lease(s) this runner's previous process held",
-                hints["released_leases"],
-            )
-        if self._let_go(hints.get("moved") or []) and follow_up:
-            self._beat(follow_up=False)
 
     def _failover_fields(
-        self, *, restarted: bool, released: list[dict[str, str]]
+        self, *, restarted: bool, released: list[dict[str, str]], held: list[Hosted]
     ) -> dict[str, object]:
-        """What a heartbeat adds for failover and this agent's identity (its host too), each
-        only when it has something to say; a server older than these refuses them all."""
+        """What a heartbeat adds for failover, this agent's identity (its host too) and what
+        it hosts (every session, even none: ``held_all``), each other field only when it has
+        something to say; a server older than these refuses them all."""
         fields: dict[str, object] = {"restarted": True} if restarted else {}
         if self.agent_id:
             fields["agent_id"] = self.agent_id
@@ -217,12 +247,8 @@ class Agent:
             fields["replaces"] = self.replaces
         if self.hostname:
             fields["hostname"] = self.hostname
-        held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
-        if held:
-            fields["held"] = [
-                {"work_item": s.work_item, "endpoint": s.endpoint, "session_name": s.session_name}
-                for s in held
-            ]
+        fields["held"] = [hosted.to_wire() for hosted in held]
+        fields["held_all"] = True
         if released:
             fields["released"] = released
         return fields
@@ -297,6 +323,8 @@ class Agent:
             extra={"work_item": dispatch.work_item},
         )
         self.state.update(hold=dispatch, count="leased", note="applying")
+        with self._truth:
+            self._in_hand[dispatch.dispatch_id] = dispatch.session_name
         done = threading.Event()
         renewer = threading.Thread(target=self._renew_loop, args=(dispatch, done), daemon=True)
         renewer.start()
@@ -306,6 +334,8 @@ class Agent:
             done.set()
         self._log_result(dispatch, result)
         self._report(dispatch, result)
+        with self._truth:
+            self._in_hand.pop(dispatch.dispatch_id, None)
         self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
 
     def _log_result(self, dispatch: Dispatch, result: ApplyResult) -> None:
@@ -372,7 +402,8 @@ class Agent:
         delay = 1.0
         while True:
             try:
-                self.client.report(dispatch.dispatch_id, body)
+                with self._truth:
+                    self.client.report(dispatch.dispatch_id, body)
                 return
             except LeaseLost as exc:
                 log.warning("result of %s not counted: %s", dispatch.dispatch_id, exc)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from looprelay.agent.children import Overran, run_child
 from looprelay.core.attach import attach_command
+from looprelay.core.status import HARNESS_FAILED
 from looprelay.errors import ConfigError, RunnerError
 
 SESSION_NAME = re.compile(r"loop-[A-Za-z0-9_-]+")
@@ -57,6 +58,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 """Environment names passed on to sessions; others (rare, odd) cannot be listed to tmux."""
 _TMUX_OWN = frozenset({"TMUX", "TMUX_PANE"})
 """Set by tmux itself in each pane: never copied from the agent (it may run inside tmux)."""
+_PANE_DEAD = re.compile(r"Pane is dead( \(.*\))?$")
+"""tmux's own line under a dead pane (remain-on-exit), not the harness's."""
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -71,6 +74,8 @@ class Pane:
     exit_status: int | None = None
     """The harness's exit status once the pane is dead (``#{pane_dead_status}``); None while
     it runs, and when a signal ended it (tmux 3.3a says nothing then)."""
+    dead_at: float | None = None
+    """When the pane died (``#{pane_dead_time}``, seconds since the epoch); None while it runs."""
 
 
 class TmuxTerminal:
@@ -193,7 +198,7 @@ class TmuxTerminal:
         -d`` (only into a live pane) in one tmux call, then ``send-keys Enter``. CR and CRLF
         become LF and control characters other than tab and LF are dropped, so a hostile text
         cannot close the bracket (``ESC [201~``) and type keys. Empty text does nothing. Raises
-        ``RunnerError``: ``session-missing``, ``harness-exited`` (its pane died first),
+        ``RunnerError``: ``session-missing``, ``harness-failed`` (its pane died first),
         ``tmux-failed`` (nothing was pasted) or ``submit-failed`` (pasted, Enter not sent).
         """
         clean = _UNPRINTABLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
@@ -325,17 +330,19 @@ class TmuxTerminal:
         lines = self._query(
             "list-panes",
             *("-s", "-t", f"={name}:"),
-            *("-F", "#{pane_id} #{pane_dead} #{pane_pid} #{pane_dead_status} #{pane_tty}"),
+            "-F",
+            "#{pane_id} #{pane_dead} #{pane_pid} #{pane_dead_status} #{pane_dead_time} #{pane_tty}",
         )
         if not lines:
             return None
-        pane_id, dead, pid, status, tty = lines[0].split(" ", 4)
+        pane_id, dead, pid, status, died, tty = lines[0].split(" ", 5)
         return Pane(
             pane_id=pane_id,
             dead=dead == "1",
             pid=int(pid or 0),
             tty=tty,
             exit_status=int(status) if dead == "1" and status.lstrip("-").isdigit() else None,
+            dead_at=float(died) if dead == "1" and died.isdigit() else None,
         )
 
     def exit_status(self, name: str, seconds: float = KILL_WAIT_SECONDS) -> int | None:
@@ -352,19 +359,21 @@ class TmuxTerminal:
 
     def last_lines(self, name: str, count: int = LAST_LINES) -> str:
         """The last ``count`` non-blank lines the harness pane of ``name`` shows (a dead one
-        too: remain-on-exit keeps it), control characters dropped; "" when there is no such
+        too: remain-on-exit keeps it; tmux's "Pane is dead" line left out), control characters
+        dropped; "" when there is no such
         session. Raises ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
         pane = self._first_pane(name)
         if pane is None:
             return ""
         lines = self._query("capture-pane", "-p", "-J", "-S", "-200", "-t", pane.pane_id) or []
         shown = [_UNPRINTABLE.sub("", line).rstrip() for line in lines]
-        return "\n".join([line for line in shown if line.strip()][-count:])
+        kept = [line for line in shown if line.strip() and not _PANE_DEAD.match(line)]
+        return "\n".join(kept[-count:])
 
     def _ready_pane(self, name: str, pane: Pane | None) -> Pane:
         """Wait, up to ``ready_wait_seconds``, until ``pane``'s harness reads its terminal raw
         and has drawn (see :meth:`paste`); listed again while waiting, so a harness that exits
-        meanwhile is noticed. Raises ``RunnerError`` ``session-missing`` or ``harness-exited``."""
+        meanwhile is noticed. Raises ``RunnerError`` ``session-missing`` or ``harness-failed``."""
         deadline = time.monotonic() + self._ready_wait_seconds
         while True:
             if pane is None:
@@ -461,7 +470,7 @@ def _exited(name: str) -> RunnerError:
     return RunnerError(
         f"the harness in {name} exited before it could be given the prompt; nothing was "
         f"pasted (its pane shows why)",
-        reason="harness-exited",
+        reason=HARNESS_FAILED,
     )
 
 

@@ -70,7 +70,8 @@ def runners_openapi() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
     """List registered runners (never their secrets): not-started, live, lost (silent longer
-    than runners.lostAfterSeconds) or revoked, as `looprelay status` says."""
+    than runners.lostAfterSeconds) or revoked, as `looprelay status` says, and the harnesses
+    each runs (sessions, as its last heartbeat said)."""
     from datetime import UTC, datetime, timedelta
 
     from looprelay.app.adapters import open_runner_registry
@@ -100,6 +101,7 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
                 "status",
                 "hostname",
                 "capacity",
+                "sessions",
                 "version",
                 "labels",
                 "last_seen_at",
@@ -435,11 +437,13 @@ def runner_status(
         raise click.ClickException(f"no agent state in {state_dir}; is `runner run` started?")
     status = json.loads(status_file.read_text())
     sessions = Ledger(state_dir / LEDGER_FILE).all_sessions()
+    hosted = status.get("hosted") or {}  # as the agent's last heartbeat saw them
     status["sessions"] = [
         {
             "session": s.session_name,
             "work_item": s.work_item,
             "endpoint": s.endpoint,
+            "state": hosted.get(s.session_name, "unknown"),
             "checkout": s.checkout,
             "attach": attach_command(socket=tmux_socket, session=s.session_name)
             if s.runner_kind == "tmux"
@@ -459,7 +463,7 @@ def runner_status(
     click.echo("")
     if not status["sessions"]:
         click.echo("no sessions")
-    table(status["sessions"], ("endpoint", "work_item", "session", "checkout", "attach"))
+    table(status["sessions"], ("endpoint", "work_item", "session", "state", "checkout", "attach"))
 
 
 @runner_group.command("rotate")

@@ -251,6 +251,7 @@ class Transition(NamedTuple):
 # record; reopening it labelled arms it again. "the-loop cleanup", from any state: -> CLEANED,
 # CLEANUP; only a new label arms it again. A start on an item never armed, a resume with nothing
 # paused, a stop with nothing running: NoOp with a reason, state unchanged.
+# A start on a started item whose own session exited or was lost respawns it (SPAWN).
 # With requireStartCommand off, arming is the start.
 _S, _C = ControlState, Command
 _ARMABLE = frozenset({_S.IDLE, _S.CLEANED, _S.STOPPED, _S.ARMED})
@@ -288,13 +289,21 @@ _UNCHANGED: Mapping[Command | Signal, str] = {
 
 
 def apply_command(
-    state: ControlState, command: Command | Signal, *, require_start: bool = True
+    state: ControlState,
+    command: Command | Signal,
+    *,
+    require_start: bool = True,
+    session_running: bool = True,
 ) -> Transition:
     """Return the work item's next control state and the effects of ``command`` (see above).
 
-    Expects the current state, an authorized command or a lifecycle signal, and
-    ``routing.control.requireStartCommand``. Cleanup works from any state. Never raises.
+    Expects the current state, an authorized command or a lifecycle signal,
+    ``routing.control.requireStartCommand`` and whether the work item's own session runs
+    (pending or live): a start on a started item whose harness exited or was lost respawns it.
+    Cleanup works from any state. Never raises.
     """
+    if command is Command.START and state is _S.STARTED and not session_running:
+        return Transition(_S.STARTED, (Action.SPAWN,))
     if command is Command.CLEANUP:
         return Transition(_S.CLEANED, (Action.CLEANUP,))
     if command is Signal.ARM and state in _ARMABLE:

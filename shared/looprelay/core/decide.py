@@ -281,7 +281,13 @@ def _armed(state: ControlState) -> ControlState:
 
 def _transition(plan: Plan, situation: Situation, step: Command | Signal) -> Decision:
     state = ControlState(plan.item.control)
-    transition = apply_command(state, step, require_start=plan.policy.require_start)
+    own = plan.item.sessions.get(plan.item.ref)
+    transition = apply_command(
+        state,
+        step,
+        require_start=plan.policy.require_start,
+        session_running=own is not None and own.status in LIVE_STATUSES,
+    )
     plan.item = plan.item.model_copy(update={"control": str(transition.state)})
     comments: list[CommentPost] = []
     notes: list[Note] = []

@@ -162,7 +162,12 @@ class SessionRecord(BaseModel):
     repository: str = ""
     """The repository the session's checkout is of; empty means the work item's."""
     status: str = "pending"
-    """``pending`` (spawn queued), ``live``, ``lost``, ``terminated`` or ``cleaned``."""
+    """``pending`` (spawn queued), ``live``, ``exited`` (its runner reports its harness
+    ended), ``lost``, ``terminated`` or ``cleaned``."""
+    exit_status: int | None = None
+    """An ``exited`` session's harness exit status, when its runner knew it."""
+    exited_at: datetime | None = None
+    """When an ``exited`` session's harness ended (or its runner first reported it gone)."""
     runner_id: str | None = None
     tmux_socket: str | None = None
     """The tmux socket the runner reported at spawn (None: the runner's default one)."""

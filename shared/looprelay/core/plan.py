@@ -33,6 +33,12 @@ from looprelay.core.render import PromptContext, render_prompt
 _SESSION_NAMESPACE = uuid.UUID("6f1e7d0a-3c55-4c4e-9a8e-6c1f2b0d9a11")
 LIVE_STATUSES = frozenset({"pending", "live"})
 """A session in one of these receives deliveries; any other status needs a (re)spawn."""
+RESUMABLE_STATUSES = frozenset({"lost", "terminated", "exited"})
+"""A session in one of these has a conversation a (re)spawn resumes; its boot prompt is the
+spawn prompt with the new event, so a fresh start (the resume failed) still gets both."""
+PINNED_STATUSES = frozenset({"terminated", "exited"})
+"""A respawn of a session in one of these goes to the runner it ran on (its checkout and
+conversation are there) while that runner is live."""
 ENDED_STATUSES = frozenset({"terminated", "cleaned"})
 """Sessions in these may be pruned from a full work item (a lost one may still be resumed)."""
 
@@ -168,7 +174,7 @@ class Plan:
             prompt = self._prompt(session, spawn=False, notice=notice)
             return self._add("deliver", session, prompt)
         seq = self.item.next_seq
-        resume = session is not None and session.status in {"lost", "terminated"}
+        resume = session is not None and session.status in RESUMABLE_STATUSES
         fresh = SessionRecord(
             endpoint=endpoint,
             session_name=tmux_session_name(endpoint),
@@ -179,7 +185,7 @@ class Plan:
             runner_kind=self.policy.runner_kind,
             interaction=self.policy.interaction.mode,
             repository=repository or (session.repository if session else ""),
-            runner_id=session.runner_id if session and session.status == "terminated" else None,
+            runner_id=session.runner_id if session and session.status in PINNED_STATUSES else None,
             queued_at=self.now,
             head=head or (session.head if session else None),
         )

@@ -49,15 +49,21 @@ def reply_body(text: str) -> str:
     return cut_to(text.strip(), GITHUB_MAX_COMMENT_CHARS - MARKER_ROOM_CHARS)
 
 
-def failure_note(harness: str, message: str) -> str:
-    """Return the short note a failed turn leaves on the work item:
-    ``😕 <harness> turn failed: `<message>` ``, at most ``MAX_FAILURE_NOTE_CHARS`` characters.
+TURN_FAILED = "turn failed"
+SPAWN_FAILED = "session did not start"
+PASTE_FAILED = "session did not get the event"
+
+
+def failure_note(harness: str, message: str, *, what: str = TURN_FAILED) -> str:
+    """Return the short note a failed turn (or a hosted session's failed start, ``what``)
+    leaves on the work item: ``😕 <harness> <what>: `<message>` ``, at most
+    ``MAX_FAILURE_NOTE_CHARS`` characters.
 
     The message goes on one line inside a code span, so a harness's output can neither mention
     anyone nor render as Markdown. Expects the harness's name and its own message (either may
     be empty). Never raises.
     """
-    head = f"😕 {harness[:40] or 'harness'} turn failed"
+    head = f"😕 {harness[:40] or 'harness'} {what}"
     flat = " ".join(message.split()).replace("`", "'")
     if not flat:
         return head

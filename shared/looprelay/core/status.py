@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,36 @@ has answered yet."""
 LIVE_STATES = frozenset({"live", AWAITING_INPUT})
 TURN_RUNNING = "turn running"
 """A session's recorded activity while its headless turn runs (``service.session_comments``)."""
+
+
+EXITED = "exited"
+"""A session whose runner reports its harness ended: its slot is free, ``start`` respawns it."""
+HARNESS_FAILED = "harness-failed"
+"""The one result reason for a harness that died where it should run (in a (re)spawn's probe,
+before a paste) or whose headless turn failed; such a tmux session is shown ``exited``."""
+
+
+def harness_state(harness: str, *, exit_status: int | None, since: datetime | None) -> str:
+    """The words every view (``status``, ``/status``, ``runner status``) uses for a harness's
+    state: ``running``, ``idle`` (headless, between turns), ``exited (status N, since T)``
+    (either part left out when unknown), ``unknown`` for a state nobody reported. Never
+    raises."""
+    if harness != EXITED:
+        return harness or "unknown"
+    known = [f"status {exit_status}"] if exit_status is not None else []
+    if since is not None:
+        known.append(f"since {since.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    return f"{EXITED} ({', '.join(known)})" if known else EXITED
+
+
+def session_state(session: SessionRecord) -> str:
+    """A session's state as every view shows it: its status, ``awaiting-input`` for a live
+    session that asked a question no human answered yet, an exited one with its exit status
+    and since when (:func:`harness_state`)."""
+    if session.status == EXITED:
+        return harness_state(EXITED, exit_status=session.exit_status, since=session.exited_at)
+    asked = session.status == "live" and session.awaiting_input_at is not None
+    return AWAITING_INPUT if asked else session.status
 
 
 class _Row(BaseModel):
@@ -76,6 +106,10 @@ class SessionRow(_Row):
     endpoint: str
     session: str
     state: str
+    """``pending``, ``live``, ``exited (status N, since T)`` (:func:`session_state`), ``lost``,
+    ``terminated`` or ``cleaned``."""
+    exit_status: int | None = None
+    exited_at: datetime | None = None
     runner_id: str | None
     runner: str | None
     harness: str
@@ -278,7 +312,9 @@ def _session_row(
         control=item.control,
         endpoint=session.endpoint,
         session=session.session_name,
-        state=_session_state(session),
+        state=session_state(session),
+        exit_status=session.exit_status,
+        exited_at=session.exited_at,
         runner_id=session.runner_id,
         runner=names.get(session.runner_id or ""),
         harness=session.harness,
@@ -306,12 +342,6 @@ def duration_text(span: timedelta) -> str:
         if seconds >= size:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"
-
-
-def _session_state(session: SessionRecord) -> str:
-    """The record's status, ``awaiting-input`` for a live session that asked a question."""
-    asked = session.status == "live" and session.awaiting_input_at is not None
-    return AWAITING_INPUT if asked else session.status
 
 
 def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:

@@ -1,7 +1,7 @@
 """What a runner's result means outside the dispatch: the session's record, the event log,
 and progress on GitHub (🎉 delivered, 😕 failed, an attach comment after a first spawn and after
-a respawn on another runner, and a headless turn's answer or failure note as a reply on the
-work item or its pull request)."""
+a respawn on another runner, a headless turn's answer or failure note, and a note that a tmux
+session did not start, as a reply on the work item or its pull request)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ from looprelay.core.model import DispatchRecord, EventRecord, RunnerRecord, Work
 from looprelay.core.render import render_comment
 from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
+    PASTE_FAILED,
     REPLY_MARKER_KIND,
+    SPAWN_FAILED,
+    TURN_FAILED,
     cut_to,
     failure_note,
     reply_body,
 )
+from looprelay.core.status import EXITED, HARNESS_FAILED
 from looprelay.core.workitems import parse_ref
 from looprelay.errors import Transient
 from looprelay.ports import Clock, GitHub, Store, WorkItemStore
@@ -128,8 +132,19 @@ class Progress:
             moved = session.runner_id not in (None, runner.runner_id)
             announce = result.status == "spawned" and (first or moved)
             now = self._clock.now()
-            if final == "failed" and dispatch.kind in {"spawn", "deliver"}:
+            died = result.reason == HARNESS_FAILED and dispatch.runner_kind == "tmux"
+            if final == "failed" and died and dispatch.kind in _TURN_KINDS:
+                # Its harness died where it should run (in the spawn's probe): shown exited.
                 changes: dict[str, object] = {
+                    "status": EXITED,
+                    "runner_id": runner.runner_id,
+                    "exit_status": None,
+                    "exited_at": now,
+                    "activity": f"{dispatch.kind} failed",
+                    "active_at": now,
+                }
+            elif final == "failed" and dispatch.kind in _TURN_KINDS:
+                changes = {
                     "status": "lost",
                     "activity": f"{dispatch.kind} failed",
                     "active_at": now,
@@ -237,15 +252,24 @@ class Progress:
         )
 
     def _reply_text(self, dispatch: DispatchRecord, result: ResultBody, final: str) -> str:
-        """The text a headless turn leaves on GitHub: its answer, or a short note on failure."""
-        headless_turn = dispatch.runner_kind == "process" and dispatch.kind in _TURN_KINDS
-        if not (self._headless_replies and headless_turn):
+        """The text a result leaves on GitHub: a headless turn's answer, or a short note that
+        it failed; a short note that a hosted (tmux) session did not start or did not get its
+        event (the harness died in its probe, tmux failed): nothing else says so there."""
+        if dispatch.kind not in _TURN_KINDS:
             return ""
-        if final == "succeeded":
-            return reply_body(result.reply)
+        if dispatch.runner_kind == "process":
+            if not self._headless_replies:
+                return ""
+            if final == "succeeded":
+                return reply_body(result.reply)
+            what = TURN_FAILED
+        elif final == "failed":
+            what = SPAWN_FAILED if dispatch.kind == "spawn" else PASTE_FAILED
+        else:
+            return ""
         # A runner that sent no note still gets one, naming only the reason: its detail may
         # hold local paths that do not belong on a public issue.
-        note = result.reply.strip() or failure_note(dispatch.harness, result.reason)
+        note = result.reply.strip() or failure_note(dispatch.harness, result.reason, what=what)
         return cut_to(note, MAX_FAILURE_NOTE_CHARS)
 
     def _reply(self, dispatch: DispatchRecord, item: WorkItemRecord, text: str) -> None:

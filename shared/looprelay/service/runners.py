@@ -21,10 +21,11 @@ from datetime import datetime, timedelta
 from looprelay.config.model import RunnersConfig
 from looprelay.core.identity import second_agent, second_agent_message
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
-from looprelay.core.scheduling import reports_new_status
+from looprelay.core.scheduling import is_live, reports_new_status
 from looprelay.errors import Conflict, NotFound, Unauthorized
 from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.failover import Failover
+from looprelay.service.hosted import HostedSessions
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runner_secrets import (
@@ -93,6 +94,11 @@ class RunnerApi:
         self._desk = desk
         self._failover = (
             Failover(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
+            if desk is not None
+            else None
+        )
+        self._hosted = (
+            HostedSessions(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
             if desk is not None
             else None
         )
@@ -165,9 +171,10 @@ class RunnerApi:
 
     def heartbeat(self, runner: RunnerRecord, body: HeartbeatBody) -> HeartbeatHints:
         """Record that ``runner`` is alive and what it serves; settle the sessions it reports
-        released, held elsewhere or lost to a restart. Raises ``Conflict`` for a second live
-        agent on ``runner``'s credentials (``core.identity``)."""
+        released, held elsewhere, lost to a restart, or exited (``service.hosted``). Raises
+        ``Conflict`` for a second live agent on ``runner``'s credentials (``core.identity``)."""
         now = self._clock.now()
+        lost_after = timedelta(seconds=self._config.lost_after_seconds)
         self._one_agent(runner, agent_id=body.agent_id, replaces=body.replaces, now=now)
         status = RunnerStatus(
             version=body.version,
@@ -180,7 +187,8 @@ class RunnerApi:
             agent_id=body.agent_id or runner.agent_id,
             hostname=body.hostname or runner.hostname,
         )
-        if not reports_new_status(runner, status):
+        changed = reports_new_status(runner, status)
+        if not changed:
             # Authentication has just refused a revoked runner: no need to read it again.
             self._registry.record_alive(runner.runner_id, at=now)
         elif not self._registry.record_heartbeat(runner.runner_id, at=now, status=status):
@@ -190,6 +198,11 @@ class RunnerApi:
             self._failover.note_released(runner, body.released)
             released = self._failover.release_leases(runner) if body.restarted else 0
             moved = self._failover.moved(runner, body.held)
+        if self._hosted is not None:
+            # An idle runner's heartbeat is looked at only when it comes back (restarted, or
+            # silent past lostAfterSeconds) or reports a change: else it reads nothing.
+            back = body.restarted or not is_live(runner, now=now, lost_after=lost_after)
+            self._hosted.settle(runner, body.held, held_all=body.held_all, changed=changed or back)
         return HeartbeatHints(
             heartbeat_seconds=self._config.heartbeat_seconds,
             lost_after_seconds=self._config.lost_after_seconds,

@@ -103,12 +103,36 @@ MAX_HELD_SESSIONS = 1_000
 """Most sessions one heartbeat may name (held, or released after they moved away)."""
 
 
+HarnessState = Literal["", "running", "exited", "idle"]
+"""What a hosted session's harness is doing (``core.status`` words it for people): ``running``
+(its process is alive), ``exited`` (its process ended, or its tmux session is gone), ``idle``
+(a headless session between turns: nothing runs); "" from an agent that does not say."""
+MAX_LAST_LINES_CHARS = 2000
+
+
 class HeldSession(_Body):
-    """A session the runner hosts, as its local ledger knows it."""
+    """A session the runner hosts, as its local ledger knows it, and its harness's state."""
 
     work_item: str = Field(min_length=1, max_length=300)
     endpoint: str = Field(min_length=1, max_length=300)
     session_name: str = Field(pattern=_SESSION_NAME_PATTERN)
+    harness: HarnessState = Field(
+        default="",
+        description="The harness's state as the runner saw it for this heartbeat: running, "
+        "exited (its process ended or its tmux session is gone), idle (headless, between "
+        "turns); empty: not reported.",
+    )
+    exit_status: _Whole | None = Field(
+        default=None, description="An exited harness's exit status, when known."
+    )
+    exited_at: datetime | None = Field(
+        default=None, description="When an exited harness ended, as the runner knows it."
+    )
+    last_lines: str = Field(
+        default="",
+        max_length=MAX_LAST_LINES_CHARS,
+        description="An exited harness's last screen lines (its own words on why).",
+    )
 
 
 class ReleasedSession(HeldSession):
@@ -144,6 +168,11 @@ class HeartbeatBody(_Body):
         default_factory=list,
         max_length=MAX_HELD_SESSIONS,
         description="The sessions the runner hosts; the answer names those that moved away.",
+    )
+    held_all: bool = Field(
+        default=False,
+        description="True: held names every session the runner hosts (an empty list: none), "
+        "so a session the server believes live on it and not named is gone and its slot free.",
     )
     released: list[ReleasedSession] = Field(
         default_factory=list,
