@@ -30,10 +30,10 @@ locals {
       collection = "deliveries"
       fields     = [["outcome_kind", "ASCENDING"], ["received_at", "DESCENDING"]]
     }
-    # FirestoreStore.list_unsettled_before: one issue's unsettled deliveries, earlier keys.
+    # FirestoreStore.list_inbox: one issue's unsettled deliveries, smallest key first.
     deliveries_by_order = {
       collection = "deliveries"
-      fields     = [["order_group", "ASCENDING"], ["outcome", "ASCENDING"], ["order_key", "DESCENDING"]]
+      fields     = [["order_group", "ASCENDING"], ["outcome", "ASCENDING"], ["order_key", "ASCENDING"]]
     }
     # FirestoreStore.list_events: one equality filter, then sort_key (and sort_key > after).
     events_by_delivery = {

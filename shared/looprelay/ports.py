@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, 
         DeliveryRecord,
         DispatchRecord,
         EventRecord,
+        InboxRecord,
         RegistrationToken,
         RunnerRecord,
         WorkItemRecord,
@@ -29,16 +30,11 @@ MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_RESERVE_BYTES
 
 @dataclass(frozen=True)
 class Task:
-    """A unit of work for the worker: a deterministic name and the bytes to POST.
-
-    ``group`` and ``order_key`` (``core.order``) let a queue that can keep order run one task
-    of a group at a time, smallest key first; a queue that cannot ignores them.
-    """
+    """A unit of work for the worker: a deterministic name and the bytes to POST. Queues
+    need not keep order: the worker's inbox does (``service.inbox``)."""
 
     name: str
     body: bytes
-    group: str = ""
-    order_key: str = ""
 
 
 class Clock(Protocol):
@@ -102,12 +98,32 @@ class Store(Protocol):
         """Return the ledger record of ``delivery_id``, or None."""
         ...
 
-    def list_unsettled_before(
-        self, *, group: str, order_key: str, since: datetime, limit: int = 10
-    ) -> list[DeliveryRecord]:
-        """Return up to ``limit`` deliveries of order ``group`` that are not settled, were
-        received at or after ``since`` and have an ``order_key`` below the given one, nearest
-        key first: what a delivery of that group may have to wait for. Raises ``Transient``."""
+    def list_inbox(self, group: str, *, from_key: str, limit: int = 50) -> list[DeliveryRecord]:
+        """Return up to ``limit`` deliveries of order ``group`` that are not settled and have
+        an ``order_key`` at or after ``from_key``, smallest key first: the group's inbox, for
+        its holder to hand off (``service.inbox``). Raises ``Transient``."""
+        ...
+
+    def take_inbox(
+        self, group: str, *, holder: str, now: datetime, until: datetime
+    ) -> InboxRecord | None:
+        """Give ``holder`` the short lease on ``group``'s inbox until ``until`` if nobody holds
+        it, its lease lapsed before ``now``, or ``holder`` holds it already; return the inbox
+        as stored then (``knocks`` as counted so far). Otherwise count a knock, so the holder
+        drains again before it may release, and return None. Exactly one of racing takers
+        wins. Raises ``Transient``."""
+        ...
+
+    def keep_inbox(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
+        """Extend ``inbox.holder``'s lease to ``until`` and record the drain's ``drained_key``,
+        ``stuck`` and ``stuck_since``, if it still holds the lease; return the inbox as stored
+        (its ``knocks`` fresh), or None when the lease was lost. Raises ``Transient``."""
+        ...
+
+    def release_inbox(self, inbox: InboxRecord) -> bool:
+        """Free the lease ``inbox.holder`` holds, recording the drain's state as ``keep_inbox``
+        does, unless a knock came after ``inbox.knocks`` was read; False then (or when the
+        lease was lost): drain again. Raises ``Transient``."""
         ...
 
     def list_deliveries(

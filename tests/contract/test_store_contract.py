@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from looprelay.core.model import DeliveryRecord, EventRecord
+from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.ports import Store
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
@@ -162,8 +162,9 @@ class TestDeliveryLedger:
         assert len(store.list_deliveries(limit=2)) == 2
 
 
-class TestOrderedDeliveries:
+class TestInbox:
     GROUP = "octo/repo#7"
+    LEASE = timedelta(seconds=30)
 
     def _begin(self, store: Store, delivery_id: str, key: str, *, at: datetime = T0) -> None:
         record = _record(delivery_id, at=at).model_copy(
@@ -171,23 +172,92 @@ class TestOrderedDeliveries:
         )
         store.begin_delivery(record)
 
-    def test_only_earlier_keyed_unsettled_recent_ones_of_the_group_are_listed(
+    def _take(self, store: Store, holder: str, *, now: datetime = T0) -> InboxRecord | None:
+        return store.take_inbox(self.GROUP, holder=holder, now=now, until=now + self.LEASE)
+
+    def test_the_inbox_lists_the_groups_unsettled_ones_from_a_key_smallest_first(
         self, store: Store
     ) -> None:
+        self._begin(store, "d-3", "k3")
         self._begin(store, "d-1", "k1")
         self._begin(store, "d-2", "k2")
-        self._begin(store, "d-3", "k3")
-        self._begin(store, "d-old", "k0", at=T0 - timedelta(hours=2))
+        self._begin(store, "d-old", "k0")
         store.begin_delivery(
             _record("d-other").model_copy(update={"order_group": "octo/repo#8", "order_key": "k1"})
         )
-        store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)
-        listed = store.list_unsettled_before(
-            group=self.GROUP, order_key="k3", since=T0 - timedelta(hours=1)
-        )
-        assert [(r.delivery_id, r.order_key) for r in listed] == [("d-2", "k2")]
+        store.settle_delivery("d-2", outcome="dispatched", detail="", at=T0)
+        listed = store.list_inbox(self.GROUP, from_key="k1")
+        assert [(r.delivery_id, r.order_key) for r in listed] == [("d-1", "k1"), ("d-3", "k3")]
         assert listed[0].order_group == self.GROUP
-        assert store.list_unsettled_before(group=self.GROUP, order_key="k2", since=T0) == []
+        assert [r.delivery_id for r in store.list_inbox(self.GROUP, from_key="k", limit=2)] == [
+            "d-old",
+            "d-1",
+        ]
+
+    def test_one_holder_at_a_time_and_a_refused_take_is_counted_as_a_knock(
+        self, store: Store
+    ) -> None:
+        taken = self._take(store, "a")
+        assert taken is not None and (taken.holder, taken.knocks) == ("a", 0)
+        assert self._take(store, "b") is None
+        assert self._take(store, "b") is None
+        again = self._take(store, "a")
+        assert again is not None and again.knocks == 2
+
+    def test_a_release_fails_while_knocks_came_since_the_holder_looked(self, store: Store) -> None:
+        taken = self._take(store, "a")
+        assert taken is not None
+        assert self._take(store, "b") is None
+        assert not store.release_inbox(taken)
+        fresh = self._take(store, "a")
+        assert fresh is not None and fresh.knocks == 1
+        done = fresh.model_copy(update={"drained_key": "k9", "stuck": "d-4", "stuck_since": T0})
+        assert store.release_inbox(done)
+        after = self._take(store, "b")
+        assert after is not None
+        assert (after.holder, after.drained_key, after.stuck, after.stuck_since) == (
+            "b",
+            "k9",
+            "d-4",
+            T0,
+        )
+
+    def test_a_lapsed_lease_passes_on_and_the_old_holder_can_keep_nothing(
+        self, store: Store
+    ) -> None:
+        old = self._take(store, "a")
+        assert old is not None
+        assert self._take(store, "b", now=T0 + self.LEASE / 2) is None
+        later = T0 + self.LEASE + timedelta(seconds=1)
+        new = self._take(store, "b", now=later)
+        assert new is not None and new.holder == "b"
+        assert store.keep_inbox(old, until=later + self.LEASE) is None
+        assert not store.release_inbox(old)
+        kept = store.keep_inbox(
+            new.model_copy(update={"drained_key": "k5"}), until=later + self.LEASE
+        )
+        assert kept is not None and (kept.holder, kept.drained_key) == ("b", "k5")
+        assert kept.until == later + self.LEASE
+
+    def test_of_racing_takers_exactly_one_holds_the_inbox(self, store: Store) -> None:
+        holders = [f"h{index}" for index in range(8)]
+        barrier = threading.Barrier(len(holders))
+        won: list[str] = []
+
+        def take(holder: str) -> None:
+            barrier.wait()
+            if self._take(store, holder) is not None:
+                won.append(holder)
+
+        threads = [threading.Thread(target=take, args=(h,)) for h in holders]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 1
+        [winner] = won
+        fresh = self._take(store, winner)
+        assert fresh is not None and fresh.knocks == len(holders) - 1
 
 
 class TestEventLog:

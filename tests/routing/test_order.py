@@ -39,10 +39,11 @@ from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord, RunnerRecord
 from looprelay.errors import Transient
+from looprelay.service.inbox import WENT_AHEAD
 from looprelay.service.ingress import Ingress
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
-from looprelay.service.route import WENT_AHEAD, Router
+from looprelay.service.route import Router
 from looprelay.service.worker import Outcome, Worker
 from looprelay.wire.runner_api import ResultBody
 from tests.fake_github import FakeGitHub
@@ -172,20 +173,19 @@ def ordered(
             policy=routing_policy(base.config.routing),
             templates=TemplateSource(base.config.routing),
             clock=clock,
-            order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
         )
         worker = Worker(
             store=backend.store,
             authenticator=SharedSecretAuthenticator(SECRET),
             clock=clock,
             handler=_poisoned(router, poison),
+            order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
         )
         url = switchboard.mount(worker_handler(worker))
         queue = SqliteQueue(
             tmp_path / f"queue-{len(opened)}.db",
             retry=RetryConfig(min_backoff_seconds=0.05, max_backoff_seconds=0.2, max_attempts=500),
             settings=EmbeddedQueueConfig(concurrency=DISPATCHERS),
-            order_wait_seconds=ORDER_WAIT_SECONDS,
         )
         queue.start(worker_url=url, auth_token=SECRET)
         opened.append((queue, url))

@@ -176,7 +176,6 @@ def open_local_queue(config: Config, *, data_dir: Path) -> SqliteQueue:
         data_dir / QUEUE_FILE,
         retry=config.queue.retry,
         settings=config.queue.embedded,
-        order_wait_seconds=config.routing.order_wait_seconds,
     )
 
 

@@ -287,6 +287,7 @@ def _open_local(
         clock=clock,
         handler=router,
         allowed_events=config.webhook.allowed_events(),
+        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
     status = StatusReader(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from pathlib import Path
 
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
@@ -50,7 +49,6 @@ def build_router(
         templates=TemplateSource(config.routing),
         clock=clock,
         on_dispatch=waker.notify if waker else lambda _dispatches: None,
-        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
     )
 
 

@@ -1,10 +1,12 @@
 """The cloud store: the delivery ledger and the event log in Firestore, behind ``Store``.
 
-Layout: ``{prefix}deliveries/{delivery_id}``, ``{prefix}events/{auto id}`` and
-``{prefix}user_pins/{login}``. Every ledger and event document carries ``expires_at`` (write
-time + retention) for a Firestore TTL policy on that field; a pin has none, so it stays.
-Composite indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc); events
-(``delivery_id``, ``work_item`` or ``name``, then ``sort_key``).
+Layout: ``{prefix}deliveries/{delivery_id}``, ``{prefix}events/{auto id}``,
+``{prefix}inboxes/{id}`` (``adapters.firestore.inbox``) and ``{prefix}user_pins/{login}``.
+Every ledger and event document carries ``expires_at`` (write time + retention) for a
+Firestore TTL policy on that field; a pin and an inbox have none, so they stay. Composite
+indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc; ``order_group``,
+``outcome``, ``order_key``); events (``delivery_id``, ``work_item`` or ``name``, then
+``sort_key``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import translated
+from looprelay.adapters.firestore.inbox import FirestoreInboxes
 from looprelay.config.model import FirestoreConfig
 from looprelay.core import model
-from looprelay.core.model import DeliveryRecord, EventRecord
+from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.errors import ConfigError, Transient
 
 MAX_CAS_ROUNDS = 25
@@ -77,6 +80,7 @@ class FirestoreStore:
         self._deliveries = client.collection(f"{collection_prefix}deliveries")
         self._events = client.collection(f"{collection_prefix}events")
         self._pins = client.collection(f"{collection_prefix}user_pins")
+        self._inboxes = FirestoreInboxes(client, collection_prefix=collection_prefix)
         self._retention = timedelta(days=retention_days)
         self._seq_lock = threading.Lock()
         self._seq = 0
@@ -198,23 +202,32 @@ class FirestoreStore:
             data = self._deliveries.document(delivery_id).get(retry=_RETRY).to_dict()
         return None if data is None else _delivery(data)
 
-    def list_unsettled_before(
-        self, *, group: str, order_key: str, since: datetime, limit: int = 10
-    ) -> list[DeliveryRecord]:
-        """See ``Store.list_unsettled_before``: one query on the index ``order_group``,
-        ``outcome``, ``order_key`` descending, the nearest earlier keys first (an old stuck
-        record never hides a recent one); the time bound is applied to what it returns (one
-        range per query). Raises ``Transient`` when Firestore is unavailable."""
+    def list_inbox(self, group: str, *, from_key: str, limit: int = 50) -> list[DeliveryRecord]:
+        """See ``Store.list_inbox``: one query on the index ``order_group``, ``outcome``,
+        ``order_key``. Raises ``Transient`` when Firestore is unavailable."""
         query = (
             self._deliveries.where(filter=FieldFilter("order_group", "==", group))
             .where(filter=FieldFilter("outcome", "==", model.RECEIVED))
-            .where(filter=FieldFilter("order_key", "<", order_key))
-            .order_by("order_key", direction=firestore.Query.DESCENDING)
+            .where(filter=FieldFilter("order_key", ">=", from_key))
+            .order_by("order_key")
         )
-        with translated("list unsettled deliveries"):
+        with translated("list an inbox"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
-        found = [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
-        return [record for record in found if record.received_at >= since]
+        return [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
+
+    def take_inbox(
+        self, group: str, *, holder: str, now: datetime, until: datetime
+    ) -> InboxRecord | None:
+        """See ``Store.take_inbox`` (``adapters.firestore.inbox``)."""
+        return self._inboxes.take(group, holder=holder, now=now, until=until)
+
+    def keep_inbox(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
+        """See ``Store.keep_inbox``."""
+        return self._inboxes.keep(inbox, until=until)
+
+    def release_inbox(self, inbox: InboxRecord) -> bool:
+        """See ``Store.release_inbox``."""
+        return self._inboxes.release(inbox)
 
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
