@@ -48,6 +48,19 @@ locals {
       collection = "events"
       fields     = [["name", "ASCENDING"], ["sort_key", "ASCENDING"]]
     }
+    # FirestoreStore.list_events(after=...): one equality filter, then the commit time.
+    events_by_delivery_written = {
+      collection = "events"
+      fields     = [["delivery_id", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
+    events_by_work_item_written = {
+      collection = "events"
+      fields     = [["work_item", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
+    events_by_name_written = {
+      collection = "events"
+      fields     = [["name", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
     # FirestoreStore.list_events(newest=True): the same, newest first (`looprelay events`).
     events_by_delivery_newest = {
       collection = "events"

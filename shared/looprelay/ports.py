@@ -152,8 +152,10 @@ class Store(Protocol):
         """Return at most ``limit`` events in the order they were written, filtered by every
         argument given.
 
-        ``after`` is the ``cursor`` of an event already seen (exclusive), for following the
-        log: events written at the same instant are each seen once. ``since`` keeps events at
+        ``after`` is the ``cursor`` of an event already seen, for following the log: up to
+        ``limit`` events written after it, and a store whose writers race (Firestore) adds
+        those committed shortly before it, which a follower may not have seen yet; the
+        follower drops cursors it has seen (``service.follow``). ``since`` keeps events at
         or after that time. ``newest`` takes the newest ``limit`` instead of the oldest.
         """
         ...

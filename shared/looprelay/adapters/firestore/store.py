@@ -46,6 +46,10 @@ _RETRYABLE = (
 )
 _RETRY = Retry(if_exception_type(*_RETRYABLE), maximum=2.0, timeout=CALL_BUDGET_SECONDS)
 _Change = Callable[[DeliveryRecord], dict[str, Any] | None]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+FOLLOW_OVERLAP = timedelta(seconds=5)
+"""How far before a follower's cursor ``list_events(after=...)`` looks again for commits that
+landed late: far longer than one write takes to commit."""
 
 
 def _dt(value: datetime) -> datetime:
@@ -256,6 +260,8 @@ class FirestoreStore:
             # JSON text, as in SQLite: same round trip, and Firestore rejects nested arrays.
             "data": json.dumps(event.data, default=str),
             "sort_key": f"{seq:020d}{secrets.token_hex(4)}",
+            # The commit time, set by the server: what a follower pages by (``list_events``).
+            "written_at": firestore.SERVER_TIMESTAMP,
             "expires_at": self._expires_at(),
         }
 
@@ -272,24 +278,48 @@ class FirestoreStore:
     ) -> list[EventRecord]:
         """See ``Store.list_events``; raises ``Transient`` when Firestore is unavailable.
 
-        The cursor is the event's ``sort_key``: its write time in ns (made strictly increasing
-        per process) and random bits, so it is unique and sorts in the order written.
+        An event's cursor is its commit time in ns (``written_at``, set by the server) and its
+        document id. A writer's commit can land a moment after a later-stamped one a follower
+        has read already, so ``after`` is answered with up to ``limit`` events committed after
+        it and every one committed in the ``FOLLOW_OVERLAP`` before it: a follower drops the
+        cursors it has seen (``service.follow``). Other listings order by ``sort_key``, the
+        writer's clock, and never skip anything since they take no cursor.
         """
-        direction = firestore.Query.DESCENDING if newest else firestore.Query.ASCENDING
-        query = self._events.order_by("sort_key", direction=direction)
         equal = {"delivery_id": delivery_id, "work_item": work_item, "name": name}
+        query: Any = self._events  # a collection is a query of all its documents
         for field, value in equal.items():
             if value is not None:
                 query = query.where(filter=FieldFilter(field, "==", value))
         if after is not None:
-            query = query.where(filter=FieldFilter("sort_key", ">", after))
+            return self._events_after(query, after, since=since, limit=limit)
         if since is not None:
             since_ns = int(since.timestamp()) * 1_000_000_000 + since.microsecond * 1_000
             query = query.where(filter=FieldFilter("sort_key", ">=", f"{since_ns:020d}"))
+        direction = firestore.Query.DESCENDING if newest else firestore.Query.ASCENDING
         with translated("list events"):
-            snapshots = list(query.limit(limit).stream(retry=_RETRY))
-        found = [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
+            snapshots = list(
+                query.order_by("sort_key", direction=direction).limit(limit).stream(retry=_RETRY)
+            )
+        found = [_event(snapshot) for snapshot in snapshots]
         return found[::-1] if newest else found
+
+    def _events_after(
+        self, query: Any, after: str, *, since: datetime | None, limit: int
+    ) -> list[EventRecord]:
+        # One range per query: ``since`` is applied to what the queries find.
+        written = _written_at_of(after)
+        by_time = query.order_by("written_at")
+        page = by_time.where(filter=FieldFilter("written_at", ">", written)).limit(limit)
+        overlap = (
+            by_time.where(filter=FieldFilter("written_at", ">=", written - FOLLOW_OVERLAP))
+            .where(filter=FieldFilter("written_at", "<=", written))
+            .limit(limit)
+        )
+        with translated("list events"):
+            snapshots = [*overlap.stream(retry=_RETRY), *page.stream(retry=_RETRY)]
+        found = {event.cursor: event for event in map(_event, snapshots)}
+        ordered = [found[cursor] for cursor in sorted(found)]
+        return [event for event in ordered if since is None or event.at >= since]
 
     def pin_user_id(self, login: str, *, user_id: int, at: datetime) -> tuple[int, bool]:
         """See ``Store.pin_user_id``; ``create()`` makes exactly one caller the one that pins.
@@ -319,13 +349,24 @@ def _delivery(data: dict[str, Any]) -> DeliveryRecord:
     return DeliveryRecord.model_validate({**data, **times})
 
 
-def _event(data: dict[str, Any]) -> EventRecord:
-    # Unknown keys (sort_key, expires_at) are ignored by the model.
+def _event(snapshot: Any) -> EventRecord:
+    # Unknown keys (sort_key, written_at, expires_at) are ignored by the model.
+    data = snapshot.to_dict() or {}
+    written = data.get("written_at")
+    # An event written before commit times were kept has only its writer's sort key.
+    cursor = data.get("sort_key", "") if written is None else _cursor(written, snapshot.id)
     return EventRecord.model_validate(
-        {
-            **data,
-            "at": _dt(data["at"]),
-            "data": json.loads(data["data"]),
-            "cursor": data.get("sort_key", ""),
-        }
+        {**data, "at": _dt(data["at"]), "data": json.loads(data["data"]), "cursor": cursor}
     )
+
+
+def _cursor(written: datetime, document_id: str) -> str:
+    micros = (_dt(written) - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros * 1_000:020d}/{document_id}"
+
+
+def _written_at_of(cursor: str) -> datetime:
+    nanos, slash, _document = cursor.partition("/")
+    if not slash or not nanos.isdigit():
+        raise ValueError(f"{cursor[:40]!r} is not an event cursor of this store")
+    return _EPOCH + timedelta(microseconds=int(nanos) // 1_000)
