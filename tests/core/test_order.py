@@ -9,12 +9,15 @@ from typing import Any
 from looprelay.core.envelope import project_envelope
 from looprelay.core.order import (
     COMMENT_WINDOW,
+    MAX_COMMENT_RUN,
     Queued,
     arrange,
     may_go_ahead,
     order_group,
     order_key,
     queued,
+    ready_at,
+    runs,
 )
 from tests.samples import payload
 
@@ -105,11 +108,19 @@ class TestArrange:
         first = _comment("a", 0, made_s=1, comment_id=2)
         assert [q.delivery_id for q in arrange([late_made_early, first])] == ["a", "b"]
 
-    def test_a_new_comment_is_ripe_once_the_window_has_passed_anything_else_at_once(
+    def test_a_run_of_comments_is_ready_once_quiet_for_the_window_at_most_the_longest_run(
         self,
     ) -> None:
-        assert _event("label", 0).ripe_at == RECEIVED
-        assert _comment("c", 0, made_s=0, comment_id=1).ripe_at == RECEIVED + COMMENT_WINDOW
+        step = int(COMMENT_WINDOW.total_seconds() * 1000) - 1
+        stream = [_comment(f"c{n}", n * step, made_s=0, comment_id=n) for n in range(20)]
+        waiting = [_event("label", 0), *stream[:3]]
+        assert ready_at(waiting, 0) == RECEIVED  # not a comment: at once
+        quiet = RECEIVED + timedelta(milliseconds=2 * step) + COMMENT_WINDOW
+        assert [ready_at(waiting, place) for place in (1, 2, 3)] == [quiet] * 3
+        longest = ready_at(arrange(stream), 0)
+        assert longest == RECEIVED + MAX_COMMENT_RUN
+        # A steady stream is cut into runs no longer than the longest run: 7 of 499 ms steps.
+        assert [len(run) for run in runs(arrange(stream))] == [7, 7, 6]
 
 
 class TestGoingAhead:

@@ -2,10 +2,10 @@
 the order the holder of a group's inbox hands them off in (``service.inbox``).
 
 The key rule (docs/architecture.md "Per-work-item order"): every delivery is keyed by the
-moment the webhook received it. New comments alone also carry their own time: comments
-received within ``COMMENT_WINDOW`` of one another are handed off in the order GitHub created
-them (``created_at``, then id: ``created_at`` has whole seconds), in the places those comments
-hold among the other events, which never move.
+moment the webhook received it. New comments alone also carry their own time: a run of
+comments each received within ``COMMENT_WINDOW`` of the one before is handed off in the order
+GitHub created them (``created_at``, then id: ``created_at`` has whole seconds), in the places
+those comments hold among the other events, which never move.
 
 Scenario: a label is added, and 0.3 s later comments 1, 2 and 3 are made on issue #7, a
 millisecond apart. GitHub sends the four webhooks at once and they are received label, 3, 1,
@@ -27,6 +27,7 @@ from looprelay.core.envelope import CREATING_ACTIONS, Envelope, order_key
 
 __all__ = [
     "COMMENT_WINDOW",
+    "MAX_COMMENT_RUN",
     "ORDER_LOOKBACK",
     "Queued",
     "arrange",
@@ -34,13 +35,19 @@ __all__ = [
     "order_group",
     "order_key",
     "queued",
+    "ready_at",
+    "runs",
 ]
 
 ORDER_LOOKBACK = timedelta(hours=1)
 """Only an unsettled delivery received this recently is in its group's inbox: an older one
 is long dead (the queue gave up on it), and handing it off now would be out of all order."""
-COMMENT_WINDOW = timedelta(milliseconds=500)
-"""How far apart in receipt new comments may be and still be reordered by their own time."""
+COMMENT_WINDOW = timedelta(seconds=1)
+"""How far apart in receipt new comments may be and still be reordered by their own time:
+what GitHub's sending and the queue's dispatching may spread a burst over (four embedded
+dispatchers on a busy machine bring 15 comments in over about a second)."""
+MAX_COMMENT_RUN = timedelta(seconds=3)
+"""How long a run of comments so reordered may last: a steady stream is handed off anyway."""
 
 
 def order_group(envelope: Envelope) -> str:
@@ -63,12 +70,6 @@ class Queued:
     made: tuple[datetime, int] | None = None
     """A new comment's ``created_at`` and id; None for any other delivery."""
 
-    @property
-    def ripe_at(self) -> datetime:
-        """When it may be handed off: a new comment waits out ``COMMENT_WINDOW``, for one made
-        earlier and received later; anything else at once."""
-        return self.received_at + COMMENT_WINDOW if self.made else self.received_at
-
 
 def queued(envelope: Envelope, *, received_at: datetime) -> Queued:
     """The inbox's view of ``envelope``, received by the worker at ``received_at``; never
@@ -82,26 +83,48 @@ def queued(envelope: Envelope, *, received_at: datetime) -> Queued:
 
 def arrange(waiting: Sequence[Queued]) -> list[Queued]:
     """Return ``waiting`` (one group's inbox) in hand-off order: by key (ties by delivery id),
-    then each run of new comments received within ``COMMENT_WINDOW`` of its first put in
-    creation order in the places the run holds. Never raises."""
+    then each run of new comments (``runs``) put in creation order in the places the run
+    holds. Never raises."""
     ordered = sorted(waiting, key=lambda q: (q.order_key, q.delivery_id))
-    places = [index for index, q in enumerate(ordered) if q.made is not None]
     arranged = list(ordered)
-    run: list[int] = []
-    for place in [*places, -1]:
-        first = ordered[run[0]] if run else None
-        if first is not None and place >= 0 and _within(first, ordered[place]):
-            run.append(place)
-            continue
-        made = sorted((ordered[p] for p in run), key=lambda q: q.made or ())
-        for target, comment in zip(run, made, strict=True):
-            arranged[target] = comment
-        run = [place] if place >= 0 else []
+    for run in runs(ordered):
+        made = sorted((ordered[place] for place in run), key=lambda q: q.made or ())
+        for place, comment in zip(run, made, strict=True):
+            arranged[place] = comment
     return arranged
 
 
-def _within(first: Queued, later: Queued) -> bool:
-    return later.received_at - first.received_at <= COMMENT_WINDOW
+def runs(ordered: Sequence[Queued]) -> list[list[int]]:
+    """The places in ``ordered`` of each run of new comments: each received within
+    ``COMMENT_WINDOW`` of the one before, all within ``MAX_COMMENT_RUN`` of the first."""
+    found: list[list[int]] = []
+    for place, q in enumerate(ordered):
+        if q.made is None:
+            continue
+        run = found[-1] if found else []
+        if run and _continues(ordered[run[0]], ordered[run[-1]], q):
+            run.append(place)
+        else:
+            found.append([place])
+    return found
+
+
+def ready_at(ordered: Sequence[Queued], place: int) -> datetime:
+    """When ``ordered[place]`` may be handed off: anything but a new comment at once; a new
+    comment once its run has been quiet for ``COMMENT_WINDOW`` (a comment made earlier and
+    received later still goes first), at most ``MAX_COMMENT_RUN`` after the run began."""
+    for run in runs(ordered):
+        if place in run:
+            first, last = ordered[run[0]], ordered[run[-1]]
+            return min(last.received_at + COMMENT_WINDOW, first.received_at + MAX_COMMENT_RUN)
+    return ordered[place].received_at
+
+
+def _continues(first: Queued, last: Queued, later: Queued) -> bool:
+    return (
+        later.received_at - last.received_at <= COMMENT_WINDOW
+        and later.received_at - first.received_at <= MAX_COMMENT_RUN
+    )
 
 
 def may_go_ahead(stuck_since: datetime | None, *, now: datetime, bound: timedelta) -> bool:

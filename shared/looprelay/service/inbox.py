@@ -5,10 +5,10 @@ Scenario: comments 1, 2 and 3 on issue #7 reach three worker instances at once, 
 worker has appended its delivery to the inbox (the group's unsettled ledger records) before
 it gets here. The worker with 3 takes the inbox's short lease, lists the inbox, finds 1, 2
 and 3, and hands them off in that order (``core.order.arrange``). The workers with 1 and 2
-cannot take the lease: each knocks, and waits a little for its delivery to be settled (each
-look a knock again), taking the inbox itself if the holder lets it go. The holder releases
-only if nobody knocked since it last listed; otherwise it lists again, so nothing appended
-meanwhile is left behind.
+cannot take the lease: each knocks and answers ``Transient`` at once (the queue retries it
+later and finds it settled), so the queue's dispatchers bring the rest of a burst in
+meanwhile. The holder releases only if nobody knocked since it last listed; otherwise it lists
+again, so nothing appended meanwhile is left behind.
 
 A handler that fails (``Transient``) at the head stops the drain; the inbox records since
 when it has been stuck, and the next attempt to come (the queue's retry of any of its
@@ -28,12 +28,13 @@ from secrets import token_hex
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.core.order import (
-    COMMENT_WINDOW,
+    MAX_COMMENT_RUN,
     ORDER_LOOKBACK,
     arrange,
     may_go_ahead,
     order_key,
     queued,
+    ready_at,
 )
 from looprelay.errors import Transient
 from looprelay.ports import Clock, Store
@@ -48,12 +49,6 @@ DEFAULT_ORDER_WAIT = timedelta(seconds=5)
 """``routing.orderWaitSeconds``' default: how long failing deliveries hold the others back."""
 BATCH = 50
 """Deliveries listed from an inbox at once; a longer inbox is drained in several lists."""
-HOLDER_WAIT_SECONDS = 10.0
-"""How long an attempt that finds its inbox held waits for the holder before the queue is
-asked to retry it: a queue retry backs off for longer than most drains take."""
-FIRST_PAUSE_SECONDS = 0.02
-MAX_PAUSE_SECONDS = 0.5
-"""The pauses of such an attempt between looks, doubling from the first."""
 MAX_RELEASES = 20
 """Drains in a row one holder makes while knocks keep coming, before leaving the rest."""
 
@@ -86,25 +81,19 @@ class Inbox:
 
     def deliver(self, record: DeliveryRecord) -> None:
         """Hand ``record`` (begun, unsettled, of a group) off in its group's order: drain the
-        group's inbox, or, while another attempt drains it, wait (up to ``HOLDER_WAIT``) for
-        that one to hand ``record`` off or to let the inbox go.
+        group's inbox unless another attempt is draining it.
 
-        Returns once ``record`` is settled or the drain is over. Raises ``Transient`` (the
-        queue retries; the retry finds it settled, or drains) when the holder kept the inbox
-        all that while, this drain lost its lease, or a failing delivery holds it back.
+        Returns once the drain is over. Raises ``Transient`` (the queue retries; the retry
+        finds it settled, or drains) when another attempt holds the inbox (it knocked, so the
+        holder hands ``record`` off), this drain lost its lease, or a failing delivery holds
+        it back. The attempt never waits for the holder: a queue with few dispatchers must
+        bring the rest of a burst in meanwhile.
         """
         group = record.order_group
         holder = token_hex(8)
-        deadline = time.monotonic() + HOLDER_WAIT_SECONDS
-        pause = FIRST_PAUSE_SECONDS
-        while (inbox := self._take(group, holder)) is None:
-            if time.monotonic() + pause > deadline:
-                raise Transient(f"the inbox of {group} is being drained; it hands this one off")
-            self._sleep(pause)
-            pause = min(2 * pause, MAX_PAUSE_SECONDS)
-            stored = self._store.get_delivery(record.delivery_id)
-            if stored is None or stored.settled:
-                return
+        inbox = self._take(group, holder)
+        if inbox is None:
+            raise Transient(f"the inbox of {group} is being drained; it hands this one off")
         for _ in range(MAX_RELEASES):
             inbox, stuck = self._drain(inbox)
             if stuck:
@@ -132,7 +121,7 @@ class Inbox:
     def _drain(self, inbox: InboxRecord) -> tuple[InboxRecord, bool]:
         """Hand off what the inbox holds, list after list; return its state and whether a
         failing delivery stopped the drain."""
-        waited: set[str] = set()  # each new comment waits once, whatever the clock says
+        slept = 0.0  # bounded whatever the clock says
         while True:
             now = self._clock.now()
             since = order_key(now - ORDER_LOOKBACK)
@@ -144,13 +133,14 @@ class Inbox:
             )
             skipped: list[str] = []
             handed = 0
-            for place in order:
-                wait = (place.ripe_at - self._clock.now()).total_seconds()
-                if wait > 0 and place.delivery_id not in waited:
-                    # A new comment waits out the window for one made earlier, then the inbox
-                    # is listed again: what came meanwhile may go before it.
-                    waited.update(q.delivery_id for q in order)
-                    self._sleep(min(wait, COMMENT_WINDOW.total_seconds()))
+            for index, place in enumerate(order):
+                wait = (ready_at(order, index) - self._clock.now()).total_seconds()
+                if wait > 0 and slept < MAX_COMMENT_RUN.total_seconds():
+                    # A run of new comments waits until it is quiet, for one made earlier, then
+                    # the inbox is listed again: what came meanwhile may go before it.
+                    pause = min(wait, MAX_COMMENT_RUN.total_seconds() - slept)
+                    self._sleep(pause)
+                    slept += pause
                     break
                 record = records[place.delivery_id]
                 inbox, ok = self._one(inbox, envelopes[place.delivery_id], record, skipped)
