@@ -61,6 +61,19 @@ locals {
       collection = "events"
       fields     = [["name", "ASCENDING"], ["written_at", "ASCENDING"]]
     }
+    # ... and newest first, for what was committed shortly before the cursor.
+    events_by_delivery_written_desc = {
+      collection = "events"
+      fields     = [["delivery_id", "ASCENDING"], ["written_at", "DESCENDING"]]
+    }
+    events_by_work_item_written_desc = {
+      collection = "events"
+      fields     = [["work_item", "ASCENDING"], ["written_at", "DESCENDING"]]
+    }
+    events_by_name_written_desc = {
+      collection = "events"
+      fields     = [["name", "ASCENDING"], ["written_at", "DESCENDING"]]
+    }
     # FirestoreStore.list_events(newest=True): the same, newest first (`looprelay events`).
     events_by_delivery_newest = {
       collection = "events"

@@ -20,6 +20,7 @@ leaves its lease to lapse (``lease``); then the next attempt takes it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -47,6 +48,8 @@ ARRIVED_LATE = "delivery.arrived_late"
 """Event: a delivery reached its inbox after a later-keyed one had been handed off."""
 DEFAULT_ORDER_WAIT = timedelta(seconds=5)
 """``routing.orderWaitSeconds``' default: how long failing deliveries hold the others back."""
+INBOX_LEASE = timedelta(seconds=15)
+"""How long an inbox stays with a holder that stopped renewing it (it died, or hung)."""
 BATCH = 50
 """Deliveries listed from an inbox at once; a longer inbox is drained in several lists."""
 MAX_RELEASES = 20
@@ -66,12 +69,12 @@ class Inbox:
         store: Store,
         clock: Clock,
         hand_off: HandOff,
-        lease: timedelta,
+        lease: timedelta = INBOX_LEASE,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """``lease`` must outlast one hand-off (a handler's budget and its settle): a holder
-        renews it before each."""
+        """``lease`` is how long a dead holder keeps its inbox: a live one renews it before
+        each hand-off and every third of it meanwhile (``_Keeper``)."""
         self._store = store
         self._clock = clock
         self._hand_off = hand_off
@@ -94,18 +97,22 @@ class Inbox:
         inbox = self._take(group, holder)
         if inbox is None:
             raise Transient(f"the inbox of {group} is being drained; it hands this one off")
-        for _ in range(MAX_RELEASES):
-            inbox, stuck = self._drain(inbox)
-            if stuck:
-                self._leave(inbox)
-                raise Transient(f"a delivery of {group} keeps failing; the others wait for it")
-            if self._store.release_inbox(inbox):
-                return
-            retaken = self._take(group, holder)  # knocked meanwhile: its knocks, fresh
-            if retaken is None:
-                raise Transient(f"lost the inbox of {group}; its next holder drains it")
-            inbox = retaken
-        self._leave(inbox)
+        with _Keeper(inbox, renew=self._renew, every=self._lease.total_seconds() / 3) as keeper:
+            for _ in range(MAX_RELEASES):
+                inbox, stuck = self._drain(inbox, keeper)
+                if stuck:
+                    self._leave(inbox)
+                    raise Transient(f"a delivery of {group} keeps failing; the others wait")
+                if self._store.release_inbox(inbox):
+                    return
+                retaken = self._take(group, holder)  # knocked meanwhile: its knocks, fresh
+                if retaken is None:
+                    raise Transient(f"lost the inbox of {group}; its next holder drains it")
+                inbox = keeper.inbox = retaken
+            self._leave(inbox)
+
+    def _renew(self, inbox: InboxRecord) -> InboxRecord | None:
+        return self._store.keep_inbox(inbox, until=self._clock.now() + self._lease)
 
     def _take(self, group: str, holder: str) -> InboxRecord | None:
         now = self._clock.now()
@@ -114,11 +121,11 @@ class Inbox:
     def _leave(self, inbox: InboxRecord) -> None:
         """Release even though knocks came: the knockers' retries start the next drain."""
         for _ in range(MAX_RELEASES):
-            kept = self._store.keep_inbox(inbox, until=self._clock.now() + self._lease)
+            kept = self._renew(inbox)
             if kept is None or self._store.release_inbox(kept):
                 return
 
-    def _drain(self, inbox: InboxRecord) -> tuple[InboxRecord, bool]:
+    def _drain(self, inbox: InboxRecord, keeper: _Keeper) -> tuple[InboxRecord, bool]:
         """Hand off what the inbox holds, list after list; return its state and whether a
         failing delivery stopped the drain."""
         slept = 0.0  # bounded whatever the clock says
@@ -144,6 +151,7 @@ class Inbox:
                     break
                 record = records[place.delivery_id]
                 inbox, ok = self._one(inbox, envelopes[place.delivery_id], record, skipped)
+                keeper.inbox = inbox
                 if ok:
                     handed += 1
                     if not skipped:
@@ -167,7 +175,7 @@ class Inbox:
     ) -> tuple[InboxRecord, bool]:
         """Hand ``record`` off under a renewed lease; return the inbox's state and whether it
         was handed off (False: its handler failed for now)."""
-        kept = self._store.keep_inbox(inbox, until=self._clock.now() + self._lease)
+        kept = self._renew(inbox)
         if kept is None:
             raise Transient(f"lost the inbox of {inbox.group}; its next holder drains it")
         if record.order_key < kept.drained_key:
@@ -216,3 +224,40 @@ def went_ahead_event(
             "order_wait_seconds": order_wait.total_seconds(),
         },
     )
+
+
+class _Keeper:
+    """Renews a drain's lease from a thread of its own while a hand-off runs (a handler may
+    take most of the queue's dispatch deadline), so that the lease can be short: a holder that
+    dies holds its inbox for one lease, not one handler budget. A renewal that fails for now
+    is tried again at the next beat."""
+
+    def __init__(
+        self,
+        inbox: InboxRecord,
+        *,
+        renew: Callable[[InboxRecord], InboxRecord | None],
+        every: float,
+    ) -> None:
+        self.inbox = inbox
+        """The drain's latest state: what each renewal writes."""
+        self._renew = renew
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="inbox-keeper", daemon=True)
+
+    def __enter__(self) -> _Keeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                if self._renew(self.inbox) is None:
+                    return  # lost: the drain finds out at its next hand-off
+            except Transient:
+                log.warning("could not renew the lease of the inbox of %s", self.inbox.group)

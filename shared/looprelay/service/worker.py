@@ -45,8 +45,6 @@ log = logging.getLogger("looprelay.service.worker")
 RETRY_COUNT_HEADER = "x-cloudtasks-taskretrycount"
 SETTLE_RESERVE_SECONDS = 15.0
 """Of the queue's dispatch deadline, what the handler leaves for the settle and the answer."""
-UNBUDGETED_HANDLER_SECONDS = 30.0
-"""What an inbox's lease allows a handler without a budget (tests) besides the reserve."""
 
 
 def handler_budget(dispatch_deadline_seconds: float) -> float:
@@ -106,7 +104,7 @@ class Worker:
         ``handler_budget_seconds`` (``handler_budget`` of the queue's dispatch deadline)
         bounds the handler's outbound calls (``deadlines``): one that cannot finish in time
         is ``Transient`` and the queue retries the task, instead of sending a second attempt
-        while this one still runs; an inbox's lease outlasts it. ``order_wait``
+        while this one still runs. ``order_wait``
         (``routing.orderWaitSeconds``) bounds how long failing deliveries hold the others of
         their group back."""
         self._allowed = None if allowed_events is None else frozenset(allowed_events)
@@ -117,14 +115,10 @@ class Worker:
         self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
         self._order_wait = order_wait
-        budget = (
-            UNBUDGETED_HANDLER_SECONDS if handler_budget_seconds is None else handler_budget_seconds
-        )
         self._inbox = Inbox(
             store=store,
             clock=clock,
             hand_off=self._hand_off,
-            lease=timedelta(seconds=budget + SETTLE_RESERVE_SECONDS),
             order_wait=order_wait,
         )
 

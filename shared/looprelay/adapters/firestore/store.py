@@ -310,9 +310,11 @@ class FirestoreStore:
         written = _written_at_of(after)
         by_time = query.order_by("written_at")
         page = by_time.where(filter=FieldFilter("written_at", ">", written)).limit(limit)
+        # Newest first: a late commit lands just before the cursor, not at the window's start.
         overlap = (
-            by_time.where(filter=FieldFilter("written_at", ">=", written - FOLLOW_OVERLAP))
+            query.where(filter=FieldFilter("written_at", ">=", written - FOLLOW_OVERLAP))
             .where(filter=FieldFilter("written_at", "<=", written))
+            .order_by("written_at", direction=firestore.Query.DESCENDING)
             .limit(limit)
         )
         with translated("list events"):
