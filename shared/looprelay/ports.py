@@ -126,6 +126,13 @@ class Store(Protocol):
         lease was lost): drain again. Raises ``Transient``."""
         ...
 
+    def free_inboxes(self) -> int:
+        """Free every inbox lease, its state kept; return how many were held. Only for the one
+        process that drains (``looprelay up`` holds the data directory's lock), starting:
+        every holder it finds is dead, and waiting for their leases only delays the queue's
+        retries. Raises ``Transient``."""
+        ...
+
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:

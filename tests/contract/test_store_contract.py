@@ -241,6 +241,17 @@ class TestInbox:
         assert kept is not None and (kept.holder, kept.drained_key) == ("b", "k5")
         assert kept.until == later + self.LEASE
 
+    def test_freeing_every_inbox_lets_anyone_take_it_its_state_kept(self, store: Store) -> None:
+        held = self._take(store, "dead")
+        assert held is not None
+        assert store.keep_inbox(
+            held.model_copy(update={"drained_key": "k3"}), until=T0 + self.LEASE
+        )
+        assert store.free_inboxes() == 1
+        assert store.free_inboxes() == 0
+        taken = self._take(store, "alive")
+        assert taken is not None and (taken.holder, taken.drained_key) == ("alive", "k3")
+
     def test_of_racing_takers_exactly_one_holds_the_inbox(self, store: Store) -> None:
         holders = [f"h{index}" for index in range(8)]
         barrier = threading.Barrier(len(holders))

@@ -106,7 +106,9 @@ class LocalApp:
 
     def start(self, *, host: str, port: int) -> None:
         """Start dispatching queued tasks (left from a previous run included) to this
-        application's ``/worker`` at ``host:port``, the address the server bound."""
+        application's ``/worker`` at ``host:port``, the address the server bound. The
+        inbox leases a killed run left are freed first, as its leased tasks are."""
+        self._stores.store.free_inboxes()
         self.queue.start(
             worker_url=f"http://{url_host(_ANY_ADDRESS.get(host, host))}:{port}{WORKER_PATH}",
             auth_token=self._worker_token,

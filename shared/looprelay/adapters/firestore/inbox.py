@@ -15,6 +15,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import MAX_CAS_ROUNDS, translated, utc
 from looprelay.adapters.firestore.work_items import work_item_document_id
@@ -66,6 +67,21 @@ class FirestoreInboxes:
             return {"holder": "", "until": None, **_state(inbox)}, current
 
         return self._change(inbox.group, release, action="release an inbox") is not None
+
+    def free_all(self) -> int:
+        """See ``Store.free_inboxes``: each held inbox freed by its own conditional change."""
+        with translated("list held inboxes"):
+            held = [
+                snapshot.get("group")
+                for snapshot in self._inboxes.where(filter=FieldFilter("holder", ">", "")).stream()
+            ]
+
+        def free(current: InboxRecord) -> tuple[dict[str, Any] | None, InboxRecord | None]:
+            if not current.holder:
+                return None, None
+            return {"holder": "", "until": None}, current
+
+        return sum(self._change(group, free, action="free an inbox") is not None for group in held)
 
     def _change(self, group: str, change: _Change, *, action: str) -> InboxRecord | None:
         reference = self._inboxes.document(work_item_document_id(group))

@@ -233,6 +233,10 @@ class FirestoreStore:
         """See ``Store.release_inbox``."""
         return self._inboxes.release(inbox)
 
+    def free_inboxes(self) -> int:
+        """See ``Store.free_inboxes`` (``adapters.firestore.inbox``)."""
+        return self._inboxes.free_all()
+
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:

@@ -222,6 +222,13 @@ class SqliteStore:
             ).rowcount
         return bool(changed)
 
+    def free_inboxes(self) -> int:
+        """See ``Store.free_inboxes``."""
+        with self._db.transaction(synced=False) as db:
+            return db.execute(
+                "UPDATE inboxes SET holder = '', until = NULL WHERE holder != ''"
+            ).rowcount
+
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
     ) -> list[DeliveryRecord]:
