@@ -96,7 +96,12 @@ class Inbox:
         holder = token_hex(8)
         inbox = self._take(group, holder)
         if inbox is None:
-            raise Transient(f"the inbox of {group} is being drained; it hands this one off")
+            # Its holder hands this one off; the retry (after the lease, should the holder
+            # die) only confirms it. Sooner, a long drain would spend the queue's attempts.
+            raise Transient(
+                f"the inbox of {group} is being drained; it hands this one off",
+                retry_after=self._lease.total_seconds(),
+            )
         with _Keeper(inbox, renew=self._renew, every=self._lease.total_seconds() / 3) as keeper:
             for _ in range(MAX_RELEASES):
                 inbox, stuck = self._drain(inbox, keeper)

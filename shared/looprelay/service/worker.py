@@ -146,7 +146,7 @@ class Worker:
                 exc,
                 extra={"delivery_id": envelope.delivery_id},
             )
-            raise Transient("transient failure; retry") from exc
+            raise Transient("transient failure; retry", retry_after=exc.retry_after) from exc
 
     def _authenticate(self, headers: Mapping[str, str]) -> None:
         try:
