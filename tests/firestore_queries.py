@@ -41,7 +41,6 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "pr_ref": ("github:octo/demo#9",),
     "repositories": (("octo/demo",), [f"octo/r{n}" for n in range(40)]),
     "group": ("github:octo/demo#1",),
-    "order_key": ("00000001",),
     "from_key": ("00000001",),
     "runner_id": ("r-1",),
     "endpoint": ("github:octo/demo#1",),
