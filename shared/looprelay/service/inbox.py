@@ -71,15 +71,19 @@ class Inbox:
         hand_off: HandOff,
         lease: timedelta = INBOX_LEASE,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
+        drain_seconds: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``lease`` is how long a dead holder keeps its inbox: a live one renews it before
-        each hand-off and every third of it meanwhile (``_Keeper``)."""
+        each hand-off and every third of it meanwhile (``_Keeper``). ``drain_seconds`` bounds
+        one attempt's drain (the queue gives up on a longer one and tries again): past it, no
+        further delivery is handed off and the rest is left to the next attempt."""
         self._store = store
         self._clock = clock
         self._hand_off = hand_off
         self._lease = lease
         self._order_wait = order_wait
+        self._drain_seconds = drain_seconds
         self._sleep = sleep
 
     def deliver(self, record: DeliveryRecord) -> None:
@@ -102,12 +106,13 @@ class Inbox:
                 f"the inbox of {group} is being drained; it hands this one off",
                 retry_after=self._lease.total_seconds(),
             )
+        ends = None if self._drain_seconds is None else time.monotonic() + self._drain_seconds
         with _Keeper(inbox, renew=self._renew, every=self._lease.total_seconds() / 3) as keeper:
             for _ in range(MAX_RELEASES):
-                inbox, stuck = self._drain(inbox, keeper)
-                if stuck:
+                inbox, stopped = self._drain(inbox, keeper, ends)
+                if stopped:
                     self._leave(inbox)
-                    raise Transient(f"a delivery of {group} keeps failing; the others wait")
+                    raise Transient(f"the inbox of {group}: {stopped}")
                 if self._store.release_inbox(inbox):
                     return
                 retaken = self._take(group, holder)  # knocked meanwhile: its knocks, fresh
@@ -130,9 +135,11 @@ class Inbox:
             if kept is None or self._store.release_inbox(kept):
                 return
 
-    def _drain(self, inbox: InboxRecord, keeper: _Keeper) -> tuple[InboxRecord, bool]:
-        """Hand off what the inbox holds, list after list; return its state and whether a
-        failing delivery stopped the drain."""
+    def _drain(
+        self, inbox: InboxRecord, keeper: _Keeper, ends: float | None
+    ) -> tuple[InboxRecord, str]:
+        """Hand off what the inbox holds, list after list, until ``ends`` (monotonic); return
+        its state and why the drain stopped before the inbox was empty ("": it did not)."""
         slept = 0.0  # bounded whatever the clock says
         while True:
             now = self._clock.now()
@@ -146,6 +153,8 @@ class Inbox:
             skipped: list[str] = []
             handed = 0
             for index, place in enumerate(order):
+                if ends is not None and time.monotonic() >= ends:
+                    return inbox, "drained for the attempt's budget; the next attempt goes on"
                 wait = (ready_at(order, index) - self._clock.now()).total_seconds()
                 if wait > 0 and slept < MAX_COMMENT_RUN.total_seconds():
                     # A run of new comments waits until it is quiet, for one made earlier, then
@@ -165,11 +174,11 @@ class Inbox:
                 if not may_go_ahead(
                     inbox.stuck_since, now=self._clock.now(), bound=self._order_wait
                 ):
-                    return inbox, True
+                    return inbox, "a delivery keeps failing; the others wait for it"
                 skipped.append(record.delivery_id)
             else:
                 if not handed:
-                    return inbox, False  # empty, or only failing ones left: their retries come
+                    return inbox, ""  # empty, or only failing ones left: their retries come
 
     def _one(
         self,

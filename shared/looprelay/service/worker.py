@@ -119,6 +119,7 @@ class Worker:
             store=store,
             clock=clock,
             hand_off=self._hand_off,
+            drain_seconds=handler_budget_seconds,
             order_wait=order_wait,
         )
 
