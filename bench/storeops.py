@@ -293,14 +293,14 @@ def _idle_runners(
 
 def _build_counted(config: Config, counts: OpCounts) -> tuple[Any, list[Any]]:
     """``app.cloud.build_runner_api`` with its stores counted; also its listeners (the
-    dispatch feed and the runner directory, where this tree has them), whose reads are not
-    RPCs of the counted clients."""
+    dispatch feed and the runner directory or the runner changes feed, where this tree has
+    them), whose reads are not RPCs of the counted clients."""
     from looprelay.app import adapters
     from looprelay.app.cloud import build_runner_api
 
     listeners: list[Any] = []
     restore: list[tuple[str, Any]] = []
-    for name in ("open_dispatch_feed", "open_runner_directory"):
+    for name in ("open_dispatch_feed", "open_runner_directory", "open_runner_changes"):
         opener = getattr(adapters, name, None)  # absent from trees before each
         if opener is None:
             continue
@@ -536,7 +536,7 @@ def lease_reads(count: int) -> dict[str, float]:
     api, listeners = _build_counted(config, counts)
     http, items = RunnerHttp(api), open_work_item_store(config, data_dir=None)
     [feed] = [listener for listener in listeners if hasattr(listener, "open_dispatches")]
-    [directory] = [listener for listener in listeners if hasattr(listener, "find")]
+    directory = next((listener for listener in listeners if hasattr(listener, "find")), None)
 
     def reads_of(bearer: str, expected: int) -> int:
         headers = {"authorization": bearer, "content-type": "application/json"}
@@ -550,7 +550,12 @@ def lease_reads(count: int) -> dict[str, float]:
     looks, leases = [], []
     try:
         ids = [owner] + [runner_id for runner_id, _ in others[:1]]
-        _until(lambda: all(directory.find(r) for r in ids), "push of the runners")
+        if directory is not None:  # trees with a runner directory: its push
+            _until(lambda: all(directory.find(r) for r in ids), "push of the runners")
+        else:  # a cache of runners: live, then filled by one poll of each
+            _until(lambda: all(x.live() for x in listeners if hasattr(x, "live")), "live")
+            for bearer in [owner_bearer] + [b for _, b in others[:1]]:
+                reads_of(bearer, 204)
         for number in range(1, LEASE_REPEATS + 1):
             now = datetime.now(UTC)
             dispatch = make_dispatch(

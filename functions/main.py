@@ -63,7 +63,14 @@ class _Served(Response):
 # that serves, and the runner API's listeners start in that worker on its first request
 # (looprelay.app.asgi.StartInServingProcess). What loaded is frozen before the fork, so the
 # worker shares those pages instead of copying them as the collector would touch them.
-if os.environ.get("FUNCTION_TARGET") in ("webhook", "worker", "runners", "sweeper", "status"):
+if os.environ.get("FUNCTION_TARGET") in (
+    "webhook",
+    "worker",
+    "runners",
+    "sweeper",
+    "poller",
+    "status",
+):
     _app(os.environ["FUNCTION_TARGET"])
 
 
@@ -89,6 +96,12 @@ async def runners(request: Request) -> Response:
 async def sweeper(request: Request) -> Response:
     """Cloud Scheduler's target: redeliver failed GitHub deliveries the ledger lacks."""
     return _Served("sweeper")
+
+
+@functions_framework.aio.http
+async def poller(request: Request) -> Response:
+    """Cloud Scheduler's target: poll github.poll.repositories once, queueing what is new."""
+    return _Served("poller")
 
 
 @functions_framework.aio.http

@@ -120,7 +120,7 @@ locals {
 
   # Collections whose documents carry expires_at (write time + retention, or a registration
   # token's own expiry) for a TTL policy.
-  ttl_collections = ["deliveries", "events", "registration_tokens"]
+  ttl_collections = ["deliveries", "events", "registration_tokens", "runner_changes"]
 
   # Large fields nothing queries on: no single-field index (saves index writes and storage).
   # A runner's liveness document is read by id or whole, never queried, and rewritten on

@@ -1,4 +1,4 @@
-# The five Cloud Functions (2nd gen), built from one source archive (functions/build.sh).
+# The six Cloud Functions (2nd gen), built from one source archive (functions/build.sh).
 
 resource "google_storage_bucket" "source" {
   #checkov:skip=CKV_GCP_62:holds only the build archive, uploaded by terraform and read by Cloud Build; Cloud Audit Logs record access, a second access-log bucket adds nothing
@@ -34,7 +34,7 @@ resource "google_storage_bucket_object" "source" {
 }
 
 resource "google_cloudfunctions2_function" "fn" {
-  #checkov:skip=CKV_GCP_124:the webhook and the runner API must be reachable from GitHub and from runner machines; the worker, the sweeper and the status page are closed by Cloud Run IAM instead (only their OIDC identities, or the operators, may invoke: iam.tf)
+  #checkov:skip=CKV_GCP_124:the webhook and the runner API must be reachable from GitHub and from runner machines; the worker, the sweeper, the poller and the status page are closed by Cloud Run IAM instead (only their OIDC identities, or the operators, may invoke: iam.tf)
   for_each = local.functions
 
   project     = var.project

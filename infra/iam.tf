@@ -1,13 +1,15 @@
 # Identities and least privilege. One service account per function, plus two that only sign
-# OIDC tokens: "tasks" (Cloud Tasks -> worker) and "scheduler" (Cloud Scheduler -> sweeper).
+# OIDC tokens: "tasks" (Cloud Tasks -> worker) and "scheduler" (Cloud Scheduler -> sweeper,
+# poller).
 #
 #   webhook  may enqueue on the queue, and act as "tasks" to put its OIDC token on each task
 #   worker   Firestore (this database only); the App key
 #   runners  Firestore (this database only); the App key
 #   sweeper  Firestore (this database only); the App key
+#   poller   Firestore (this database only); may enqueue, acting as "tasks"; the App key
 #   status   Firestore read-only (this database only); no secret
 #   tasks    the only invoker of the worker
-#   scheduler the only invoker of the sweeper
+#   scheduler the only invoker of the sweeper and the poller
 #   operator_members the only invokers of the status page
 # Each function reads only its own secrets (secrets.tf). No identity gets a project-wide role
 # without a condition naming the database.
@@ -31,7 +33,7 @@ resource "google_service_account" "tasks" {
 resource "google_service_account" "scheduler" {
   project      = var.project
   account_id   = "${var.name_prefix}-scheduler"
-  display_name = "looprelay Cloud Scheduler OIDC identity (invokes the sweeper)"
+  display_name = "looprelay Cloud Scheduler OIDC identity (invokes the sweeper and the poller)"
   depends_on   = [google_project_service.enabled]
 }
 
@@ -53,10 +55,26 @@ resource "google_service_account_iam_member" "webhook_acts_as_tasks" {
   member             = google_service_account.fn["webhook"].member
 }
 
-# --- worker, runners, sweeper: Firestore ----------------------------------------------------
+# --- poller: enqueues as the webhook does ---------------------------------------------------
+
+resource "google_cloud_tasks_queue_iam_member" "poller_enqueuer" {
+  project  = var.project
+  location = google_cloud_tasks_queue.deliveries.location
+  name     = google_cloud_tasks_queue.deliveries.name
+  role     = "roles/cloudtasks.enqueuer"
+  member   = google_service_account.fn["poller"].member
+}
+
+resource "google_service_account_iam_member" "poller_acts_as_tasks" {
+  service_account_id = google_service_account.tasks.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = google_service_account.fn["poller"].member
+}
+
+# --- worker, runners, sweeper, poller: Firestore --------------------------------------------
 
 resource "google_project_iam_member" "firestore_user" {
-  for_each = toset(["worker", "runners", "sweeper"])
+  for_each = toset(["worker", "runners", "sweeper", "poller"])
 
   project = var.project
   role    = "roles/datastore.user"
@@ -99,6 +117,14 @@ resource "google_cloud_run_service_iam_member" "sweeper_invoker" {
   project  = var.project
   location = google_cloudfunctions2_function.fn["sweeper"].location
   service  = google_cloudfunctions2_function.fn["sweeper"].name
+  role     = "roles/run.invoker"
+  member   = google_service_account.scheduler.member
+}
+
+resource "google_cloud_run_service_iam_member" "poller_invoker" {
+  project  = var.project
+  location = google_cloudfunctions2_function.fn["poller"].location
+  service  = google_cloudfunctions2_function.fn["poller"].name
   role     = "roles/run.invoker"
   member   = google_service_account.scheduler.member
 }

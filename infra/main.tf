@@ -1,5 +1,5 @@
-# looprelay on Google Cloud: five Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
-# Secret Manager and a Cloud Scheduler job. docs/architecture.md has the picture.
+# looprelay on Google Cloud: six Cloud Functions (2nd gen), a Cloud Tasks queue, Firestore,
+# Secret Manager and two Cloud Scheduler jobs. docs/architecture.md has the picture.
 
 locals {
   firestore_location = coalesce(var.firestore_location, var.region)
@@ -40,8 +40,9 @@ locals {
       description = "Runner API (/runner/v1/...): registration, long polls, leases, results."
       memory      = var.function_resources.runners.memory
       cpu         = var.function_resources.runners.cpu
-      # Long polls are held up to 55 s (runners.pollWaitSeconds).
-      timeout_seconds = 120
+      # Long polls are held up to runner_poll_wait_seconds (runners.pollWaitSeconds), and
+      # answered before the platform cuts the request off (tests/infra checks the margin).
+      timeout_seconds = var.runner_timeout_seconds
       concurrency     = var.request_concurrency.runners
       max_instances   = var.max_instances.runners
       secret_env      = [var.github_app_key_env]
@@ -54,6 +55,18 @@ locals {
       timeout_seconds = 300
       concurrency     = 1
       max_instances   = var.max_instances.sweeper
+      secret_env      = [var.github_app_key_env]
+    }
+    # The poll ingress (docs/polling.md): one round over poll_repositories per scheduled call.
+    # One at a time on one instance: a repository's cursors have one writer.
+    poller = {
+      entry_point     = "poller"
+      description     = "Cloud Scheduler target: poll GitHub's listings of poll_repositories, queue what is new."
+      memory          = "512Mi"
+      cpu             = "1"
+      timeout_seconds = 120
+      concurrency     = 1
+      max_instances   = 1
       secret_env      = [var.github_app_key_env]
     }
     # The operators' status page, apart from the sweeper: the sweeper serves one request on one
@@ -80,8 +93,10 @@ locals {
     LOOPRELAY__github__appId                              = jsonencode(var.github_app_id)
     LOOPRELAY__github__privateKeyEnv                      = jsonencode(var.github_app_key_env)
     LOOPRELAY__github__webhookSecrets                     = jsonencode(var.webhook_secret_names)
+    LOOPRELAY__github__poll__repositories                 = jsonencode(var.poll_repositories)
     LOOPRELAY__routing__authorizedUsers                   = jsonencode(var.authorized_users)
     LOOPRELAY__routing__botLogins                         = jsonencode(var.bot_logins)
+    LOOPRELAY__runners__pollWaitSeconds                   = jsonencode(var.runner_poll_wait_seconds)
     LOOPRELAY__store__backend                             = jsonencode("firestore")
     LOOPRELAY__store__retentionDays                       = jsonencode(var.retention_days)
     LOOPRELAY__store__firestore__project                  = jsonencode(var.project)

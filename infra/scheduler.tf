@@ -29,3 +29,35 @@ resource "google_cloud_scheduler_job" "sweeper" {
 
   depends_on = [google_cloud_run_service_iam_member.sweeper_invoker]
 }
+
+# The poll ingress (docs/polling.md): GitHub's listings of poll_repositories, read once a
+# minute (Cloud Scheduler's finest schedule), queued as webhook deliveries. Paused while
+# poll_repositories is empty: the webhook alone serves.
+resource "google_cloud_scheduler_job" "poller" {
+  project     = var.project
+  region      = var.region
+  name        = "${var.name_prefix}-poller"
+  description = "Poll GitHub's issue, comment, review and issue-event listings of poll_repositories."
+  schedule    = var.poller_schedule
+  time_zone   = var.sweeper_time_zone
+  paused      = length(var.poll_repositories) == 0
+  # Above the poller's 120 s timeout.
+  attempt_deadline = "140s"
+
+  # The cursors stay where the failed run left them: the next run reads that stretch again.
+  retry_config {
+    retry_count = 0
+  }
+
+  http_target {
+    http_method = "POST"
+    uri         = google_cloudfunctions2_function.fn["poller"].url
+
+    oidc_token {
+      service_account_email = google_service_account.scheduler.email
+      audience              = google_cloudfunctions2_function.fn["poller"].url
+    }
+  }
+
+  depends_on = [google_cloud_run_service_iam_member.poller_invoker]
+}

@@ -219,6 +219,18 @@ variable "worker_dispatch_deadline_seconds" {
 # arithmetic). A limit is a ceiling, not a reservation: with no minimum instances nothing is
 # billed while idle, so a small deployment pays nothing for the headroom.
 
+variable "runner_poll_wait_seconds" {
+  type        = number
+  default     = 300
+  description = "Longest a runner's long poll is held (runners.pollWaitSeconds): the longer, the fewer requests (and request-log lines) an idle runner costs."
+}
+
+variable "runner_timeout_seconds" {
+  type        = number
+  default     = 360
+  description = "Request timeout of the runner API; at least 30 s longer than runner_poll_wait_seconds, so a held poll is answered before the platform cuts it off."
+}
+
 variable "worker_timeout_seconds" {
   type        = number
   default     = 120
@@ -258,9 +270,9 @@ variable "request_concurrency" {
   default = {
     webhook = 32
     worker  = 16
-    runners = 500
+    runners = 1000
   }
-  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds hundreds (Cloud Run allows 1,000)."
+  description = "Requests one instance serves at once; the sweeper serves one. Each function is an ASGI application whose waits hold no thread, but its blocking store and GitHub calls share a pool of 32 threads, so the webhook and the worker gain nothing above 32. Runner long polls mostly wait: one instance holds 1,000 (Cloud Run's most), and Cloud Run adds an instance at 60% of it (docs/scaling.md)."
 
   validation {
     condition = alltrue([
@@ -316,7 +328,24 @@ variable "sweeper_schedule" {
 variable "sweeper_time_zone" {
   type        = string
   default     = "Etc/UTC"
-  description = "Time zone of sweeper_schedule."
+  description = "Time zone of sweeper_schedule and poller_schedule."
+}
+
+variable "poll_repositories" {
+  type        = list(string)
+  default     = []
+  description = "Repositories (owner/repo) the poller reads GitHub's listings of, instead of or beside the webhook (github.poll.repositories, docs/polling.md). Empty: the poller's schedule is paused."
+
+  validation {
+    condition     = alltrue([for r in var.poll_repositories : can(regex("^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$", r))])
+    error_message = "poll_repositories entries must be owner/repo."
+  }
+}
+
+variable "poller_schedule" {
+  type        = string
+  default     = "* * * * *"
+  description = "Cron schedule of the poller: each run reads every listing of every repository in poll_repositories (a 304 when nothing changed costs no rate limit)."
 }
 
 # --- Operators ------------------------------------------------------------------------------

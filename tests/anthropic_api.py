@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ANSWER = "Noted."
 """The assistant text an answering recorder gives every turn."""
 _REFUSAL = b'{"type":"error","error":{"type":"authentication_error","message":"no"}}'
-_MESSAGE = {
+MESSAGE = {
     "id": "msg_looprelay_test",
     "type": "message",
     "role": "assistant",
@@ -27,9 +27,9 @@ _MESSAGE = {
 }
 
 
-def _stream() -> bytes:
-    """The Messages API's server-sent events for :data:`_MESSAGE`."""
-    start = {**_MESSAGE, "content": [], "stop_reason": None}
+def message_stream() -> bytes:
+    """The Messages API's server-sent events for :data:`MESSAGE`."""
+    start = {**MESSAGE, "content": [], "stop_reason": None}
     events = [
         ("message_start", {"type": "message_start", "message": start}),
         (
@@ -80,9 +80,9 @@ class Recorder:
                 ):
                     self._send(200, "application/json", b'{"input_tokens": 1}')
                 elif _streamed(raw):
-                    self._send(200, "text/event-stream", _stream())
+                    self._send(200, "text/event-stream", message_stream())
                 else:
-                    self._send(200, "application/json", json.dumps(_MESSAGE).encode())
+                    self._send(200, "application/json", json.dumps(MESSAGE).encode())
 
             do_GET = do_POST
 

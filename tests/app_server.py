@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from looprelay.app.asgi import Blocking, Endpoint, Handler, build_asgi
+from looprelay.app.asgi import AsyncHandler, Blocking, Endpoint, Handler, build_asgi
 from looprelay.app.longpoll import runner_api_handler
 from looprelay.app.server import LocalServer
 from looprelay.service.runners import RunnerApi
@@ -27,14 +27,18 @@ class AppServer:
         exact: Mapping[str, Handler] | None = None,
         prefixes: Mapping[str, Handler] | None = None,
         runner_api: RunnerApi | None = None,
+        served: Mapping[str, AsyncHandler] | None = None,
         max_body_bytes: int = 1 << 20,
         port: int = 0,
     ) -> None:
+        """``exact`` and ``prefixes`` run on the pool; ``served`` (path prefix -> handler) on
+        the event loop, as given."""
         blocking = Blocking()
         endpoints = [
             Endpoint(path, blocking(handler), max_body_bytes)
             for path, handler in {**(exact or {}), **(prefixes or {})}.items()
         ]
+        endpoints += [Endpoint(path, h, max_body_bytes) for path, h in (served or {}).items()]
         if runner_api is not None:
             handler = runner_api_handler(runner_api, blocking)
             endpoints.append(Endpoint(RUNNER_PREFIX, handler, max_body_bytes))

@@ -1,7 +1,8 @@
 """Pytest plugin: the cloud runner API as one instance serves it, on the Firestore emulator.
 
 The runner API is served over real HTTP as in ``tests/test_leases.py``, with the dispatch feed
-and the runner directory wired as ``app.cloud.build_runner_api`` wires them. The stores read
+and the cache of runners (told by the runner changes feed) wired as
+``app.cloud.build_runner_api`` wires them. The stores read
 through a client whose RPCs are counted (``bench/storecount.py``), and the registry's calls
 are counted too; the listeners have a client of their own.
 """
@@ -20,12 +21,13 @@ from google.cloud import firestore
 
 from bench.storecount import CountingAdapter, OpCounts, count_client
 from looprelay.adapters.firestore.dispatch_feed import FirestoreDispatchFeed
-from looprelay.adapters.firestore.runner_directory import FirestoreRunnerDirectory
+from looprelay.adapters.firestore.runner_changes import FirestoreRunnerChanges
 from looprelay.adapters.firestore.runners import FirestoreRunnerRegistry
 from looprelay.adapters.firestore.store import FirestoreStore
 from looprelay.adapters.firestore.work_items import FirestoreWorkItemStore
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import RunnerRecord
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.waker import DispatchWaker
 from tests.fake_github import REPOSITORY, FakeGitHub
 from tests.fake_harness import wait_until
@@ -40,12 +42,18 @@ WOKEN_WITHIN = 20.0
 """Generous deadline for a wake-up (a push takes milliseconds on the emulator)."""
 
 
-class HeardDirectory(FirestoreRunnerDirectory):
-    """The runner directory, counting the lookups authentication makes in it: a request
+class HeardRecords(RunnerRecords):
+    """The cache of runners, counting the lookups authentication makes in it: a request
     reached the runner API when one more was made."""
 
-    def __init__(self, client: firestore.Client, *, collection_prefix: str) -> None:
-        super().__init__(client, collection_prefix=collection_prefix, check_seconds=0.1)
+    def __init__(
+        self, client: firestore.Client, *, collection_prefix: str, waker: DispatchWaker
+    ) -> None:
+        self.changes = FirestoreRunnerChanges(
+            client, collection_prefix=collection_prefix, check_seconds=0.1
+        )
+        # As ``app.cloud`` wires it: a change wakes the runner's waiting polls.
+        super().__init__(self.changes, told=lambda ids: waker.notify((), runners=ids))
         self._finds = 0
         self._counted = threading.Lock()
 
@@ -60,8 +68,8 @@ class HeardDirectory(FirestoreRunnerDirectory):
             return self._finds
 
     def listening(self) -> bool:
-        """Whether the listener has pushed and is open: ``find`` answers from memory."""
-        return self._listened.current() is not None
+        """Whether the changes feed has pushed and is open: ``find`` answers from memory."""
+        return self.changes.live()
 
 
 @dataclass
@@ -70,31 +78,33 @@ class Cloud:
 
     desk: Desk
     feed: FirestoreDispatchFeed
-    directory: HeardDirectory
+    records: HeardRecords
     counts: OpCounts
     elsewhere: Stores
     """The same collections through an uncounted client (another function's, an operator's)."""
 
     def runner(self, name: str, **heartbeat: Any) -> Runner:
         """Register a runner and send its first heartbeat, as ``Desk.runner``; return once
-        the directory holds it as that heartbeat left it (when it listens)."""
+        the cache holds it as that heartbeat left it (when its feed listens): a poll reads it
+        until the push of the heartbeat's change has come."""
         runner = self.desk.runner(name, **heartbeat)
-        if self.directory.listening():
+        if self.records.listening():
             repositories = list(heartbeat.get("repositories", (REPOSITORY,)))
             wait_until(
                 lambda: (
-                    (held := self.directory.find(runner.runner_id)) is not None
+                    self.desk.poll(runner, 0).status_code in (200, 204)
+                    and (held := self.records.find(runner.runner_id)) is not None
                     and held.repositories == repositories
                 ),
-                what=f"the push of runner {name}",
+                what=f"the cache to hold runner {name}",
             )
         return runner
 
     def poll_in_background(self, pool: ThreadPoolExecutor, runner: Runner) -> Future[Any]:
         """Start a long poll and return once it has been authenticated."""
-        before = self.directory.finds
+        before = self.records.finds
         answer = pool.submit(self.desk.poll, runner, LONG_WAIT)
-        wait_until(lambda: self.directory.finds > before, what="the poll to reach the runner API")
+        wait_until(lambda: self.records.finds > before, what="the poll to reach the runner API")
         return answer
 
     def open_count(self) -> int:
@@ -109,7 +119,7 @@ def _cloud(
     fake_github: FakeGitHub,
     *,
     feed_started: bool = True,
-    directory_started: bool = True,
+    records_started: bool = True,
 ) -> Iterator[Cloud]:
     prefix = f"t{uuid.uuid4().hex[:12]}_"
     counted = firestore.Client(project=PROJECT)
@@ -125,28 +135,26 @@ def _cloud(
     feed = FirestoreDispatchFeed(
         firestore_client, on_change=waker.notify, collection_prefix=prefix, check_seconds=0.1
     )
-    directory = HeardDirectory(firestore_client, collection_prefix=prefix)
+    records = HeardRecords(firestore_client, collection_prefix=prefix, waker=waker)
     if feed_started:
         feed.start()
         wait_until(lambda: feed.open_dispatches() is not None, what="the first push")
-    if directory_started:
-        directory.start()
-        wait_until(directory.listening, what="the directory's first push")
+    if records_started:
+        records.start()
+        wait_until(records.listening, what="the runner changes feed's first push")
     config = RunnersConfig(poll_wait_seconds=55)
     elsewhere = Stores(
         FirestoreRunnerRegistry(firestore_client, collection_prefix=prefix),
         FirestoreWorkItemStore(firestore_client, collection_prefix=prefix),
         FirestoreStore(firestore_client, collection_prefix=prefix),
     )
-    served = serve_desk(
-        stores, fake_github, waker=waker, feed=feed, config=config, directory=directory
-    )
+    served = serve_desk(stores, fake_github, waker=waker, feed=feed, config=config, records=records)
     try:
         for desk in served:
-            yield Cloud(desk, feed, directory, counts, elsewhere)
+            yield Cloud(desk, feed, records, counts, elsewhere)
     finally:
         feed.close()
-        directory.close()
+        records.close()
         counted.close()
 
 
@@ -162,6 +170,6 @@ def feed_down(firestore_client: firestore.Client, fake_github: FakeGitHub) -> It
 
 
 @pytest.fixture
-def directory_down(firestore_client: firestore.Client, fake_github: FakeGitHub) -> Iterator[Cloud]:
-    """The same, but the runner directory never got a listener open."""
-    yield from _cloud(firestore_client, fake_github, directory_started=False)
+def records_down(firestore_client: firestore.Client, fake_github: FakeGitHub) -> Iterator[Cloud]:
+    """The same, but the runner changes feed never got a listener open."""
+    yield from _cloud(firestore_client, fake_github, records_started=False)

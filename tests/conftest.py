@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from looprelay.adapters.firestore.poll_cursors import FirestorePollCursors
+from looprelay.adapters.sqlite.poll_cursors import SqlitePollCursors
 from looprelay.adapters.sqlite.runners import SqliteRunnerRegistry
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
-from looprelay.ports import RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import PollCursors, RunnerRegistry, Store, WorkItemStore
 from tests.queue_harness import QueueHarness
 from tests.rigs import Stores
 
@@ -91,6 +94,16 @@ def runner_registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 def work_item_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkItemStore]:
     """A fresh, empty work-item store of each backend."""
     yield from _backend(request, tmp_path, SqliteWorkItemStore, "firestore_work_item_store")
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def poll_cursors(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PollCursors]:
+    """Fresh, empty poll cursors of each backend."""
+    if request.param == "sqlite":
+        yield from _backend(request, tmp_path, SqlitePollCursors, "")
+    else:
+        client = request.getfixturevalue("firestore_client")
+        yield FirestorePollCursors(client, collection_prefix=f"t{uuid.uuid4().hex[:12]}_")
 
 
 @pytest.fixture(params=STORE_BACKENDS)

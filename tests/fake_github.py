@@ -18,6 +18,16 @@ reactions", "Generating an installation access token for a GitHub App"):
   App's calls carry ``x-ratelimit-*`` headers and once it is spent answer 403 until a test
   refills it, as GitHub's primary rate limit does.
 
+The GitHub App manifest flow (docs: "Registering a GitHub App from a manifest"): ``POST
+/settings/apps/new?state=`` (or ``/organizations/{org}/settings/apps/new``) takes the form's
+``manifest``, checks its fields (``manifest_problems``) and redirects to its ``redirect_url``
+with a code and the state; ``POST /app-manifests/{code}/conversions`` answers the code once
+(201, the documented fields) with a new App whose key this fake then verifies JWTs with.
+``GET /app`` (the App's JWT) and ``GET /user`` (a token) say who a credential is. A path under
+``/api/v3`` is served as GitHub Enterprise Server's API is.
+
+``fake.poll`` serves the listings the poll ingress reads (``tests/fake_github_poll.py``).
+
 Every request is recorded; :meth:`FakeGitHub.script` answers the next N matching calls with a
 chosen status/headers/body and/or a delay. Time (JWT and token expiry) comes from ``clock``.
 """
@@ -34,13 +44,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.fake_github_poll import PollListings
 from tests.loopback import LoopbackServer
 
 REPOSITORY = "octo/widgets"
@@ -59,6 +70,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_create_comment"),
     ("GET", re.compile(_REPO + r"/issues/(?P<number>\d+)/comments"), "_list_comments"),
     ("GET", re.compile(_REPO + r"/issues/comments/(?P<id>\d+)"), "_get_comment"),
+    ("GET", re.compile(_REPO + r"/labels/(?P<name>[^/]+)"), "_get_label"),
     (
         "POST",
         re.compile(_REPO + r"/(?P<kind>issues|pulls)/comments/(?P<id>\d+)/reactions"),
@@ -68,6 +80,14 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 _APP_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/app/hook/deliveries"), "_list_deliveries"),
     ("POST", re.compile(r"/app/hook/deliveries/(?P<id>\d+)/attempts"), "_redeliver"),
+    ("GET", re.compile(r"/app"), "_get_app"),
+    ("GET", re.compile(r"/app/installations"), "_list_installations"),
+]
+_FLOW_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"(/organizations/(?P<org>[^/]+))?/settings/apps/new"), "_new_app"),
+    ("POST", re.compile(r"/app-manifests/(?P<code>[^/]+)/conversions"), "_convert"),
+    ("GET", re.compile(r"/user"), "_user"),
+    ("GET", re.compile(r"/installation/repositories"), "_installation_repositories"),
 ]
 _KINDS = {"issues": "issue", "pulls": "review"}
 Answer = tuple[int, dict[str, str], Any]
@@ -180,8 +200,16 @@ class FakeGitHub:
         self._script: list[_Scripted] = []
         self._next_id = 1000
         self._listing: _Listing | None = None
+        self.labels: dict[str, set[str]] = {}  # repository -> the labels it has
+        self.manifests: list[dict[str, Any]] = []  # every manifest posted, as parsed
+        self.manifest_owner: str | None = None  # the organization of the last one, if any
+        self.created: dict[str, Any] | None = None  # the conversion's answer, once made
+        self._codes: dict[str, dict[str, Any]] = {}  # code -> its manifest, until converted
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
+        self.poll = PollListings(
+            self, REPOSITORY
+        )  # the poll ingress's listings (tests/fake_github_poll.py)
 
     @property
     def url(self) -> str:
@@ -241,6 +269,28 @@ class FakeGitHub:
                 r for r in self.requests if r.method == method and re.search(path_pattern, r.path)
             ]
 
+    def deliver(self, event: str, payload: dict[str, Any], *, delivery_id: str) -> int:
+        """Post ``payload`` to the created App's webhook URL, signed with its webhook secret as
+        GitHub signs (``X-Hub-Signature-256``); return the HTTP status."""
+        import hashlib
+        import hmac
+
+        import requests
+
+        assert self.created is not None, "no App was created"
+        body = json.dumps(payload).encode()
+        secret = self.created["webhook_secret"].encode()
+        signature = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+        headers = {
+            "Content-Type": "application/json",
+            "X-GitHub-Event": event,
+            "X-GitHub-Delivery": delivery_id,
+            "X-Hub-Signature-256": signature,
+            "X-GitHub-Hook-Installation-Target-ID": str(self.app_id),
+        }
+        response = requests.post(self.created["hook_url"], data=body, headers=headers, timeout=30)
+        return response.status_code
+
     def start(self) -> None:
         """Serve in a background thread."""
         self._loopback.start()
@@ -278,6 +328,9 @@ class FakeGitHub:
         return None
 
     def _route(self, request: RecordedRequest) -> Answer:
+        return self._flow(request) or self._api_route(request)
+
+    def _api_route(self, request: RecordedRequest) -> Answer:
         for method, pattern, name in _APP_ROUTES:
             match = pattern.fullmatch(request.path)
             if match and method == request.method:
@@ -294,7 +347,16 @@ class FakeGitHub:
                     return _error(404, "Not Found")
                 handler: Callable[..., Answer] = getattr(self, name)
                 return handler(request, login, **match.groupdict())
-        return _error(404, "Not Found")
+        listed = self.poll.route(request)
+        return listed if listed is not None else _error(404, "Not Found")
+
+    def _flow(self, request: RecordedRequest) -> Answer | None:
+        for method, pattern, name in _FLOW_ROUTES:
+            match = pattern.fullmatch(request.path)
+            if match and method == request.method:
+                handler: Callable[..., Answer] = getattr(self, name)
+                return handler(request, **match.groupdict())
+        return None
 
     def _as_app(self, request: RecordedRequest, name: str, args: dict[str, str]) -> Answer:
         _, _, token = request.headers.get("authorization", "").partition(" ")
@@ -422,6 +484,78 @@ class FakeGitHub:
         listing.add(attempt, len(self.app_deliveries))
         return 202, {}, {}
 
+    def _new_app(self, request: RecordedRequest, org: str | None) -> Answer:
+        raw = (request.json or {}).get("manifest", [""])
+        state = request.query.get("state", [""])[0]
+        try:
+            manifest = json.loads(raw[0] if isinstance(raw, list) else raw)
+        except ValueError:
+            return _error(422, "manifest is not JSON")
+        problems = manifest_problems(manifest)
+        if problems or not state:
+            return _error(422, "; ".join(problems) or "no state")
+        self.manifests.append(manifest)
+        self.manifest_owner = org
+        code = f"code{len(self.manifests):04d}"
+        self._codes[code] = manifest
+        query = urlencode({"code": code, "state": state})
+        return 302, {"Location": f"{manifest['redirect_url']}?{query}"}, None
+
+    def _convert(self, request: RecordedRequest, code: str) -> Answer:
+        manifest = self._codes.pop(code, None)
+        if manifest is None:
+            return _error(404, "Not Found")
+        key = make_app_key()
+        self.app_public_key = key.public_key
+        self.app_id += 1
+        slug = f"{manifest['name']}-{self.app_id}"
+        owner = self.manifest_owner or "octocat"
+        self.created = {
+            "id": self.app_id,
+            "slug": slug,
+            "node_id": f"A_kw{self.app_id}",
+            "owner": {"login": owner, "id": 1, "type": "User"},
+            "name": manifest["name"],
+            "description": None,
+            "external_url": manifest["url"],
+            "html_url": f"https://github.com/apps/{slug}",
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+            "permissions": manifest["default_permissions"],
+            "events": manifest["default_events"],
+            "client_id": f"Iv1.{self.app_id:016x}",
+            "client_secret": "fake-client-secret-" + "0" * 21,
+            "webhook_secret": f"fake-webhook-secret-{self.app_id:020d}",
+            "pem": key.private_pem,
+            "hook_url": manifest["hook_attributes"]["url"],
+        }
+        return 201, {}, {k: v for k, v in self.created.items() if k != "hook_url"}
+
+    def _get_app(self, request: RecordedRequest) -> Answer:
+        created = self.created or {}
+        return 200, {}, {"id": self.app_id, "slug": created.get("slug", "looprelay-test")}
+
+    def _list_installations(self, request: RecordedRequest) -> Answer:
+        return 200, {}, [{"id": i, "app_id": self.app_id} for i in sorted(self.installations)]
+
+    def _installation_repositories(self, request: RecordedRequest) -> Answer:
+        if self._login(request.headers) != self.app_login:
+            return _error(401, "Bad credentials")
+        listed = [{"full_name": name} for name in sorted(self.repositories)]
+        return 200, {}, {"total_count": len(listed), "repositories": listed}
+
+    def _get_label(self, request: RecordedRequest, login: str, repo: str, name: str) -> Answer:
+        label = unquote(name)
+        if label not in self.labels.get(repo, set()):
+            return _error(404, "Not Found")
+        return 200, {}, {"name": label, "color": "0e8a16"}
+
+    def _user(self, request: RecordedRequest) -> Answer:
+        login = self._login(request.headers)
+        if login is None:
+            return _error(401, "Bad credentials")
+        return 200, {}, {"login": login, "id": 1, "type": "User"}
+
     def _indexed_deliveries(self) -> _Listing:
         """``app_deliveries`` newest first and by id, sorted again only when a test changed
         the list (a test may list tens of thousands of attempts, page by page)."""
@@ -468,6 +602,26 @@ def _render_delivery(delivery: FakeDelivery) -> dict[str, Any]:
     }
 
 
+def manifest_problems(manifest: Any) -> list[str]:
+    """What GitHub would refuse, or what looprelay needs, missing from an App manifest."""
+    if not isinstance(manifest, dict):
+        return ["the manifest is not an object"]
+    problems = [f"no {key}" for key in ("name", "url", "redirect_url") if not manifest.get(key)]
+    if not (manifest.get("hook_attributes") or {}).get("url"):
+        problems.append("no hook_attributes.url")
+    if manifest.get("public") is not False:
+        problems.append("public is not false")
+    permissions = manifest.get("default_permissions") or {}
+    wanted = (("metadata", "read"), ("issues", "write"), ("pull_requests", "write"))
+    for permission, level in wanted:
+        if permissions.get(permission) != level:
+            problems.append(f"default_permissions.{permission} is not {level}")
+    events = manifest.get("default_events") or []
+    if not events or {"installation", "ping"} & set(events):
+        problems.append("default_events is empty or lists an event sent without subscription")
+    return problems
+
+
 def _error(status: int, message: str) -> Answer:
     return status, {}, {"message": message, "documentation_url": "https://docs.github.com/rest"}
 
@@ -488,12 +642,13 @@ def _handler_for(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             url = urlsplit(self.path)
+            form = "form-urlencoded" in (self.headers.get("Content-Type") or "")
             request = RecordedRequest(
                 method=self.command,
-                path=url.path,
+                path=url.path.removeprefix("/api/v3"),  # GitHub Enterprise Server's API
                 query=parse_qs(url.query),
                 headers={name.lower(): value for name, value in self.headers.items()},
-                json=json.loads(raw) if raw else None,
+                json=(parse_qs(raw.decode()) if form else json.loads(raw)) if raw else None,
             )
             status, headers, body = fake.answer(request)
             data = b"" if body is None else json.dumps(body).encode()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from looprelay.ports import RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.service.status import StatusReader
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -30,3 +32,16 @@ class Stores:
     registry: RunnerRegistry
     work_items: WorkItemStore
     events: Store
+
+
+def status_json(stores: Stores, clock: Clock, *, lost_after_seconds: float) -> dict[str, Any]:
+    """The view ``looprelay status --json`` prints, read from ``stores`` as of ``clock``."""
+    reader = StatusReader(
+        store=stores.events,
+        work_items=stores.work_items,
+        runners=stores.registry,
+        clock=clock,
+        lost_after=timedelta(seconds=lost_after_seconds),
+    )
+    view: dict[str, Any] = reader.read().model_dump(mode="json")
+    return view

@@ -59,11 +59,17 @@ class TestLoadConfig:
             ("store:\n  backend: postgres\n", "store.backend"),
             ("webhook:\n  maxBodyBytes: 99999999999\n", "webhook.maxBodyBytes"),
             ("store:\n  retentionDays: 1\n", "store.retentionDays"),
+            ("routing:\n  harness: codex\n", "codex runs headless only: set runnerKind"),
+            ("routing:\n  harness: aider\n", "routing.harness"),
         ],
     )
     def test_bad_files_get_a_clear_error(self, tmp_path: Path, text: str, message: str) -> None:
         with pytest.raises(ConfigError, match=message):
             load_config(_write(tmp_path, text), environ={})
+
+    def test_a_headless_harness_is_accepted_with_the_process_runner(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, "routing:\n  harness: gemini\n  runnerKind: process\n")
+        assert load_config(path, environ={}).routing.harness == "gemini"
 
     def test_a_missing_file_is_named(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="cannot read"):

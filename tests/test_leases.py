@@ -7,6 +7,7 @@ with progress going to the loopback fake GitHub and time coming from a clock the
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ import requests
 
 from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
+from looprelay.app.asgi import Blocking
+from looprelay.app.longpoll import long_poll
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord, SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
@@ -28,14 +31,16 @@ from looprelay.core.replies import (
     MAX_FAILURE_NOTE_CHARS,
     MAX_REPLY_CHARS,
 )
-from looprelay.ports import DispatchFeed, RunnerDirectory, WorkItemStore
+from looprelay.ports import DispatchFeed, WorkItemStore
 from looprelay.service.lease_desk import (
     CLOUD_POLL_INTERVAL_SECONDS,
     MAX_DISPATCH_ATTEMPTS,
     LeaseDesk,
 )
 from looprelay.service.results import Progress
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker, Opened
 from looprelay.wire.runner_api import MAX_BODY_BYTES, PollBody, runner_bearer
 from tests.app_server import AppServer
@@ -208,7 +213,7 @@ def _lease_desk(
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
     kind: type[LeaseDesk] = LeaseDesk,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
 ) -> LeaseDesk:
     """The lease desk as ``looprelay.app.services.build_runner_api`` builds it, on ``stores``
     (as ``kind``, which may count what it does)."""
@@ -233,7 +238,7 @@ def _lease_desk(
         feed=feed,
         monotonic=monotonic,
         expire_unserved=feed is None,
-        directory=directory,
+        records=records,
     )
 
 
@@ -245,11 +250,11 @@ def serve_desk(
     waker: DispatchWaker | None = None,
     feed: DispatchFeed | None = None,
     config: RunnersConfig = CONFIG,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
     kind: type[LeaseDesk] = LeaseDesk,
 ) -> Iterator[Desk]:
     """Serve the runner API over real HTTP on ``stores``, progress going to ``github``;
-    ``feed`` (ringing ``waker``) and ``directory`` as the cloud wires them; the lease desk
+    ``feed`` (ringing ``waker``) and ``records`` as the cloud wires them; the lease desk
     as ``kind``."""
     clock = SteppingClock()
     waker = waker or DispatchWaker()
@@ -261,7 +266,7 @@ def serve_desk(
         headless_replies=headless_replies,
         feed=feed,
         config=config,
-        directory=directory,
+        records=records,
         kind=kind,
     )
     runner_api = RunnerApi(
@@ -270,7 +275,14 @@ def serve_desk(
         clock=clock,
         config=config,
         desk=lease_desk,
-        directory=directory,
+        records=records,
+        sessions=SessionComments(
+            work_items=stores.work_items,
+            store=stores.events,
+            github=GitHubRest(api_url=github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=1),
+            clock=clock,
+            bot_logins=(APP_LOGIN,),
+        ),
     )
     server = AppServer(runner_api=runner_api, max_body_bytes=MAX_BODY_BYTES)
     server.start()
@@ -336,6 +348,21 @@ def _poll_together(desk: Desk, runners: list[Runner]) -> list[tuple[Runner, requ
         return list(pool.map(poll, runners))
 
 
+def long_polled(lease_desk: LeaseDesk, runner: RunnerRecord, wait: float) -> DispatchRecord | None:
+    """What a long poll of ``runner`` for up to ``wait`` s leased, served as production serves
+    it (``app.longpoll.long_poll`` on an event loop, looks on a pool thread); None on 204."""
+    body = PollBody(wait_seconds=wait)
+    response = asyncio.run(long_poll(lease_desk, runner, body, Blocking()))
+    if response.status == 204:
+        return None
+    assert response.status == 200, response.body
+    leased = lease_desk.work_items.get_dispatch(
+        json.loads(response.body)["dispatch"]["dispatch_id"]
+    )
+    assert leased is not None
+    return leased
+
+
 def _ringing(number: int) -> DispatchRecord:
     return make_dispatch(repository=REPOSITORY, number=number, created_at=datetime.now(UTC))
 
@@ -357,7 +384,7 @@ class TestDispatchWaker:
         seen = waker.generation()
         waker.notify()
         started = time.monotonic()
-        waker.wait(10.0, since=seen)
+        asyncio.run(waker.wait_async(10.0, since=seen))
         assert time.monotonic() - started < 5.0
         assert waker.generation() == seen + 1
 
@@ -365,7 +392,7 @@ class TestDispatchWaker:
         waker = DispatchWaker()
         waker.notify()  # before the wait began: not this wait's news
         started = time.monotonic()
-        waker.wait(0.1)
+        asyncio.run(waker.wait_async(0.1, since=waker.generation()))
         assert time.monotonic() - started >= 0.1
 
     def test_a_ring_reaches_only_the_waits_it_concerns(self) -> None:
@@ -392,7 +419,7 @@ class TestDispatchWaker:
         seen = waker.generation()
         waker.notify()
         started = time.monotonic()
-        waker.wait(10.0, since=seen, wants=lambda _opened: False)
+        asyncio.run(waker.wait_async(10.0, since=seen, wants=lambda _opened: False))
         assert time.monotonic() - started < 5.0
 
     def test_a_ring_wakes_as_many_of_a_runners_polls_as_it_opened_work_for(self) -> None:
@@ -434,6 +461,56 @@ class TestDispatchWaker:
             return len(waits)
 
         assert asyncio.run(polls()) == 3
+
+    def test_a_ring_judges_only_the_polls_of_the_runners_it_is_addressed_to(self) -> None:
+        """200 runners wait: a comment for runner 7's session judges runner 7's check alone,
+        and a spawn for a repository judges those that serve it and those with a workspace;
+        the other runners' checks are never called."""
+        waker = DispatchWaker()
+        judged: list[str] = []
+
+        def runner(n: int) -> RunnerRecord:
+            served = ["octo/other"] if n % 2 else [REPOSITORY]
+            return RunnerRecord(
+                runner_id=f"r{n}",
+                name=f"r{n}",
+                secret_hash="a" * 64,
+                registered_at=datetime.now(UTC),
+                repositories=served,
+                workspace=n == 199,
+            )
+
+        def check(runner_id: str) -> Callable[[Opened], int]:
+            def wants(opened: Opened) -> int:
+                judged.append(runner_id)
+                return 1
+
+            return wants
+
+        async def polls() -> tuple[list[str], list[str]]:
+            seen = waker.generation()
+            runners = [runner(n) for n in range(200)]
+            waits = {
+                r.runner_id: asyncio.create_task(
+                    waker.wait_async(HTTP_TIMEOUT, since=seen, wants=check(r.runner_id), runner=r)
+                )
+                for r in runners
+            }
+            await _until(lambda: waker.waiting() == 200)
+            comment = _ringing(1).model_copy(update={"kind": "deliver", "runner_id": "r7"})
+            threading.Thread(target=waker.notify, args=([comment],)).start()
+            await asyncio.wait_for(waits["r7"], HTTP_TIMEOUT)
+            first = sorted(judged)
+            judged.clear()
+            threading.Thread(target=waker.notify, args=([_ringing(2)],)).start()
+            await _until(lambda: waker.waiting() == 199 - len(serving))
+            return first, sorted(judged)
+
+        serving = {f"r{n}" for n in range(0, 200, 2)} | {"r199"}
+        first, second = asyncio.run(polls())
+        assert first == ["r7"]
+        assert set(second) == serving
+        assert len(second) == len(serving)
 
     def test_the_newest_poll_is_woken_first(self) -> None:
         waker = DispatchWaker()
@@ -522,7 +599,7 @@ class TestPoll:
         assert runner is not None
         wait = 6.0
         started = time.monotonic()
-        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = long_polled(lease_desk, runner, wait)
         elapsed = time.monotonic() - started
         assert leased is not None and reads >= 2
         assert elapsed < wait / 2, f"the poll slept {elapsed:.1f} s through the ring"
@@ -546,7 +623,7 @@ class TestPoll:
         assert runner is not None
         wait = 3 * CLOUD_POLL_INTERVAL_SECONDS + 3
         started = time.monotonic()
-        leased = lease_desk.poll(runner, PollBody(wait_seconds=wait))
+        leased = long_polled(lease_desk, runner, wait)
         elapsed = time.monotonic() - started
         assert leased is not None and leased.dispatch_id == "dp-1-1"
         assert CLOUD_POLL_INTERVAL_SECONDS <= elapsed < wait - 1.5
@@ -902,6 +979,29 @@ class TestHeadlessReplies:
         [failure] = desk.events("github.failed")
         assert failure["dispatch_id"] == "dp-1-1" and "502" in failure["error"]
 
+    def test_a_post_answered_in_the_wrong_shape_is_found_not_posted_again(self, desk: Desk) -> None:
+        # Issue 24: an answer of the wrong shape failed the whole report with a 500.
+        runner, _ = self._turn(desk)
+        desk.github.script(
+            match="POST .*/issues/1/comments", status=201, body=["not", "a comment"], after=True
+        )
+        report = desk.report(runner, "dp-1-1", status="done", reply="All green.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        assert [body.split("\n")[0] for body in desk.replies(1)] == ["All green."]
+        assert desk.events("github.failed") == []
+
+    def test_a_listing_in_the_wrong_shape_is_a_logged_failure_and_the_report_succeeds(
+        self, desk: Desk
+    ) -> None:
+        runner, dispatch = self._turn(desk)
+        desk.github.script(3, match="GET .*/issues/1/comments", status=200, body={"id": 1})
+        report = desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
+        assert report.status_code == 200 and report.json() == {"status": "succeeded"}
+        [failure] = desk.events("github.failed")
+        assert failure["dispatch_id"] == "dp-1-1"
+        assert "not a list of comments" in failure["error"]
+        assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]  # the rest went on
+
     def test_with_replies_switched_off_nothing_is_posted(self, quiet_desk: Desk) -> None:
         runner, dispatch = self._turn(quiet_desk)
         quiet_desk.report(runner, "dp-1-1", status="done", reply="Fixed.")
@@ -1057,7 +1157,7 @@ def _poll_with(desk: Desk, runner: Runner, wait: float, meanwhile: Callable[[], 
     record = desk.stores.registry.get_runner(runner.runner_id)
     assert record is not None
     started = time.monotonic()
-    leased = lease_desk.poll(record, PollBody(wait_seconds=wait))
+    leased = long_polled(lease_desk, record, wait)
     return Polled(leased, lease_desk.looks, time.monotonic() - started)
 
 

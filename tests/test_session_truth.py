@@ -20,10 +20,9 @@ from looprelay.core.model import SessionRecord, WorkItemRecord
 from looprelay.core.prsessions import tmux_session_name
 from looprelay.core.slots import believed_slots
 from looprelay.service.runners import mint_registration_token
-from looprelay.service.status import StatusReader
 from tests.dispatches import work_item_ref
 from tests.fake_github import REPOSITORY, FakeGitHub
-from tests.rigs import Stores
+from tests.rigs import Stores, status_json
 from tests.test_leases import CONFIG, HTTP_TIMEOUT, Desk, Runner, serve_desk
 
 PR = 30
@@ -41,15 +40,7 @@ def _ref(number: int) -> str:
 
 def _status(desk: Desk) -> dict[str, Any]:
     """The view ``looprelay status --json`` prints, from the desk's stores."""
-    reader = StatusReader(
-        store=desk.stores.events,
-        work_items=desk.stores.work_items,
-        runners=desk.stores.registry,
-        clock=desk.clock,
-        lost_after=timedelta(seconds=CONFIG.lost_after_seconds),
-    )
-    view: dict[str, Any] = reader.read().model_dump(mode="json")
-    return view
+    return status_json(desk.stores, desk.clock, lost_after_seconds=CONFIG.lost_after_seconds)
 
 
 def _runner_row(view: dict[str, Any], runner: Runner) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def read_or_create_secret(path: Path) -> tuple[str, bool]:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
     except FileExistsError:
-        value = _read_private(path)
+        value = read_private(path)
         warn_if_weak(value.encode(), name=str(path))
         return value, False
     value = secrets.token_hex(_SECRET_BYTES)
@@ -69,7 +69,7 @@ def read_secret(path: Path) -> str:
     """Return the secret stored at ``path``; raises ``ConfigError`` if missing or exposed."""
     if not path.exists():
         raise ConfigError(f"{path} does not exist; start `looprelay up` once to create it")
-    return _read_private(path)
+    return read_private(path)
 
 
 def warn_if_weak(secret: bytes, *, name: str) -> bool:
@@ -90,7 +90,9 @@ def warn_if_weak(secret: bytes, *, name: str) -> bool:
     return True
 
 
-def _read_private(path: Path) -> str:
+def read_private(path: Path) -> str:
+    """Return the stripped text of ``path``; raises ``ConfigError`` when others can read it or
+    it is empty."""
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         raise ConfigError(

@@ -49,6 +49,15 @@ class Transient(LoopRelayError):
         self.retry_after = retry_after
 
 
+class RateLimited(Transient):
+    """GitHub asked not to be called for ``seconds`` more (``Retry-After``, a spent rate limit
+    or a secondary limit): a caller that can wait does, instead of calling again."""
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+
+
 class Permanent(LoopRelayError):
     """Retrying cannot help; the work goes to the dead letters for an operator."""
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import stat
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,3 +109,24 @@ def private_file(path: Path, *, companions: Iterable[str] = ()) -> None:
         with contextlib.suppress(OSError):  # absent companions are the common case
             Path(f"{path}{suffix}").chmod(PRIVATE_FILE_MODE)
     log.warning("%s was readable by other users (mode %o); its mode is now 600", path, mode)
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text`` in a file of mode 0600.
+
+    The temporary file beside it is new and unique (``mkstemp``: 0600, ``O_EXCL``), so a
+    temporary left behind by an earlier crash, or planted with a wider mode or as a link,
+    is never written through. Raises ``OSError`` when the file cannot be written; the
+    temporary is then removed.
+    """
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

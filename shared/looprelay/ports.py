@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, never loads them
     from looprelay.core.model import (
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, 
         RunnerRecord,
         WorkItemRecord,
     )
+    from looprelay.core.poll import PollCursor
 
 MAX_TASK_BYTES = 1_000_000
 """A Cloud Task holds at most 1 MB, counting its name, URL and headers with the body; the
@@ -313,6 +314,12 @@ class WorkItemStore(Protocol):
         ...
 
 
+DispatchRing: TypeAlias = "Callable[[Iterable[DispatchRecord] | None, Collection[str]], None]"
+"""Told what a push of the feed opened: the dispatches that may be leasable now (None:
+anything may have), and the runners a settled lease may have freed a slot on
+(``service.waker.DispatchWaker.notify``)."""
+
+
 class DispatchFeed(Protocol):
     """The open dispatches as the store last pushed them: one listener per process, so a
     waiting poll learns of new work without reading the store."""
@@ -343,10 +350,14 @@ class RunnerStatus:
     sessions: int = 0
     agent_id: str = ""
     """The agent process sending it (``core.identity``); empty from an agent that names none."""
+    hostname: str = ""
+    """The machine the agent runs on, for the operator's status view."""
 
 
 class RunnerRegistry(Protocol):
-    """Registration tokens and registered runners."""
+    """Registration tokens and registered runners. Each change to a runner's record (revoke,
+    rotate, a heartbeat with a new status) is announced to ``RunnerChanges`` in the same
+    write; ``record_alive`` announces nothing."""
 
     def add_registration_token(self, token: RegistrationToken) -> None:
         """Store a newly minted (hashed) registration token."""
@@ -405,25 +416,30 @@ class RunnerRegistry(Protocol):
         ...
 
 
-class RunnerDirectory(Protocol):
-    """The runners not revoked as the store last pushed them: one listener per process, so
-    authenticating a runner reads no runner record, and learning whether a runner is live
-    reads only when it was last heard from."""
+RunnerChanged = Callable[[Collection[str] | None], None]
+"""Told the ids of runners whose records changed, or None when changes may have been missed
+(the feed dropped): then no record read before may be trusted."""
 
-    def find(self, runner_id: str) -> RunnerRecord | None:
-        """Return the runner as last pushed; None when the directory cannot vouch for it (not
-        listening, or not pushed a runner of that id, or pushed it revoked): the caller then
-        asks the ``RunnerRegistry``. Its ``last_seen_at`` may be older than the registry's."""
+
+class RunnerChanges(Protocol):
+    """Which runners' records changed (revoked, secret rotated, a new status reported), as
+    the store pushes it: a small feed of changes, not the fleet, so an instance can keep the
+    runners it authenticates in a bounded cache and read only on a miss
+    (``service.runner_cache.RunnerRecords``)."""
+
+    def start(self, on_change: RunnerChanged) -> None:
+        """Start listening in this process (the one that serves: never before a fork),
+        telling ``on_change`` (on the feed's thread; it must not block) each change from
+        then on; once a process, a second call does nothing."""
         ...
 
-    def start(self) -> None:
-        """Start listening in this process (the one that serves: never before a fork);
-        once a process, a second call does nothing. Until its first push in this process,
-        :meth:`find` vouches for nobody."""
+    def live(self) -> bool:
+        """Whether the feed has pushed in this process and not dropped since: only then is a
+        change to a runner sure to be told."""
         ...
 
     def close(self) -> None:
-        """Stop listening; :meth:`find` answers None from then on."""
+        """Stop listening; :meth:`live` answers False from then on."""
         ...
 
 
@@ -510,6 +526,78 @@ class GitHub(Protocol):
     def redeliver(self, *, delivery_id: int) -> None:
         """Ask GitHub to deliver the attempt ``delivery_id`` (an ``AppDelivery.id``) again; a
         retried request may deliver it twice, which the ledger absorbs. Needs App auth."""
+        ...
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A REST listing read to its last page (``Link: rel="next"``), or found unchanged."""
+
+    items: list[dict[str, Any]]
+    etag: str
+    """The first page's ``ETag``, to ask with next time (``If-None-Match``)."""
+    unchanged: bool = False
+    """GitHub answered 304 Not Modified to the ``etag`` given: ``items`` is empty."""
+    quota_reset: float | None = None
+    """Epoch seconds until which the rate limit is spent (the last answer said
+    ``x-ratelimit-remaining: 0``): call no more before then."""
+
+
+class GitHubListings(Protocol):
+    """The reads the poll ingress makes (docs: "REST API endpoints for issues", "... for issue
+    comments", "... for pull request review comments", "... for pull request reviews", "...
+    for issue events"), on behalf of the repository's installation (None: token auth).
+
+    Every method raises ``RateLimited`` at once when GitHub asks to wait (a poll never waits
+    a rate limit out, nor calls through it), ``Transient`` on 5xx and network errors after
+    its own short retry budget, and ``Permanent`` on a 4xx retrying cannot fix.
+    """
+
+    def list_all(
+        self,
+        *,
+        installation_id: int | None,
+        repository: str,
+        path: str,
+        params: Mapping[str, str],
+        etag: str = "",
+        max_pages: int = 10,
+        back_to: datetime | None = None,
+    ) -> Listing:
+        """GET ``/repos/{repository}/{path}`` with ``params`` and ``per_page=100``, every
+        page up to ``max_pages``; with ``etag``, asked conditionally (a 304 costs no quota).
+        ``back_to``: the listing is newest first, and pages stop once one reaches an item
+        ``created_at`` before it."""
+        ...
+
+    def get_object(
+        self, *, installation_id: int | None, repository: str, path: str = ""
+    ) -> dict[str, Any] | None:
+        """GET ``/repos/{repository}/{path}`` (the repository itself when ``path`` is empty);
+        None when GitHub answers 404 (deleted, or not visible to the credentials)."""
+        ...
+
+    def repository_installation(self, repository: str) -> int | None:
+        """The App's installation on ``repository`` (``GET /repos/{o}/{r}/installation``, as
+        the App); None with token auth, which needs none."""
+        ...
+
+
+class PollCursors(Protocol):
+    """Where each listing of each polled repository stands (``core.poll.PollCursor``): one
+    poller writes them, so a plain write suffices; they never expire."""
+
+    def get_poll_cursor(self, repository: str, listing: str) -> PollCursor | None:
+        """Return the cursor of ``listing`` of ``repository`` (any case), or None."""
+        ...
+
+    def save_poll_cursor(self, cursor: PollCursor) -> None:
+        """Write ``cursor`` over the one of its repository and listing. Raises ``Transient``
+        when the store is unavailable."""
+        ...
+
+    def list_poll_cursors(self) -> list[PollCursor]:
+        """Return every cursor, by repository and listing."""
         ...
 
 

@@ -77,6 +77,7 @@ class _CertsScript:
 
     status: int = 200
     body: bytes = b"{}"
+    cache_control: str | None = None
     hits: list[str] = field(default_factory=list)
 
 
@@ -89,6 +90,8 @@ class _CertsHandler(BaseHTTPRequestHandler):
         self.send_response(script.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(script.body)))
+        if script.cache_control is not None:
+            self.send_header("Cache-Control", script.cache_control)
         self.end_headers()
         self.wfile.write(script.body)
 
@@ -192,6 +195,25 @@ class TestAccepted:
     ) -> None:
         authenticator.authenticate(_bearer(_token(key.signer)))
         assert certs[1].hits == ["/oauth2/v1/certs"]
+
+    @pytest.mark.parametrize(
+        ("cache_control", "fetches"),
+        [("public, max-age=20000, must-revalidate, no-transform", 1), (None, 3), ("no-store", 3)],
+        ids=["max-age-as-google-sends", "no-cache-header", "no-store"],
+    )
+    def test_certificates_are_fetched_again_only_when_their_max_age_says(
+        self,
+        authenticator: OidcTaskAuthenticator,
+        key: _Key,
+        certs: tuple[str, _CertsScript],
+        cache_control: str | None,
+        fetches: int,
+    ) -> None:
+        # Issue 24: every worker call fetched Google's certificates.
+        certs[1].cache_control = cache_control
+        for _ in range(3):
+            authenticator.authenticate(_bearer(_token(key.signer)))
+        assert len(certs[1].hits) == fetches
 
 
 class TestRejected:

@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,13 +47,15 @@ from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, Agen
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
 from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
+from looprelay.app.asgi import AsyncHandler, Blocking
+from looprelay.app.longpoll import runner_api_handler
 from looprelay.app.messages import Request, Response, json_response
-from looprelay.app.runner_http import RunnerHttp
 from looprelay.config.model import RunnersConfig
 from looprelay.core.model import DispatchRecord, RunnerRecord
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.runners import RunnerApi, mint_registration_token
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
 from looprelay.wire.runner_api import API_PREFIX
 from tests.app_server import AppServer
@@ -141,10 +144,12 @@ class Relay:
     _server: AppServer | None = None
     _in_flight: int = 0
     _calls: threading.Condition = field(default_factory=threading.Condition)
-    _http: RunnerHttp = field(init=False)
+    _blocking: Blocking = field(default_factory=Blocking)
+    _served: AsyncHandler = field(init=False)
 
     def __post_init__(self) -> None:
-        self._http = RunnerHttp(self.api)
+        # Served as `looprelay up` and the cloud serve it: polls wait on the event loop.
+        self._served = runner_api_handler(self.api, self._blocking)
 
     @property
     def url(self) -> str:
@@ -152,7 +157,7 @@ class Relay:
 
     def serve(self) -> None:
         """Start serving; after :meth:`shut_down`, on the same port again."""
-        self._server = AppServer(prefixes={"/runner/": self._handle}, port=self.port)
+        self._server = AppServer(served={"/runner/": self._handle}, port=self.port)
         self.port = self._server.address[1]
         self._server.start()
 
@@ -167,35 +172,36 @@ class Relay:
         with self._calls:
             self._calls.wait_for(lambda: self._in_flight == 0, DEADLINE)
 
-    def _handle(self, request: Request) -> Response:
+    async def _handle(self, request: Request) -> Response:
         with self._calls:
             self._in_flight += 1
         try:
-            return self._serve(request)
+            return await self._serve(request)
         finally:
             with self._calls:
                 self._in_flight -= 1
                 self._calls.notify_all()
 
-    def _serve(self, request: Request) -> Response:
+    async def _serve(self, request: Request) -> Response:
         named = "agent_id" in json.loads(request.body or b"{}")
         if self.older and request.path == API_PREFIX + "poll" and named:
             error = "invalid request body: agent_id: Extra inputs are not permitted"
             return json_response(400, {"error": error})
         if self.older and request.path == API_PREFIX + "heartbeat":
             sent = set(json.loads(request.body or b"{}"))
-            unknown = {"restarted", "held", "released", "agent_id", "replaces"} & sent
+            unknown = {"restarted", "held", "released", "agent_id", "replaces", "hostname"} & sent
             if unknown:
                 error = f"invalid request body: {min(unknown)}: Extra inputs are not permitted"
                 return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
-            return self._http.handle(request)
-        if not stall.after_lease and stall.take() and not stall.hold():
+            return await self._served(request)
+        # A stall holds a pool thread, not the loop: other calls go on meanwhile.
+        if not stall.after_lease and stall.take() and not await self._blocking.run(stall.hold):
             return json_response(503, {"error": "dropped by the test"})
-        response = self._http.handle(request)
+        response = await self._served(request)
         if stall.after_lease and response.status == 200 and stall.take():
-            stall.hold()
+            await self._blocking.run(stall.hold)
         return response
 
     def register(self, name: str, *, capacity: int = 1) -> Credentials:
@@ -302,8 +308,20 @@ def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
         progress=progress,
         waker=waker,
     )
+    sessions = SessionComments(
+        work_items=stores.work_items,
+        store=stores.events,
+        github=github,
+        clock=clock,
+        bot_logins=(APP_LOGIN,),
+    )
     api = RunnerApi(
-        registry=stores.registry, store=stores.events, clock=clock, config=CONFIG, desk=desk
+        registry=stores.registry,
+        store=stores.events,
+        clock=clock,
+        config=CONFIG,
+        desk=desk,
+        sessions=sessions,
     )
     served = Relay(stores, clock, waker, api, fake_github)
     served.serve()
@@ -382,6 +400,7 @@ def start_agent(
             poll_wait_seconds=POLL_WAIT_SECONDS,
             lease_renew_seconds=2.0,
             agent_id=uuid.uuid4().hex,
+            hostname="test-box",
         )
         local = LocalAgent(
             agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
@@ -523,6 +542,7 @@ class TestOrder:
 
         spawn, first, second = relay.wait_settled("dp-1-1", "dp-1-2", "dp-1-3")
         assert [d.status for d in (spawn, first, second)] == ["succeeded"] * 3
+        assert relay.runner(spawn.lease_holder or "").hostname == "test-box"
         assert [d.result for d in (spawn, first, second)] == ["spawned", "delivered", "delivered"]
         [start] = fake_harness.starts()
         assert texts[0] not in start["argv"]  # the boot prompt is pasted, never in argv
@@ -1029,6 +1049,7 @@ class TestOlderServer:
             seconds=CONFIG.heartbeat_seconds + DEADLINE,
         )
         assert relay.runner(agent.runner_id).sessions == 1
+        assert relay.runner(agent.runner_id).hostname == ""  # refused with the rest
         assert [r.getMessage() for r in caplog.records if "failover report" in r.getMessage()] == [
             "the server refused this agent's failover report (runner API refused heartbeat: "
             "invalid request body: agent_id: Extra inputs are not permitted); heartbeats go "
@@ -1071,3 +1092,25 @@ class TestServerDown:
         [done] = relay.wait_settled("dp-1-1", seconds=backoff + DEADLINE)
         assert (done.status, done.lease_holder) == ("succeeded", agent.runner_id)
         _eventually_equal(lambda: len(fake_harness.starts()), 1)
+
+
+def test_calls_from_short_lived_threads_share_the_agents_connections(relay: Relay) -> None:
+    """The agent starts a renewer thread for each dispatch; each used to open a connection
+    of its own. A call now borrows an idle connection: 20 calls from 20 threads one after
+    another use one, and a poll held meanwhile takes a second, not one per call."""
+    client = RunnerClient(relay.register("laptop"))
+
+    def calls_in_turn(count: int) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=client.heartbeat, args=({"capacity": 1},))
+            thread.start()
+            thread.join(DEADLINE)
+
+    calls_in_turn(20)
+    assert client.sessions_opened == 1
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(client.poll, 2.0)
+        wait_until(lambda: relay.waker.waiting() == 1, what="the poll to wait")
+        calls_in_turn(20)
+        assert held.result(timeout=DEADLINE) is None
+    assert client.sessions_opened == 2

@@ -56,7 +56,7 @@ class TestRefused:
         ("value", "says"),
         [
             ("--model=opus", "HARNESS=ARG"),
-            ("codex=--model=x", "HARNESS=ARG"),
+            ("aider=--model=x", "HARNESS=ARG"),
             ("claude=", "1-4096 characters"),
             ("claude=" + "x" * 5000, "1-4096 characters"),
             ("claude=--model\nopus", "control character"),

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from looprelay.agent.headless import MAX_MESSAGE_CHARS, Turn, parse_turn
+from looprelay.agent import harnesses
+from looprelay.agent.harnesses.output import MAX_MESSAGE_CHARS, Turn
+
+
+def parse_turn(harness: str, *, exit_code: int, stdout: str, stderr: str) -> Turn:
+    """The turn ``harness``'s own parser reads from this output."""
+    return harnesses.get(harness).parse_turn(exit_code=exit_code, stdout=stdout, stderr=stderr)
+
 
 SESSION_ID = "0b9d6f4e-3a53-4d7c-9a55-2f0f6f4b1c11"
 

@@ -4,6 +4,7 @@ GitHub what the turn said."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from looprelay.agent.credentials import Credentials
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
+from looprelay.agent.session_env import SessionEnv
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.core.model import DispatchRecord
@@ -46,6 +48,10 @@ def agent(
     checkout, state = repos.clone(REPOSITORY, tmp_path / "checkout"), tmp_path / "agent"
     state.mkdir()
     ledger = Ledger(state / "ledger.db")
+    credentials = Credentials(
+        server=desk.url, runner_id=runner.runner_id, secret=runner.secret, name=runner.name
+    )
+    client = RunnerClient(credentials)
     applier = Applier(
         # Headless turns never touch tmux; the terminal is only the applier's other runner.
         TmuxTerminal(f"looprelay-test-{uuid.uuid4().hex[:12]}"),
@@ -56,12 +62,10 @@ def agent(
             {},
         ),
         headless_timeout_seconds=DEADLINE_SECONDS,
-    )
-    credentials = Credentials(
-        server=desk.url, runner_id=runner.runner_id, secret=runner.secret, name=runner.name
+        session_env=SessionEnv(client),
     )
     running = Agent(
-        client=RunnerClient(credentials),
+        client=client,
         applier=applier,
         state=AgentState(state / "status.json"),
         describe=lambda: {"capacity": 1, "repositories": [REPOSITORY]},
@@ -117,3 +121,24 @@ class TestHeadlessTurnsThroughTheAgent:
         assert answer.startswith(kept) and len(kept) > 60_000
         assert text.endswith(f"… (cut: {len(answer) - len(kept)} more characters)")
         assert desk.reactions(dispatch.comment_id or 0) == ["hooray"]
+
+    def test_a_turn_can_comment_through_looprelay_session_as_the_app(
+        self, desk: Desk, agent: Agent, fake_harness: FakeHarness
+    ) -> None:
+        dispatch = _settled(desk, agent, desk.dispatch(1, runner_kind="process"))
+        assert dispatch.status == "succeeded"
+        [start] = fake_harness.starts()
+        # What the turn's own shell would run, in its tree, with the environment it was given.
+        said = subprocess.run(
+            ["looprelay", "session", "comment", "--body-file", "-"],
+            input="Done: the parser is fixed.",
+            cwd=start["cwd"],
+            env=start["env"],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_SECONDS,
+            check=False,
+        )
+        assert said.returncode == 0, said.stderr
+        [comment] = [c for c in desk.attach_comments(1) if "kind=session-comment " in c]
+        assert comment.startswith("Done: the parser is fixed.\n\n<!-- looprelay:v1")

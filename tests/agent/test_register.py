@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from looprelay.agent.credentials import read_credentials
+from looprelay.agent.credentials import Credentials, read_credentials, write_credentials
 from looprelay.agent.register import register
 from looprelay.errors import ConfigError
 
@@ -80,3 +81,21 @@ class TestCredentials:
         path.chmod(0o600)
         with pytest.raises(ConfigError, match="is not JSON; register again"):
             read_credentials(path)
+
+    def test_written_credentials_are_0600_whatever_temporary_was_left_beside_them(
+        self, tmp_path: Path
+    ) -> None:
+        # Issue 24: a leftover runner.json.tmp of mode 0644 gave runner.json its mode, and
+        # the agent then refused to read its own secret.
+        path = tmp_path / "runner.json"
+        leftover = tmp_path / "runner.json.tmp"
+        leftover.write_text("left by a crash")
+        leftover.chmod(0o644)
+        credentials = Credentials(
+            server="http://127.0.0.1:1", runner_id="r-1", secret="s", name="x"
+        )
+        write_credentials(path, credentials)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert read_credentials(path) == credentials
+        assert leftover.read_text() == "left by a crash"  # never written through
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["runner.json", "runner.json.tmp"]

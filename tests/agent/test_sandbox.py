@@ -230,6 +230,17 @@ class TestWhichSessionsAreWrapped:
             noted = [e for e in result.events if e["name"] == "session.sandboxed"]
             assert noted == [{"name": "session.sandboxed", "data": {"tree": tree, "mode": mode}}]
 
+    @pytest.mark.parametrize(("fork", "speaks"), [(True, False), (False, True), (None, True)])
+    def test_only_a_trusted_head_gets_the_sessions_identity(
+        self, rig: Rig, fake_harness: FakeHarness, fork: bool | None, speaks: bool
+    ) -> None:
+        rig.applier.sandbox = Sandbox(mode="never")
+        rig.applier.session_env = lambda d: {"LOOPRELAY_SESSION_TOKEN": f"lrses_{d.dispatch_id}"}
+        result = rig.applier.apply(_on_pull_request(rig, fork=fork, runner_kind="process"))
+        assert result.status == "done", result.detail
+        [start] = fake_harness.starts()
+        assert ("LOOPRELAY_SESSION_TOKEN" in start["env"]) is speaks
+
     def test_a_hosted_fork_session_runs_its_harness_inside_and_gets_its_boot_paste(
         self, rig: Rig, fake_harness: FakeHarness, tmp_path: Path
     ) -> None:

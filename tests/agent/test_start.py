@@ -156,7 +156,9 @@ class TestOneLineRefusals:
         only_git.mkdir()
         (only_git / "git").symlink_to(shutil.which("git") or "/usr/bin/git")
         monkeypatch.setenv("PATH", str(only_git))
-        with pytest.raises(ConfigError, match="claude, cursor-agent is on PATH"):
+        with pytest.raises(
+            ConfigError, match=r"none of claude, cursor-agent, codex, .* is on PATH"
+        ):
             build_agent(_options(tmp_path, checkout))
 
     def test_a_checkout_that_is_not_a_work_tree(

@@ -61,6 +61,29 @@ class TestSpawn:
         assert second["env"]["TMUX_PANE"] != first["env"]["TMUX_PANE"]  # tmux's own, per pane
         assert not cmdlines_holding("second-value")  # names on command lines, never values
 
+    def test_a_sessions_own_variables_reach_only_it_never_a_command_line(
+        self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
+    ) -> None:
+        token = {"LOOPRELAY_SESSION_TOKEN": "lrses_first-session-only"}
+        trees = {name: tmp_path / name for name in ("loop-first", "loop-second")}
+        for tree in trees.values():
+            tree.mkdir()
+        # The first spawn starts the server, which takes its client's environment.
+        terminal.spawn("loop-first", cwd=trees["loop-first"], argv=[fake_harness.claude], env=token)
+        assert not cmdlines_holding("lrses_first-session-only")
+        terminal.spawn("loop-second", cwd=trees["loop-second"], argv=[fake_harness.claude])
+        by_tree = {Path(start["cwd"]).name: start for start in fake_harness.wait_ready(2)}
+        first, second = by_tree["loop-first"], by_tree["loop-second"]
+        assert first["env"]["LOOPRELAY_SESSION_TOKEN"] == "lrses_first-session-only"
+        assert "LOOPRELAY_SESSION_TOKEN" not in second["env"]
+        listed = subprocess.run(
+            ["tmux", "-L", terminal.socket_name, "show-environment", "-g"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "lrses_first-session-only" not in listed.stdout
+
     def test_a_boot_prompt_too_long_for_a_tmux_command_is_pasted_whole_from_no_file_left(
         self,
         terminal: TmuxTerminal,

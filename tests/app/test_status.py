@@ -8,7 +8,10 @@ give a test).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,12 +32,14 @@ from looprelay.config.model import Config, GitHubConfig, ServerConfig, SqliteCon
 from looprelay.core.model import (
     DeliveryRecord,
     DispatchRecord,
+    EventRecord,
     RunnerRecord,
     SessionRecord,
     WorkItemRecord,
 )
 from looprelay.errors import ConfigError
 from looprelay.ports import RunnerStatus
+from looprelay.service.status import COPY_SCRIPT
 from tests.fake_github import APP_ID, AppKey, FakeGitHub
 from tests.test_up import cli
 
@@ -76,11 +81,18 @@ def _seed(config: Config, data_dir: Path) -> str:
     registry.record_heartbeat(
         runner.runner_id,
         at=now,
-        status=RunnerStatus(version="9.9.9", capacity=3, repositories=("octo/other",), sessions=1),
+        status=RunnerStatus(
+            version="9.9.9",
+            capacity=3,
+            repositories=("octo/other",),
+            sessions=1,
+            hostname="build-box.local",
+        ),
     )
     session = SessionRecord(
         endpoint=REF, session_name=SESSION, session_id="s-1", harness="claude",
         runner_kind="tmux", interaction="work-item", status="live", runner_id="r-laptop",
+        activity="pasted", active_at=now - timedelta(minutes=2),
     )  # fmt: skip
     item = WorkItemRecord(
         ref=REF, repository="octo/private-repo", number=7, control="running",
@@ -108,6 +120,15 @@ def _dead_letter(stack: LocalStack) -> None:
     )  # fmt: skip
     stack.store.settle_delivery(
         "d-dead", outcome="failed", detail=f"KeyError: {HOSTILE}", at=now + timedelta(seconds=1)
+    )
+    stack.store.append_event(
+        EventRecord(
+            name="delivery.dead_lettered",
+            at=now + timedelta(seconds=1),
+            delivery_id="d-dead",
+            severity="ERROR",
+            data={"error": HOSTILE, "attempts": 5},
+        )
     )
 
 
@@ -175,8 +196,9 @@ class TestWhatItShows:
         view = response.json()
         assert set(view) == {
             "generated_at", "totals", "runners", "sessions", "dispatches", "deliveries",
-            "replays",
+            "replays", "polling",
         }  # fmt: skip
+        assert view["polling"] == []  # no github.poll.repositories
         [runner] = view["runners"]
         assert (runner["runner_id"], runner["state"], runner["capacity"]) == ("r-laptop", "live", 3)
         # The server gave this runner no session slot (the seed writes the session directly):
@@ -212,12 +234,74 @@ class TestWhatItShows:
 
         assert response.headers["content-type"] == "text/html; charset=utf-8"
         page = response.text
-        assert "<script" not in page and "<img" not in page
+        # One script, ours, and the policy allows exactly it (by hash); no hostile one.
+        assert page.count("<script") == 1 and f"<script>{COPY_SCRIPT}</script>" in page
+        digest = base64.b64encode(hashlib.sha256(COPY_SCRIPT.encode()).digest()).decode()
+        policy = response.headers["content-security-policy"]
+        assert f"script-src 'sha256-{digest}';" in policy and "unsafe-inline'; f" not in policy
+        assert "<img" not in page
         assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
         assert f"tmux -L looprelay-r-laptop attach -t {SESSION}" in page
         assert 'http-equiv="refresh"' in page
-        assert "src=" not in page.replace("src=x", "") and "href=" not in page
-        assert "script-src" not in response.headers["content-security-policy"]
+        assert "src=" not in page.replace("src=x", "")
+        # Links go to GitHub's pages and to this page's own delivery views, nowhere else.
+        links = re.findall(r'href="([^"]*)"', page)
+        assert links and all(
+            link.startswith(("https://github.com/", "/status/deliveries/")) for link in links
+        )
+
+    def test_it_links_github_and_each_delivery_and_says_where_and_when(
+        self, seeded: Seeded
+    ) -> None:
+        view = requests.get(seeded.url, headers=JSON, timeout=10).json()
+        [session], [runner] = view["sessions"], view["runners"]
+        assert session["work_item_url"] == "https://github.com/octo/private-repo/issues/7"
+        assert session["activity"] == "pasted 2 m ago"
+        assert runner["hostname"] == "build-box.local"
+        page = requests.get(seeded.url, timeout=10).text
+        assert 'href="https://github.com/octo/private-repo/issues/7"' in page
+        assert 'href="/status/deliveries/d-dead"' in page
+        assert f'data-copy="tmux -L looprelay-r-laptop attach -t {SESSION}"' in page
+
+    def test_a_deliverys_page_shows_its_events_escaped(self, seeded: Seeded) -> None:
+        url = f"{seeded.url}/deliveries/d-dead"
+        page = requests.get(url, timeout=10)
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "delivery.dead_lettered" in page.text and "<img" not in page.text
+        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
+        answer = requests.get(url, headers=JSON, timeout=10).json()
+        assert answer["delivery"]["outcome"] == "failed"
+        [event] = answer["events"]
+        assert (event["name"], event["data"]["attempts"]) == ("delivery.dead_lettered", "5")
+        missing = requests.get(f"{seeded.url}/deliveries/d-none", timeout=10)
+        assert missing.status_code == 404 and "d-none" in missing.json()["error"]
+
+    def test_a_deliverys_page_answers_only_this_machine(self, seeded: Seeded) -> None:
+        status, _, _ = call(
+            seeded.app, "/status/deliveries/d-dead", client="203.0.113.9",
+            headers={"host": "relay.example"},
+        )  # fmt: skip
+        assert status == 403
+
+    def test_it_shows_the_last_50_deliveries_unless_asked_for_another_number(
+        self, seeded: Seeded
+    ) -> None:
+        for n in range(60):
+            seeded.stack.store.begin_delivery(
+                DeliveryRecord(
+                    delivery_id=f"d-{n:02}",
+                    event="issues",
+                    received_at=datetime.now(UTC) - timedelta(hours=1, seconds=60 - n),
+                )
+            )
+        shown = requests.get(seeded.url, headers=JSON, timeout=10).json()["deliveries"]
+        assert len(shown) == 50
+        three = requests.get(f"{seeded.url}?deliveries=3", headers=JSON, timeout=10).json()
+        assert len(three["deliveries"]) == 3
+        for bad in ("0", "abc", "²", "1001"):
+            refused = requests.get(f"{seeded.url}?deliveries={bad}", timeout=10)
+            assert refused.status_code == 400, bad
+            assert "deliveries must be a whole number" in refused.json()["error"]
 
     def test_the_root_points_to_the_status_page(self, seeded: Seeded) -> None:
         response = requests.get(seeded.stack.base_url + "/", timeout=10, allow_redirects=False)
@@ -234,6 +318,9 @@ class TestWhoMayRead:
             ("127.0.0.1", {"host": "abc.ngrok.example"}),
             ("127.0.0.1", {"host": "127.0.0.1:8484", "x-forwarded-for": "198.51.100.7"}),
             ("::1", {"host": "[::1]:8484", "forwarded": "for=198.51.100.7"}),
+            # Issue 24: Cloudflare's tunnel names the caller in headers of its own.
+            ("127.0.0.1", {"host": "127.0.0.1:8484", "cf-connecting-ip": "198.51.100.7"}),
+            ("127.0.0.1", {"host": "localhost:8484", "true-client-ip": "198.51.100.7"}),
         ],
     )
     def test_without_a_token_only_this_machine_may(

@@ -9,6 +9,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import requests
+
+from tests.fake_harness import wait_until
 from tests.test_up import UpProcess, cli
 
 
@@ -39,6 +42,42 @@ def test_the_banners_try_it_command_works_from_a_shell_and_is_recorded(tmp_path:
         assert envelope["comment"]["body"] == "hello"
         assert envelope["issue"]["labels"] == ["the-loop: auto-execute"]
         assert envelope["sender"]["login"] == "hubot"
+    finally:
+        assert up.stop() == 0
+
+
+def test_the_banner_names_the_status_page_and_tries_it_as_an_authorized_user(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "looprelay.yaml"
+    config.write_text("routing:\n  authorizedUsers: [{login: codertocat, id: 21031067}]\n")
+    data = tmp_path / "data"
+    up = UpProcess(data, "--config", str(config))
+    try:
+        banner = up.stderr_path.read_text()
+        [status_url] = re.findall(r"status page\s+(\S+)", banner)
+        assert status_url == up.webhook_url.removesuffix("/webhook") + "/status"
+        assert requests.get(status_url, timeout=10).status_code == 200
+        [command] = re.findall(r"try it:\s+(.+)", banner)
+        args = shlex.split(command)
+        assert args[args.index("--user") + 1 :][:3] == ["codertocat", "--user-id", "21031067"]
+        sent = subprocess.run(
+            [*args, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert sent.returncode == 0, sent.stderr
+
+        def settled() -> dict[str, object] | None:
+            listed = cli("deliveries", "--data", str(data), "--json")
+            rows = [json.loads(line) for line in listed.stdout.splitlines()]
+            return rows[0] if rows and rows[0]["outcome"] != "received" else None
+
+        row = wait_until(settled, seconds=30, what="the try-it delivery settled")
+        assert not str(row["outcome"]).startswith("refused"), row
     finally:
         assert up.stop() == 0
 

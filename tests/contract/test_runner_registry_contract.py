@@ -108,10 +108,12 @@ class TestRunners:
                 repositories=("octo/demo",),
                 workspace=True,
                 sessions=3,
+                hostname="build-box.local",
             ),
         )
         stored = runner_registry.get_runner("r-0000000000000001")
         assert stored is not None
+        assert stored.hostname == "build-box.local"
         assert (stored.last_seen_at, stored.version, stored.capacity) == (later, "0.2.0", 4)
         assert (stored.repositories, stored.workspace, stored.sessions) == (["octo/demo"], True, 3)
         assert stored.labels == {"os": "linux", "gpu": "none"}

@@ -102,7 +102,7 @@ class TestDirectives:
 
     def test_work_item_says_ask_on_the_work_item_mark_it_then_stop_and_wait(self) -> None:
         text = DIRECTIVE_WORK_ITEM
-        assert "comment on the work item or its pull request" in text
+        assert "with `looprelay session ask` on the work item or its pull request" in text
         assert AGENT_COMMENT_MARKER in text
         assert "stop and wait" in text
         assert "Never block on an interactive prompt" in text
@@ -112,6 +112,14 @@ class TestDirectives:
         assert "ask your questions here" in DIRECTIVE_CLI
         assert "record the outcome of every human decision" in DIRECTIVE_CLI
         assert AGENT_COMMENT_MARKER in DIRECTIVE_CLI
+
+    @pytest.mark.parametrize("directive", [DIRECTIVE_WORK_ITEM, DIRECTIVE_CLI])
+    def test_both_post_through_looprelay_session_never_the_operators_account(
+        self, directive: str
+    ) -> None:
+        assert "`looprelay session comment --body-file FILE`" in directive
+        assert "`looprelay session ask --question '...'`" in directive
+        assert "never with your own gh or git credentials" in directive
 
     @pytest.mark.parametrize("directive", [DIRECTIVE_WORK_ITEM, DIRECTIVE_CLI])
     def test_a_directive_holds_no_template_syntax_to_interpolate(self, directive: str) -> None:

@@ -301,6 +301,23 @@ class TestGraphContext:
         assert "Phases to run, in order: none." in prompt
 
 
+class TestAwaitingInput:
+    """A session that asked (``looprelay session ask``) waits until a person's comment
+    reaches it; any other event leaves the question open."""
+
+    @pytest.mark.parametrize(
+        ("event", "still_waiting"),
+        [("issue_comment.created", False), ("issues.labeled", True)],
+    )
+    def test_only_a_comment_reaching_the_session_answers_it(
+        self, event: str, still_waiting: bool
+    ) -> None:
+        plan = _plan(_session(REF, awaiting_input_at=T0), envelope=_envelope(event))
+        assert plan.send(endpoint=REF).kind == "deliver"
+        waiting = plan.item.sessions[REF].awaiting_input_at
+        assert (waiting is not None) is still_waiting
+
+
 class TestPlanControl:
     SESSIONS = (
         _session(REF, status="live"),

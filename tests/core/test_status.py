@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from looprelay.core.attach import attach_command, runner_socket
+from looprelay.core.deliveries import build_delivery_page, fold_deliveries
 from looprelay.core.model import (
     DeliveryRecord,
     DispatchRecord,
+    EventRecord,
     RunnerRecord,
     SessionRecord,
     WorkItemRecord,
@@ -138,6 +140,84 @@ class TestSessions:
     ) -> None:
         view = _view(work_items=[_item(_session(**changes))])
         assert [row.attach for row in view.sessions] == [None]
+
+    @pytest.mark.parametrize(
+        ("changes", "activity"),
+        [
+            ({"activity": "pasted", "active_at": NOW - timedelta(minutes=2)}, "pasted 2 m ago"),
+            (
+                {"activity": "turn running", "active_at": NOW - timedelta(seconds=40)},
+                "turn running 40 s",
+            ),
+            (
+                {
+                    "activity": "turn running",
+                    "active_at": NOW - timedelta(hours=3),
+                    "status": "lost",
+                },
+                "turn running 3 h ago",
+            ),
+            ({"activity": "asked", "active_at": NOW - timedelta(days=2)}, "asked 2 d ago"),
+            ({}, ""),
+        ],
+    )
+    def test_each_says_what_it_last_did_and_when(
+        self, changes: dict[str, object], activity: str
+    ) -> None:
+        view = _view(work_items=[_item(_session(**changes))])
+        assert [row.activity for row in view.sessions] == [activity]
+
+    def test_a_live_session_that_asked_awaits_input_and_still_counts_live(self) -> None:
+        view = _view(work_items=[_item(_session(awaiting_input_at=NOW))])
+        [row] = view.sessions
+        assert (row.state, row.awaiting_input_since, view.totals.sessions_live) == (
+            "awaiting-input",
+            NOW,
+            1,
+        )
+
+    def test_the_work_item_and_endpoint_link_to_github(self) -> None:
+        [row] = _view(work_items=[_item(_session())]).sessions
+        assert row.work_item_url == row.endpoint_url == "https://github.com/octo/demo/issues/7"
+
+
+class TestDeliveries:
+    def _delivery(self, delivery_id: str, group: str, minutes: int) -> DeliveryRecord:
+        return DeliveryRecord(
+            delivery_id=delivery_id,
+            event="issue_comment",
+            received_at=NOW - timedelta(minutes=minutes),
+            order_group=group,
+        )
+
+    def test_they_fold_by_issue_the_newest_group_first(self) -> None:
+        records = [
+            self._delivery("d-3", "octo/demo#7", 1),
+            self._delivery("d-2", "", 2),
+            self._delivery("d-1", "octo/demo#7", 3),
+        ]
+        folds = fold_deliveries(_view(deliveries=records).deliveries)
+        assert [(f.subject, f.url, [d.delivery_id for d in f.deliveries]) for f in folds] == [
+            ("octo/demo#7", "https://github.com/octo/demo/issues/7", ["d-3", "d-1"]),
+            ("", "", ["d-2"]),
+        ]
+
+    def test_a_deliverys_page_lists_its_events_fields_on_one_short_line_each(self) -> None:
+        events = [
+            EventRecord(name="delivery.received", at=NOW, delivery_id="d-1"),
+            EventRecord(
+                name="dispatch.failed",
+                at=NOW,
+                delivery_id="d-1",
+                data={"detail": "line\n" * 500, "attempts": 3, "labels": ["a"]},
+            ),
+        ]
+        page = build_delivery_page(self._delivery("d-1", "octo/demo#7", 1), events, now=NOW)
+        assert page.delivery.subject_url == "https://github.com/octo/demo/issues/7"
+        assert [e.name for e in page.events] == ["delivery.received", "dispatch.failed"]
+        data = page.events[1].data
+        assert (data["attempts"], data["labels"]) == ("3", '["a"]')
+        assert "\n" not in data["detail"] and len(data["detail"]) == DETAIL_CHARS
 
 
 class TestWaits:

@@ -111,6 +111,45 @@ def test_a_chunked_body_past_the_cap_gets_413_and_the_connection_closes(
     _serves(address)
 
 
+def _post_whole_body_then_read(
+    address: tuple[str, int], headers: dict[str, str], body: bytes | Iterator[bytes]
+) -> tuple[int, bytes]:
+    """POST as ``http.client`` (and ``requests``) do: the whole body is sent before the
+    answer is read."""
+    connection = http.client.HTTPConnection(*address, timeout=DEADLINE)
+    try:
+        connection.request("POST", "/echo", body=body, headers=headers, encode_chunked=True)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _chunks() -> Iterator[bytes]:
+    for _ in range(64):
+        yield b"x" * 65536
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"Connection": "close"}, b"x" * 4_000_000),
+        ({"Transfer-Encoding": "chunked"}, None),
+        ({"Transfer-Encoding": "chunked", "Connection": "close"}, None),
+    ],
+    ids=["content-length-connection-close", "chunked", "chunked-connection-close"],
+)
+def test_an_early_413_reaches_a_client_that_sends_its_whole_body_first(
+    address: tuple[str, int], headers: dict[str, str], body: bytes | None
+) -> None:
+    # Issue 24: the server closed with the body unread, the kernel reset the connection,
+    # and the client, still sending, never read its 413.
+    status, answer = _post_whole_body_then_read(address, headers, body or _chunks())
+    assert status == 413
+    assert b"body larger than 1000 bytes" in answer
+    _serves(address)
+
+
 def test_when_every_connection_is_receiving_the_oldest_request_is_dropped_for_a_new_one(
     server: LocalServer, address: tuple[str, int]
 ) -> None:

@@ -28,11 +28,11 @@ import requests
 from looprelay.core.signature import sign_body
 from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
 from tests.deployed_functions import START_SECONDS, Deployed, Served, build_archive
-from tests.fake_github import APP_ID, AppKey, FakeDelivery, FakeGitHub
+from tests.fake_github import APP_ID, REPOSITORY, AppKey, FakeDelivery, FakeGitHub
 from tests.samples import payload_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "status")
+ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "poller", "status")
 SECRET = "archive-test-secret"
 INSTALL_BUDGET_SECONDS = 180
 
@@ -222,6 +222,39 @@ class TestFromACleanVenv:
         assert fake_github.redelivered == [31]
         # The status page is the status function's, not the sweeper's (issue 22).
         assert requests.get(served.url + "/status", timeout=30).status_code == 404
+
+    def test_the_poller_queues_a_comment_it_polled(
+        self,
+        serve: Callable[..., Served],
+        tmp_path: Path,
+        fake_github: FakeGitHub,
+        github_app_key: AppKey,
+        cloudtasks_recorder: CloudTasksRecorder,
+    ) -> None:
+        fake_github.app_public_key = github_app_key.public_key
+        fake_github.poll.open_issue(1)
+        queue = recorder_config(cloudtasks_recorder).model_dump(by_alias=True)
+        served = serve(
+            "poller",
+            TEST_GH_APP_KEY=github_app_key.private_pem,
+            LOOPRELAY__github__apiUrl=fake_github.url,
+            LOOPRELAY__github__appId=str(APP_ID),
+            LOOPRELAY__github__privateKeyEnv="TEST_GH_APP_KEY",
+            LOOPRELAY__github__poll__repositories=json.dumps([REPOSITORY]),
+            LOOPRELAY__queue__backend="cloudtasks",
+            LOOPRELAY__queue__cloudtasks=json.dumps(queue),
+            LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"),
+        )
+        first = _post(served)  # first sight: where polling begins
+        comment_id = fake_github.poll.comment(1, "polled in the cloud")
+
+        second = _post(served)
+
+        assert first.status_code == second.status_code == 200, served.output()
+        [polled] = second.json()["repositories"]
+        assert (polled["repository"], polled["queued"], polled["error"]) == (REPOSITORY, 1, "")
+        [task] = cloudtasks_recorder.held().values()
+        assert json.loads(task)["delivery_id"] == f"poll-comment-{comment_id}"
 
     def test_the_status_function_serves_the_page_and_its_json(
         self, serve: Callable[..., Served], tmp_path: Path

@@ -57,7 +57,7 @@ LOOPRELAY_NEVER_FOR_THE_WEBHOOK = (
             "runners",
             "listener",
             "dispatch_feed",
-            "runner_directory",
+            "runner_changes",
         )
     ),
     *(f"looprelay.adapters.github.{name}" for name in ("rest", "auth", "app_hooks")),

@@ -62,10 +62,11 @@ BUILDERS: dict[str, Callable[[Config, dict[str, str]], object]] = {
     "worker": cloud.build_worker,
     "runners": cloud.build_runner_api,
     "sweeper": cloud.build_sweeper,
+    "poller": cloud.build_poller,
     "status": lambda config, environ: cloud.build_status_reader(config),
 }
-# Collections whose documents carry expires_at (firestore_store.py, firestore_runners.py).
-TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens")
+# Collections whose documents carry expires_at (firestore store, runners, runner_changes).
+TTL_COLLECTIONS = ("deliveries", "events", "registration_tokens", "runner_changes")
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 CREDENTIAL_PATTERNS = {
     "PEM block": re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----"),
@@ -535,6 +536,7 @@ def test_who_may_invoke_each_function() -> None:
     invokers = {key: set(bindings.values()) for key, bindings in _invokers().items()}
     assert invokers["worker"] == {"${google_service_account.tasks.member}"}
     assert invokers["sweeper"] == {"${google_service_account.scheduler.member}"}
+    assert invokers["poller"] == {"${google_service_account.scheduler.member}"}
     public = {key for key, members in invokers.items() if "allUsers" in members}
     assert public == {"webhook", "runners"}, "only the HMAC- and secret-checked functions"
     config = _config(_functions()["webhook"]["env"])
@@ -544,9 +546,14 @@ def test_who_may_invoke_each_function() -> None:
     assert config.worker.oidc.audience == config.queue.cloudtasks.worker_url
     worker_name = _functions()["worker"]["name"]
     assert config.queue.cloudtasks.worker_url.endswith(f".cloudfunctions.net/{worker_name}")
-    (job,) = _resources("google_cloud_scheduler_job").values()
-    oidc = _block(_block(job, "http_target"), "oidc_token")
-    assert oidc["service_account_email"] == "${google_service_account.scheduler.email}"
+    jobs = _resources("google_cloud_scheduler_job")
+    assert set(jobs) == {"sweeper", "poller"}
+    for name, job in jobs.items():
+        target = _block(job, "http_target")
+        oidc = _block(target, "oidc_token")
+        assert oidc["service_account_email"] == "${google_service_account.scheduler.email}"
+        assert target["uri"] == f'${{google_cloudfunctions2_function.fn["{name}"].url}}'
+        assert oidc["audience"] == target["uri"]
 
 
 def test_the_status_page_has_a_function_of_its_own_for_operators_only() -> None:
@@ -744,3 +751,13 @@ def test_checkov_finds_no_unjustified_failure() -> None:
     print(f"checkov: {summary} in {elapsed:.1f} s")
     if elapsed > CHECKOV_BUDGET_SECONDS:
         print(f"checkov took {elapsed:.0f} s, over the {CHECKOV_BUDGET_SECONDS:.0f} s budget")
+
+
+def test_a_held_poll_is_answered_before_the_runner_api_times_out() -> None:
+    """Polls are held for minutes (issue 22), and still end before the platform cuts them."""
+    functions = _Eval().value(_infra()["locals"]["functions"])
+    variables = _variables()
+    wait = variables["runner_poll_wait_seconds"]
+    assert _functions()["runners"]["env"]["LOOPRELAY__runners__pollWaitSeconds"] == str(wait)
+    assert wait >= 120, "an idle runner's poll is held for minutes"
+    assert functions["runners"]["timeout_seconds"] >= wait + 30

@@ -33,22 +33,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from looprelay.agent import harnesses
 from looprelay.agent.git import Git
 
-ROOT_PATHS = (
-    # Claude Code
-    ".claude",
-    ".claude.json",
-    ".mcp.json",
-    # other harnesses: Cursor, Gemini CLI, Codex, Copilot, Windsurf, Cline, Roo, Continue,
-    # Aider, Amazon Q, Junie, opencode
-    ".cursor",
-    ".gemini",
-    ".codex",
-    ".github/copilot-instructions.md",
-    ".github/instructions",
-    ".github/prompts",
-    ".github/chatmodes",
+OTHER_TOOLS_ROOT_PATHS = (
+    # harnesses looprelay does not host (Windsurf, Cline, Roo, Continue, Aider, Amazon Q, Junie,
+    # opencode), and editors' MCP config
     ".vscode/mcp.json",
     ".windsurf",
     ".windsurfrules",
@@ -67,15 +57,15 @@ ROOT_PATHS = (
     ".ripgreprc",
     "bunfig.toml",
 )
-"""Agent-config paths at the tree's root (a directory with everything below it)."""
-ANY_DEPTH_NAMES = (
-    ".claude",
-    "CLAUDE.md",
-    "CLAUDE.local.md",
-    "AGENTS.md",
-    "AGENTS.override.md",
-    "GEMINI.md",
-    ".cursorrules",
+ROOT_PATHS = tuple(
+    dict.fromkeys(
+        [*(p for h in harnesses.REGISTRY.values() for p in h.config_paths), *OTHER_TOOLS_ROOT_PATHS]
+    )
+)
+"""Agent-config paths at the tree's root (a directory with everything below it): each hosted
+harness's own (its module lists them) and other tools'."""
+ANY_DEPTH_NAMES = tuple(
+    dict.fromkeys([n for h in harnesses.REGISTRY.values() for n in h.config_names])
 )
 """Names that are agent config at any depth: Claude loads nested ``CLAUDE.md`` files and
 nested ``.claude/`` skills, and the other harnesses do the like for their instruction files."""

@@ -22,8 +22,7 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
-from looprelay.agent import harness
-from looprelay.agent.headless import parse_turn
+from looprelay.agent import harness, harnesses
 from looprelay.agent.ledger import Ledger, LedgerEntry, LocalSession, ResultRecord
 from looprelay.agent.prepare import Note, SessionPreparer
 from looprelay.agent.process import run_headless
@@ -86,7 +85,8 @@ class Applier:
     trusted; ``spawn_probe_seconds`` how long every (re)spawned harness must stay up after its
     boot prompt to be reported running; ``new_uuid`` makes fresh session ids; ``sandbox`` says
     which sessions run in bubblewrap (none by default; ``runner run`` sandboxes fork pull
-    requests' sessions).
+    requests' sessions); ``session_env`` gives each harness started its session's identity
+    (none for a fork's head: an untrusted tree does not speak as the App).
     """
 
     terminal: TmuxTerminal
@@ -100,6 +100,8 @@ class Applier:
     spawn_probe_seconds: float = 1.0
     new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
     sandbox: Sandbox = field(default_factory=Sandbox)
+    session_env: Callable[[Dispatch], Mapping[str, str]] = lambda _d: {}
+    """The variables a harness it starts speaks for its session with (``agent.session_env``)."""
 
     @property
     def harness_args(self) -> Mapping[str, Sequence[str]]:
@@ -151,7 +153,8 @@ class Applier:
         name, pane = d.session_name, self.terminal.pane(d.session_name)
         state = None if pane is None else pane.dead
         if state is False:  # scenario 36: a live occupant gets the paste
-            self.terminal.paste(name, d.prompt, listed=pane)
+            confirm = harnesses.get(d.harness).confirm_submit
+            self.terminal.paste(name, d.prompt, listed=pane, confirm=confirm)
             local = self.ledger.session(name)
             sid = local.session_id if local else stored_id
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")
@@ -176,12 +179,13 @@ class Applier:
         self._remember(d, session_id, prepared.checkout)
         if state is True:
             self.terminal.kill(name)
-        self.terminal.spawn(name, cwd=cwd, argv=argv)
+        env = self._identity(d)
+        self.terminal.spawn(name, cwd=cwd, argv=argv, env=env)
         if resumed and self.terminal.wait_dead(name, self.resume_probe_seconds):
             session_id, reason, resumed = fresh, "resume-failed", False
             self.terminal.kill(name)
             again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
-            self.terminal.spawn(name, cwd=cwd, argv=again)
+            self.terminal.spawn(name, cwd=cwd, argv=again, env=env)
         self._remember(d, session_id, prepared.checkout)
         self._boot(name, d.prompt)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
@@ -302,9 +306,10 @@ class Applier:
             cwd=checkout.path,
             prompt=d.prompt,
             timeout_seconds=self.headless_timeout_seconds,
+            env=self._identity(d),
         )
-        turn = parse_turn(
-            d.harness, exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
+        turn = harnesses.get(d.harness).parse_turn(
+            exit_code=run.exit_code, stdout=run.stdout_tail, stderr=run.stderr_tail
         )
         if not turn.ok:
             # The harness's own message first: the event log keeps only the detail's start.
@@ -327,6 +332,11 @@ class Applier:
             reply=turn.result,
             events=events,
         )
+
+    def _identity(self, d: Dispatch) -> Mapping[str, str]:
+        """The session's identity for the harness about to start; none for a fork's head,
+        whose content nobody vouched for beyond its approved sha."""
+        return {} if untrusted(d) else self.session_env(d)
 
     def _contain(self, d: Dispatch, argv: list[str], tree: Path, notes: list[Note]) -> list[str]:
         """``argv`` inside the sandbox when this session runs in one (noted), else as it is."""

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from looprelay.agent.harness import is_session_id
+from looprelay.agent.harnesses.base import is_session_id
 from looprelay.agent.json_merge import JsonObject, Merge, merge_json_file
 from looprelay.errors import RunnerError
 

@@ -12,7 +12,13 @@ import requests
 
 from looprelay.agent.credentials import Credentials, credentials_lock, read_credentials
 from looprelay.errors import ConfigError, Transient, Unauthorized
-from looprelay.wire.runner_api import Deregistered, Dispatch, Rotated, runner_bearer
+from looprelay.wire.runner_api import (
+    Deregistered,
+    Dispatch,
+    Rotated,
+    SessionToken,
+    runner_bearer,
+)
 
 log = logging.getLogger("looprelay.agent.client")
 
@@ -50,7 +56,12 @@ class RunnerClient:
         self._source = source
         self._reload_lock = threading.Lock()
         self.runner_id = credentials.runner_id
-        self._local = threading.local()
+        self._idle: list[requests.Session] = []
+        """Sessions no call uses now, each keeping its connection open: a call borrows one,
+        so the agent holds one connection per call in flight (its polls, a heartbeat, a
+        renewal), not one per thread it ever ran (a renewer thread per dispatch)."""
+        self._idle_lock = threading.Lock()
+        self.sessions_opened = 0
         # The environment's proxy and CA bundle settings, read once: a session trusting the
         # environment reads them again for every call (a tenth of the agent's CPU while it
         # pastes), and would let a netrc entry replace the bearer header.
@@ -84,6 +95,18 @@ class RunnerClient:
     def report(self, dispatch_id: str, result: dict[str, Any]) -> None:
         """Report a result; raises ``LeaseLost`` when it no longer counts."""
         self._call("results", {"dispatch_id": dispatch_id, **result})
+
+    def session_token(self, dispatch_id: str) -> SessionToken:
+        """A new token for the session of the dispatch this runner is applying; raises
+        ``LeaseLost`` when its lease passed to another runner, ``Transient`` otherwise."""
+        return SessionToken.model_validate(
+            self._call("session-token", {"dispatch_id": dispatch_id}).json()
+        )
+
+    @property
+    def server(self) -> str:
+        """The server's base URL, as the credentials name it."""
+        return self._credentials.server.rstrip("/")
 
     def rotate(self) -> str:
         """Ask for a new secret; the current one stops working as the server answers."""
@@ -121,23 +144,29 @@ class RunnerClient:
     def _post(
         self, path: str, body: dict[str, Any], timeout: float, auth: str
     ) -> requests.Response:
+        session = self._borrow()
         try:
-            return self._session().post(
+            response = session.post(
                 self._base + path, json=body, timeout=timeout, headers={"Authorization": auth}
             )
         except requests.RequestException as exc:
+            session.close()  # its connection may be half used: do not lend it again
             raise Transient(f"runner API unreachable: {type(exc).__name__}") from exc
+        with self._idle_lock:
+            self._idle.append(session)
+        return response
 
-    def _session(self) -> requests.Session:
-        """This thread's session, which keeps its connection to the server between calls: a
-        poll and a report each opened one before, on both sides of it."""
-        session: requests.Session | None = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            session.trust_env = False
-            session.proxies = dict(self._proxies)
-            session.verify = self._verify
-            self._local.session = session
+    def _borrow(self) -> requests.Session:
+        """An idle session, which kept its connection to the server since its last call (the
+        one used last first), or a new one."""
+        with self._idle_lock:
+            if self._idle:
+                return self._idle.pop()
+            self.sessions_opened += 1
+        session = requests.Session()
+        session.trust_env = False
+        session.proxies = dict(self._proxies)
+        session.verify = self._verify
         return session
 
     def _reload(self, *, refused: str) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from looprelay.errors import ConfigError
+from looprelay.filemodes import write_private_file
 
 
 class Credentials(BaseModel):
@@ -35,11 +36,7 @@ def default_credentials_path() -> Path:
 def write_credentials(path: Path, credentials: Credentials) -> None:
     """Write ``credentials`` to ``path`` with mode 0600, replacing any previous file atomically."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(credentials.model_dump_json(indent=2) + "\n")
-    os.replace(temporary, path)
+    write_private_file(path, credentials.model_dump_json(indent=2) + "\n")
 
 
 @contextmanager

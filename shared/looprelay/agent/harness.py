@@ -1,35 +1,30 @@
-"""Each harness's argv, as pure functions, and its binary on PATH.
+"""A harness's binary on PATH, its argv and its session ids, whichever harness it is.
 
-Claude (``claude``) is hosted in tmux or run headless; ``cursor-agent`` only runs headless, because
-it cannot be hosted in a terminal the agent pastes into. No prompt ever goes into argv: any
-user on the machine can read ``/proc/PID/cmdline``. A hosted harness gets its boot prompt as one
-bracketed paste (``TmuxTerminal.paste``), a headless turn reads it from stdin (a private unlinked
-file, :func:`prompt_input`): ``claude -p`` and ``cursor-agent -p`` both read their prompt from
-stdin when argv has none. A session id that is not a canonical UUID never reaches argv: the
-builders refuse it, and the applier swaps in a fresh one.
+The harness itself is a module of ``agent/harnesses`` (one interface); this module looks it up
+by the name a dispatch carries. No prompt ever goes into argv: any user on the machine can read
+``/proc/PID/cmdline``. A hosted harness gets its boot prompt as one bracketed paste
+(``TmuxTerminal.paste``), a headless turn reads it from stdin (:func:`prompt_input`). A session
+id that is not a canonical UUID never reaches argv: the builders refuse it, and the applier
+swaps in a fresh one.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Sequence
 
+from looprelay.agent import harnesses
+from looprelay.agent.harnesses.base import is_session_id
 from looprelay.errors import RunnerError
 
-CLAUDE = "claude"
-CURSOR_AGENT = "cursor-agent"
-HARNESSES = (CLAUDE, CURSOR_AGENT)
-INTERACTIVE_HARNESSES = (CLAUDE,)
-"""Harnesses that can live in a tmux pane (cursor cannot be hosted)."""
+CLAUDE = harnesses.CLAUDE.name
+CURSOR_AGENT = harnesses.CURSOR_AGENT.name
+HARNESSES = harnesses.NAMES
+INTERACTIVE_HARNESSES = tuple(name for name, h in harnesses.REGISTRY.items() if h.hostable)
+"""Harnesses that can live in a tmux pane."""
 
-_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def is_session_id(value: str) -> bool:
-    """Tell whether ``value`` is a canonical lower-case UUID, the only id argv may carry."""
-    return _SESSION_ID.fullmatch(value) is not None
+__all__ = ["is_session_id"]
 
 
 def resolve_binary(harness: str) -> str:
@@ -39,15 +34,11 @@ def resolve_binary(harness: str) -> str:
     Raises ``RunnerError`` ``harness-unsupported`` for an unknown harness and ``harness-missing``
     when the binary is not on ``PATH`` (install it, or fix the agent's ``PATH``).
     """
-    if harness not in HARNESSES:
-        raise RunnerError(
-            f"harness {harness[:40]!r} is not one of {', '.join(HARNESSES)}",
-            reason="harness-unsupported",
-        )
-    found = shutil.which(harness)
+    binary = harnesses.get(harness).binary
+    found = shutil.which(binary)
     if found is None:
         raise RunnerError(
-            f"{harness} is not on this runner's PATH; install it or fix PATH for the agent",
+            f"{binary} is not on this runner's PATH; install it or fix PATH for the agent",
             reason="harness-missing",
         )
     return os.path.abspath(found)
@@ -63,19 +54,11 @@ def interactive_argv(
 ) -> list[str]:
     """Return the argv of a harness hosted in tmux, which never holds the prompt.
 
-    Spawn: ``claude --session-id <uuid> [extra]``; resume: ``claude --resume <uuid> [extra]``;
-    the boot prompt is pasted once the harness is up. Raises ``RunnerError``
-    ``harness-unsupported`` for a harness that cannot be hosted (cursor-agent) and
+    Raises ``RunnerError`` ``harness-unsupported`` for a harness that cannot be hosted and
     ``invalid-session-id`` for an id that is not a canonical UUID.
     """
-    if harness not in INTERACTIVE_HARNESSES:
-        raise RunnerError(
-            f"{harness[:40]} cannot be hosted in tmux; use runner kind 'process' for it",
-            reason="harness-unsupported",
-        )
-    _check_session_id(session_id)
-    flag = "--resume" if resume else "--session-id"
-    return [binary, flag, session_id, *extra]
+    found = harnesses.get(harness)
+    return found.hosted_argv(binary, session_id=session_id, resume=resume, extra=extra)
 
 
 def headless_argv(
@@ -88,26 +71,12 @@ def headless_argv(
 ) -> list[str]:
     """Return the argv of one headless turn, which reads its prompt from stdin.
 
-    ``claude -p --output-format json (--session-id|--resume) <uuid> [extra]``;
-    ``cursor-agent -p --output-format json [--resume <id>] [extra]`` (cursor-agent picks its own
-    id on a first turn, so ``session_id`` may be None there; ``-p`` is a boolean flag in both
-    CLIs, so with no positional prompt each reads stdin; see :func:`prompt_input`). Raises
-    ``RunnerError`` ``harness-unsupported`` for an unknown harness and ``invalid-session-id``
-    for an id that is not a canonical UUID or a missing id Claude needs.
+    ``session_id`` may be None only on a first turn of a harness that picks its own id.
+    Raises ``RunnerError`` ``harness-unsupported`` for an unknown harness and
+    ``invalid-session-id`` for an id that is not a canonical UUID or a missing one it needs.
     """
-    if harness not in HARNESSES:
-        raise RunnerError(f"unknown harness {harness[:40]!r}", reason="harness-unsupported")
-    argv = [binary, "-p", "--output-format", "json"]
-    if session_id is None:
-        if harness == CLAUDE or resume:
-            raise RunnerError("a headless turn needs a session id", reason="invalid-session-id")
-    else:
-        _check_session_id(session_id)
-        if resume:
-            argv += ["--resume", session_id]
-        elif harness == CLAUDE:
-            argv += ["--session-id", session_id]
-    return [*argv, *extra]
+    found = harnesses.get(harness)
+    return found.headless_argv(binary, session_id=session_id, resume=resume, extra=extra)
 
 
 def prompt_input(prompt: str) -> bytes:
@@ -133,20 +102,12 @@ def headless_session(
     """Choose ``(session_id, resume, reason)`` for a headless turn.
 
     ``known`` is the id an earlier turn on this runner used: later turns resume it. Otherwise
-    Claude starts (or, with ``resume``, resumes) ``offered``, replaced by ``fresh`` when it is
-    not a UUID; cursor-agent picks its own id on a first turn (None).
+    a harness that takes ids starts (or, with ``resume``, resumes) ``offered``, replaced by
+    ``fresh`` when it is not a UUID; one that picks its own id does so on a first turn (None).
     """
     if known is not None and is_session_id(known):
         return known, True, ""
-    if harness == CLAUDE or (resume and is_session_id(offered)):
+    if harnesses.get(harness).takes_session_id or (resume and is_session_id(offered)):
         session_id, reason = usable_session_id(offered, resume=resume, fresh=fresh)
         return session_id, resume and not reason, reason
     return None, False, "resume-failed" if resume else ""
-
-
-def _check_session_id(session_id: str) -> None:
-    if not is_session_id(session_id):
-        raise RunnerError(
-            "the session id is not a canonical UUID and never goes into argv",
-            reason="invalid-session-id",
-        )

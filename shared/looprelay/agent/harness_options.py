@@ -8,28 +8,11 @@ ids, headless mode, output format) are refused, because a second copy would figh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
-from looprelay.agent.harness import CLAUDE, HARNESSES
+from looprelay.agent import harnesses
 from looprelay.errors import ConfigError
 
-RUNNER_OWNED_FLAGS = frozenset(
-    {
-        "--session-id",
-        "--resume",
-        "-r",
-        "--continue",
-        "-c",
-        "-p",
-        "--print",
-        "--output-format",
-        "--input-format",
-        "--fork-session",
-    }
-)
-"""Flags the agent sets itself on every spawn, resume or headless turn."""
-PERMISSION_MODES = frozenset({"acceptEdits", "bypassPermissions", "default", "dontAsk", "plan"})
-"""Values Claude's ``--permission-mode`` takes; any other makes the harness exit at spawn."""
 MAX_ARG_CHARS = 4_096
 
 HarnessArgs = Mapping[str, tuple[str, ...]]
@@ -40,20 +23,21 @@ def parse_harness_args(values: Iterable[str]) -> dict[str, tuple[str, ...]]:
 
     Raises ``ConfigError`` naming the value for: no ``=``, an unknown harness, an empty or
     oversized argument, a control character, a first argument that is not a flag (it would
-    be read as the prompt), a flag the agent owns, or an unknown ``--permission-mode``.
+    be read as the prompt), a flag the agent owns for that harness, or one the harness would
+    exit on (Claude: an unknown ``--permission-mode``).
     """
     parsed: dict[str, list[str]] = {}
     for value in values:
         name, sep, arg = value.partition("=")
-        if not sep or name not in HARNESSES:
+        if not sep or name not in harnesses.REGISTRY:
             raise ConfigError(
                 f"--harness-arg {value[:80]!r} must read HARNESS=ARG with HARNESS one of "
-                f"{', '.join(HARNESSES)} (for example claude=--model=opus)"
+                f"{', '.join(harnesses.NAMES)} (for example claude=--model=opus)"
             )
         _check_arg(name, arg, first=name not in parsed)
         parsed.setdefault(name, []).append(arg)
     for name, args in parsed.items():
-        _check_permission_mode(name, args)
+        harnesses.get(name).check_args(args)
     return {name: tuple(args) for name, args in parsed.items()}
 
 
@@ -68,24 +52,7 @@ def _check_arg(harness: str, arg: str, *, first: bool) -> None:
             "must start with '-' (a bare word would be read as the prompt)"
         )
     flag = arg.partition("=")[0]
-    if flag in RUNNER_OWNED_FLAGS:
+    if flag in harnesses.get(harness).owned_flags:
         raise ConfigError(
             f"--harness-arg for {harness}: {flag} is set by the runner agent itself; drop it"
         )
-
-
-def _check_permission_mode(harness: str, args: Sequence[str]) -> None:
-    if harness != CLAUDE:
-        return
-    for index, arg in enumerate(args):
-        if arg == "--permission-mode":
-            mode = args[index + 1] if index + 1 < len(args) else ""
-        elif arg.startswith("--permission-mode="):
-            mode = arg.partition("=")[2]
-        else:
-            continue
-        if mode not in PERMISSION_MODES:
-            raise ConfigError(
-                f"--harness-arg for claude: --permission-mode {mode[:40]!r} is not one of "
-                f"{', '.join(sorted(PERMISSION_MODES))}"
-            )

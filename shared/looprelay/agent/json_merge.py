@@ -5,6 +5,7 @@ it likes. A merge:
   - reads the file as a JSON object and applies a merge function to it; a missing file is ``{}``;
   - writes nothing when the merge changed nothing;
   - never writes over a file that does not parse as a JSON object (it is left byte-for-byte);
+    leading ``//`` comment lines (Copilot CLI heads its config with them) are kept as they are;
   - keeps every other key and the key order, and the file's mode (0600 for a new file);
   - replaces the file atomically: a temp file in the same directory, fsync, ``os.replace``,
     fsync of the directory; a symlinked file is replaced at its target, the link is kept.
@@ -61,6 +62,8 @@ class _Snapshot:
 
     stamp: _Stamp
     raw: bytes
+    header: str = ""
+    """Leading ``//`` comment lines, written back above the object."""
 
 
 def merge_json_file(path: Path, merge: Merge, *, peer_lock: Path | None, reason: str) -> list[str]:
@@ -112,7 +115,8 @@ def _read_object(path: Path, reason: str) -> tuple[_Snapshot | None, JsonObject]
     except OSError as exc:
         raise RunnerError(f"cannot read {path}: {exc}", reason=reason) from exc
     try:
-        data = json.loads(raw.decode("utf-8-sig"))
+        header, body = _comment_header(raw.decode("utf-8-sig"))
+        data = json.loads(body)
     except ValueError as exc:
         raise RunnerError(
             f"{path} is not valid JSON ({exc}); looprelay left it untouched: fix or remove it",
@@ -124,13 +128,24 @@ def _read_object(path: Path, reason: str) -> tuple[_Snapshot | None, JsonObject]
             "untouched: fix or remove it",
             reason=reason,
         )
-    return _Snapshot(stamp, raw), data
+    return _Snapshot(stamp, raw, header), data
+
+
+def _comment_header(text: str) -> tuple[str, str]:
+    """Split ``text`` into its leading ``//`` comment lines and the rest."""
+    lines = text.splitlines(keepends=True)
+    count = 0
+    while count < len(lines) and lines[count].lstrip().startswith("//"):
+        count += 1
+    return "".join(lines[:count]), "".join(lines[count:])
 
 
 def _replace_if_unchanged(
     path: Path, data: JsonObject, snapshot: _Snapshot | None, reason: str
 ) -> bool:
     text = json.dumps(data, indent=2, ensure_ascii=False)  # the layout Claude writes
+    if snapshot is not None:
+        text = snapshot.header + text
     mode = NEW_FILE_MODE if snapshot is None else snapshot.stamp.mode
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

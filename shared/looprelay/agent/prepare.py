@@ -1,5 +1,7 @@
 """What a session needs before its harness starts: its own working tree, the loop's skill, and
-Claude's consent to run there (folder trust), each reported as a note for the event log.
+the harness's consent to run there (Claude's folder trust), each reported as a note for the
+event log. What a harness needs comes from its module in ``agent/harnesses``; nothing here names
+one.
 
 The tree comes first and is required: without it there is nothing to work on, so a git failure
 fails the dispatch (``workspace-failed``). The skill and the trust are best effort, as the
@@ -18,11 +20,13 @@ headless turns included.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from looprelay.agent import claude_config, harness
+from looprelay.agent import harnesses
+from looprelay.agent.harnesses.base import Harness, is_session_id
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.skill import install_skill
 from looprelay.agent.workspaces import Checkout, Workspaces
@@ -58,7 +62,8 @@ class Preparation:
 
 @dataclass
 class SessionPreparer:
-    """Prepares sessions with ``workspaces``; ``environ`` locates Claude's files (tests)."""
+    """Prepares sessions with ``workspaces``; ``environ`` locates the harness's own files
+    (tests; default: this process's, which the harness inherits)."""
 
     workspaces: Workspaces
     ledger: Ledger
@@ -66,27 +71,28 @@ class SessionPreparer:
     environ: Mapping[str, str] | None = None
 
     def prepare(self, d: Dispatch, *, trust: bool) -> Preparation:
-        """Return ``d``'s session tree with the skill installed and, with ``trust``, Claude's
-        folder trust accepted. Raises ``RunnerError`` when the tree cannot be had."""
+        """Return ``d``'s session tree with the skill installed where its harness reads it
+        and, with ``trust``, the folder trusted in the harness's files. Raises ``RunnerError``
+        when the tree cannot be had or the harness is unknown."""
+        found = harnesses.get(d.harness)
         checkout, notes = self._checkout(d)
-        if d.harness != harness.CLAUDE:
-            return Preparation(checkout, tuple(notes))
-        notes += self._skill(checkout.path)
+        if found.skill_dir:
+            notes += self._skill(checkout.path, found.skill_dir)
         if trust or not checkout.trusted:
             args = self.harness_args.get(d.harness, ())
-            notes += self._trust(checkout.path, args, trust=trust, trusted=checkout.trusted)
+            notes += self._trust(found, checkout.path, args, trust=trust, trusted=checkout.trusted)
         return Preparation(checkout, tuple(notes))
 
     def usable_fresh_id(self, d: Dispatch, session_id: str, fresh: str) -> tuple[str, str]:
-        """Return the id a fresh Claude spawn starts with, and a reason when it was swapped.
+        """Return the id a fresh spawn starts with, and a reason when it was swapped.
 
         Claude refuses an id it has a transcript for ("Session ID ... is already in use"), as
         after a store reset or with two deployments on one machine; such an id gets ``fresh``.
         """
-        if d.harness != harness.CLAUDE or not harness.is_session_id(session_id):
+        if not is_session_id(session_id):
             return session_id, ""
         try:
-            taken = claude_config.session_id_in_use(session_id, environ=self.environ)
+            taken = harnesses.get(d.harness).id_in_use(session_id, self._environ())
         except RunnerError:
             return session_id, ""  # unreadable state: let Claude say so itself
         return (fresh, "session-id-in-use") if taken else (session_id, "")
@@ -123,9 +129,12 @@ class SessionPreparer:
             notes.append(Note("workspace.untrusted_config_restored", restored_data))
         return checkout, notes
 
-    def _skill(self, directory: Path) -> list[Note]:
+    def _environ(self) -> Mapping[str, str]:
+        return os.environ if self.environ is None else self.environ
+
+    def _skill(self, directory: Path, skills: tuple[str, ...]) -> list[Note]:
         try:
-            written = install_skill(directory)
+            written = install_skill(directory, skills)
         except RunnerError as exc:
             return [Note("skill.install_failed", {"cwd": str(directory), "error": str(exc)})]
         if not written:
@@ -133,11 +142,17 @@ class SessionPreparer:
         return [Note("skill.installed", {"cwd": str(directory), "files": str(len(written))})]
 
     def _trust(
-        self, directory: Path, args: Sequence[str], *, trust: bool, trusted: bool
+        self,
+        found: Harness,
+        directory: Path,
+        args: Sequence[str],
+        *,
+        trust: bool,
+        trusted: bool,
     ) -> list[Note]:
         try:
-            changed = claude_config.prepare_claude(
-                directory, harness_args=args, environ=self.environ, trust=trust, trusted=trusted
+            changed = found.prepare(
+                directory, harness_args=args, environ=self._environ(), trust=trust, trusted=trusted
             )
         except RunnerError as exc:
             return [Note("workspace.trust_failed", {"cwd": str(directory), "error": str(exc)})]

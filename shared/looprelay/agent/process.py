@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,9 +27,17 @@ class HeadlessRun(NamedTuple):
     stderr_tail: str
 
 
-def run_headless(argv: list[str], *, cwd: Path, prompt: str, timeout_seconds: float) -> HeadlessRun:
+def run_headless(
+    argv: list[str],
+    *,
+    cwd: Path,
+    prompt: str,
+    timeout_seconds: float,
+    env: Mapping[str, str] | None = None,
+) -> HeadlessRun:
     """Run ``argv`` in ``cwd`` with ``prompt`` on stdin (never in argv: any user can read
-    ``/proc/PID/cmdline``) and return its exit code and output tails.
+    ``/proc/PID/cmdline``), its environment the agent's plus ``env``, and return its exit code
+    and output tails.
 
     Memory stays bounded by ``STDOUT_TAIL_BYTES`` and ``STDERR_TAIL_BYTES`` whatever the
     harness prints (a result line longer than the stdout tail cannot be read); after
@@ -44,6 +54,7 @@ def run_headless(argv: list[str], *, cwd: Path, prompt: str, timeout_seconds: fl
             cwd=cwd,
             stdin=prompt_input(prompt),
             timeout_seconds=timeout_seconds,
+            env=os.environ | dict(env) if env else None,
             stdout_limit=STDOUT_TAIL_BYTES,
             stderr_limit=STDERR_TAIL_BYTES,
         )

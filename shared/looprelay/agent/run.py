@@ -97,6 +97,8 @@ class Agent:
     """This process's id, new at each start, named on every heartbeat and poll ("": none)."""
     replaces: str = ""
     """The id of the agent that held this state directory before (a restart), or ""."""
+    hostname: str = ""
+    """This machine's name, for the status page ("": not said)."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
     _plain_heartbeats: bool = field(default=False, init=False)
@@ -206,13 +208,15 @@ class Agent:
     def _failover_fields(
         self, *, restarted: bool, released: list[dict[str, str]]
     ) -> dict[str, object]:
-        """What a heartbeat adds for failover and this agent's identity, each only when it has
-        something to say."""
+        """What a heartbeat adds for failover and this agent's identity (its host too), each
+        only when it has something to say; a server older than these refuses them all."""
         fields: dict[str, object] = {"restarted": True} if restarted else {}
         if self.agent_id:
             fields["agent_id"] = self.agent_id
         if self.replaces:
             fields["replaces"] = self.replaces
+        if self.hostname:
+            fields["hostname"] = self.hostname
         held = self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS]
         if held:
             fields["held"] = [

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from looprelay.agent import claude_config, harness
+from looprelay.agent import harnesses
 from looprelay.agent.children import Overran, run_child
 from looprelay.errors import RunnerError
 
@@ -42,8 +42,6 @@ NAMESPACES = (
 )
 UNSET_ENV = ("SSH_AUTH_SOCK", "GH_TOKEN", "GITHUB_TOKEN", "GIT_ASKPASS", "SSH_ASKPASS")
 """Ways out to the operator's credentials that an environment carries; ``LOOPRELAY_*`` too."""
-HARNESS_HOME_PATHS = {harness.CURSOR_AGENT: (".cursor", ".config/cursor")}
-"""Config a harness other than Claude keeps under ``$HOME``, bound read-write when present."""
 
 
 @dataclass(frozen=True)
@@ -203,13 +201,7 @@ def _system() -> tuple[tuple[str, str | None], ...]:
 
 
 def _harness_config(name: str, env: Mapping[str, str]) -> list[Path]:
-    if name == harness.CLAUDE:
-        directory = claude_config.claude_dir(env)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        paths = [directory, claude_config.claude_config_file(env)]
-    else:
-        home = Path(env.get("HOME") or Path.home())
-        paths = [home / part for part in HARNESS_HOME_PATHS.get(name, ())]
+    paths = harnesses.get(name).home_config(env)
     return [Path(os.path.realpath(p)) for p in paths if p.exists()]
 
 

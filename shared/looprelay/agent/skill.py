@@ -1,8 +1,10 @@
-"""The loop's Claude Code skill, installed into a directory sessions start in.
+"""The loop's skill, installed into a directory sessions start in, where the harness reads it.
 
 The artifact-iteration rule and the channel rule live in the skill, so they bind
 every session, a hand-started one included; the daemon prompt only restates them in one line.
-Claude Code finds a project skill at ``<cwd>/.claude/skills/<name>/SKILL.md``.
+Claude Code finds a project skill at ``<cwd>/.claude/skills/<name>/SKILL.md``; Codex, Gemini
+CLI and Copilot CLI read the same ``SKILL.md`` format from ``<cwd>/.agents/skills/<name>/``
+(each harness module names its folder).
 
 The skill directory carries a ``.gitignore`` holding ``*``, so it ignores itself: ``git status``
 of the checkout stays clean, with no change to the repository's own ignore files or git config.
@@ -25,8 +27,9 @@ from pathlib import Path
 from looprelay.errors import RunnerError
 
 SKILL_NAME = "looprelay"
-SKILL_PATH = (".claude", "skills", SKILL_NAME)
-"""Where the skill goes, below the directory a session starts in."""
+CLAUDE_SKILLS = (".claude", "skills")
+SKILL_PATH = (*CLAUDE_SKILLS, SKILL_NAME)
+"""Where Claude's copy of the skill goes, below the directory a session starts in."""
 SKILL_FILES = ("SKILL.md", "reference/collaboration.md")
 """The package data of ``looprelay.skill`` that make up the skill."""
 GITIGNORE = ".gitignore"
@@ -55,8 +58,8 @@ def skill_files() -> dict[str, bytes]:
     return files
 
 
-def install_skill(directory: Path) -> list[Path]:
-    """Write the skill into ``<directory>/.claude/skills/looprelay/``; return the files written.
+def install_skill(directory: Path, skills: tuple[str, ...] = CLAUDE_SKILLS) -> list[Path]:
+    """Write the skill into ``<directory>/<skills>/looprelay/``; return the files written.
 
     Expects an existing directory (a symlink to one is fine). Files whose content is already
     right are not rewritten, so a second install returns ``[]``. Each file is replaced
@@ -64,21 +67,21 @@ def install_skill(directory: Path) -> list[Path]:
     when ``directory`` is not a directory, when a path component below it is a symlink or not
     a directory, when a skill file is a symlink or not a regular file, or when a write fails.
     """
-    root = directory.resolve()
+    root, path = directory.resolve(), (*skills, SKILL_NAME)
     written: list[Path] = []
     for name, content in skill_files().items():
         *parents, file_name = name.split("/")
-        shown = root.joinpath(*SKILL_PATH, name)
-        with _walk(root, [*SKILL_PATH, *parents]) as fd:
+        shown = root.joinpath(*path, name)
+        with _walk(root, [*path, *parents]) as fd:
             if _current(fd, file_name, shown) != content:
                 _replace(fd, file_name, content, shown)
                 written.append(shown)
     return written
 
 
-def skill_directory(directory: Path) -> Path:
+def skill_directory(directory: Path, skills: tuple[str, ...] = CLAUDE_SKILLS) -> Path:
     """Return where :func:`install_skill` puts the skill for ``directory``. Never raises."""
-    return directory.resolve().joinpath(*SKILL_PATH)
+    return directory.resolve().joinpath(*skills, SKILL_NAME)
 
 
 @contextmanager

@@ -8,6 +8,8 @@ and a state directory no other agent is using.
 
 from __future__ import annotations
 
+import re
+import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from looprelay.agent import harness
+from looprelay.agent import harness, harnesses
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
 from looprelay.agent.credentials import Credentials, read_credentials
@@ -23,6 +25,7 @@ from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.run import Agent, AgentState
 from looprelay.agent.sandbox import SANDBOX_MODES, Probe, Sandbox, sandbox_available
+from looprelay.agent.session_env import SessionEnv
 from looprelay.agent.statedir import StateLock, default_state_dir
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces, parse_checkout_pairs
@@ -31,6 +34,7 @@ from looprelay.errors import ConfigError, RunnerError
 
 LEDGER_FILE = "ledger.db"
 STATUS_FILE = "status.json"
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 WORKTREES_DIR = "worktrees"
 """Under the state directory: worktrees of operator checkouts when no workspace is given."""
 
@@ -50,7 +54,8 @@ class RunnerOptions:
     keep_checkout_on_close: bool = False
     tmux_socket: str | None = None
     capacity: int = 2
-    poll_wait_seconds: float = 25.0
+    poll_wait_seconds: float = 300.0
+    """What a poll asks for; the server caps it (``runners.pollWaitSeconds``)."""
     keep_session_on_terminate: bool = True
     harness_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     sandbox: str = "untrusted"
@@ -89,6 +94,7 @@ def build_agent(options: RunnerOptions) -> Agent:
             )
         agent = _assemble(options, credentials, state_dir, locks)
         agent.agent_id, agent.replaces = agent_id, replaces
+        agent.hostname = reported_hostname()
         return agent
     except BaseException:
         for lock in locks:
@@ -114,8 +120,8 @@ def _assemble(
     binaries = available_harnesses()
     if not binaries:
         raise ConfigError(
-            f"none of {', '.join(harness.HARNESSES)} is on PATH; install Claude Code "
-            "(npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
+            f"none of {', '.join(harnesses.NAMES)} is on PATH; install one (Claude Code: "
+            "npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
         )
     socket_name = options.tmux_socket or default_tmux_socket(credentials.runner_id)
     terminal = TmuxTerminal(socket_name)
@@ -133,14 +139,16 @@ def _assemble(
             "sessions": ledger.session_count(),
         }
 
+    client = RunnerClient(credentials, source=options.credentials_path)
     return Agent(
-        client=RunnerClient(credentials, source=options.credentials_path),
+        client=client,
         applier=Applier(
             terminal,
             ledger,
             SessionPreparer(workspaces, ledger, options.harness_args),
             keep_session_on_terminate=options.keep_session_on_terminate,
             sandbox=sandbox,
+            session_env=SessionEnv(client),
         ),
         state=AgentState(state_dir / STATUS_FILE),
         describe=describe,
@@ -153,6 +161,12 @@ def _assemble(
             sandbox_line(sandbox),
         ],
     )
+
+
+def reported_hostname() -> str:
+    """This machine's name as a heartbeat may carry it ("" when it has an odd one)."""
+    name = socket.gethostname()
+    return name if _HOSTNAME.fullmatch(name) else ""
 
 
 def runner_sandbox(options: RunnerOptions, state_dir: Path) -> Sandbox:
@@ -187,7 +201,7 @@ def sandbox_line(sandbox: Sandbox) -> str:
 def available_harnesses() -> dict[str, str]:
     """Return each harness whose binary is on PATH, with its absolute path."""
     found = {}
-    for name in harness.HARNESSES:
+    for name in harnesses.NAMES:
         try:
             found[name] = harness.resolve_binary(name)
         except RunnerError:

@@ -18,6 +18,7 @@ import signal
 import tempfile
 import termios
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +39,13 @@ on a loaded machine; the wait ends as soon as it is."""
 SETTLED_SECONDS = 0.4
 """How long a first screen must stay unchanged before the first paste goes in."""
 SCREEN_POLL_SECONDS = 0.1
+"""How often a pane's screen is captured while waiting for it to settle."""
+SUBMIT_WATCH_SECONDS = 1.5
+"""How long a first submit waits for the screen to change before it sends Enter again."""
+SUBMIT_PROBE_CHARS = 40
+"""How much of a paste's first line is looked for on screen to see it leave the input box."""
 LAST_LINES = 15
 """How many of a dead harness's last screen lines a failure carries as its detail."""
-"""How often a pane's screen is captured while waiting for it to settle."""
 
 _SOCKET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ABSENT = re.compile(
@@ -94,6 +99,8 @@ class TmuxTerminal:
         self._timeout = command_timeout_seconds
         self._drawn_panes: set[tuple[str, int]] = set()
         self._screens: dict[tuple[str, int], tuple[str, float, float]] = {}
+        self._submitted_panes: set[tuple[str, int]] = set()
+        """Panes whose harness has taken an Enter: later pastes are not watched for it."""
         """A pane's last screen, when it was captured, and since when it has not changed."""
         """Panes (id, process) whose harness has drawn its screen: a later paste into one
         needs no screen capture to know it is ready."""
@@ -116,8 +123,11 @@ class TmuxTerminal:
         ``RunnerError`` ``tmux-failed`` when tmux cannot answer."""
         return self._first_pane(name)
 
-    def spawn(self, name: str, *, cwd: Path, argv: list[str]) -> None:
-        """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell).
+    def spawn(
+        self, name: str, *, cwd: Path, argv: list[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell), its
+        environment the agent's plus ``env`` (the session's identity, ``agent.session_env``).
 
         ``argv`` never holds a prompt (it is world-readable in ``/proc``): the caller pastes the
         boot prompt once the harness is up (:meth:`paste` waits for that).
@@ -132,19 +142,28 @@ class TmuxTerminal:
         agent's, into the new session, and clears those it names but the client lacks. So the
         option is set, in the same invocation, to every name the agent or the server's global
         environment has. Only names are on the command line (world-readable in ``/proc``),
-        never values. Raises ``RunnerError``: ``checkout-missing`` when ``cwd`` is not a
-        directory, ``tmux-failed`` when tmux refuses (for one, a session of that name exists).
+        never values: ``env`` reaches the session the same way, through the client's own
+        environment (readable by this user only). Raises ``RunnerError``: ``checkout-missing``
+        when ``cwd`` is not a directory, ``tmux-failed`` when tmux refuses (for one, a session
+        of that name exists).
         """
         _check_name(name)
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
-        names = " ".join(sorted(n for n in self._env_names() if _ENV_NAME.fullmatch(n)))
+        extra = dict(env or {})
+        listed = self._env_names() | set(extra)
+        names = " ".join(sorted(n for n in listed if _ENV_NAME.fullmatch(n)))
+        # A server this call starts takes its client's environment as its global one: the
+        # session's own variables (its token) must stay the session's, not every later one's.
+        private = sorted(n for n in extra if n not in os.environ and _ENV_NAME.fullmatch(n))
         self._run(
             *("set-option", "-g", "update-environment", names, ";"),
+            *(word for n in private for word in ("set-environment", "-g", "-u", n, ";")),
             *("set-option", "-g", "exit-empty", "off", ";"),
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
             *(_literal(arg) for arg in argv),
+            env=os.environ | extra if extra else None,
         )
 
     def _env_names(self) -> set[str]:
@@ -154,7 +173,9 @@ class TmuxTerminal:
         server = {line.lstrip("-").partition("=")[0] for line in listed}
         return (set(os.environ) | server) - _TMUX_OWN
 
-    def paste(self, name: str, text: str, *, listed: Pane | None = None) -> None:
+    def paste(
+        self, name: str, text: str, *, listed: Pane | None = None, confirm: bool = False
+    ) -> None:
         """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
         just listed it) as one bracketed paste, then submit.
 
@@ -197,11 +218,69 @@ class TmuxTerminal:
         if _EXITED in said:
             raise _exited(name)
         try:
-            self._run("send-keys", "-t", pane.pane_id, "Enter")
+            self._submit(pane, clean, confirm=confirm)
         except RunnerError as exc:
             raise RunnerError(
                 f"pasted into {name} but not submitted: {exc}", reason="submit-failed"
             ) from exc
+
+    def _submit(self, pane: Pane, text: str, *, confirm: bool) -> None:
+        """Send Enter; on a pane's first paste (every paste with ``confirm``), until its screen
+        shows the Enter was taken.
+
+        A TUI may draw its input box before it acts on Enter: Gemini CLI shows the pasted text
+        there and drops the Enter for seconds more while it starts (its footer still changing).
+        So the first submit into a pane waits for the screen to settle and, when the screen
+        shows the text's first line (an input box echoing it), sends Enter again each
+        ``SUBMIT_WATCH_SECONDS`` that line stays on the same rows, up to
+        ``ready_wait_seconds``. A harness that shows no echo (a long paste folded, a program
+        drawing nothing) gets one Enter. An extra Enter on an empty input box does nothing in
+        the harnesses hosted here. Gemini CLI also reads an Enter that reaches it within 40 ms of
+        a paste as a newline (its guard against pasted commands), which a loaded machine makes
+        likely whatever the gap sent: its pastes are all confirmed.
+        """
+        seen = (pane.pane_id, pane.pid)
+        if seen in self._submitted_panes and not confirm:
+            self._run("send-keys", "-t", pane.pane_id, "Enter")
+            return
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        probe = first[:SUBMIT_PROBE_CHARS]
+        rows = _rows_with(self._settled_screen(pane), probe)
+        deadline = time.monotonic() + self._ready_wait_seconds
+        while True:
+            self._run("send-keys", "-t", pane.pane_id, "Enter")
+            if not rows or self._taken(pane, rows, probe):
+                break
+            if time.monotonic() >= deadline:
+                break
+        self._submitted_panes.add(seen)
+
+    def _screen(self, pane: Pane) -> str:
+        return "\n".join(self._query("capture-pane", "-p", "-t", pane.pane_id) or [])
+
+    def _settled_screen(self, pane: Pane) -> str:
+        """The pane's screen once two captures ``SCREEN_POLL_SECONDS`` apart agree (at most
+        ``SUBMIT_WATCH_SECONDS``): what the paste drew, not a frame on the way to it."""
+        deadline = time.monotonic() + SUBMIT_WATCH_SECONDS
+        screen = self._screen(pane)
+        while time.monotonic() < deadline:
+            time.sleep(SCREEN_POLL_SECONDS)
+            again = self._screen(pane)
+            if again == screen:
+                break
+            screen = again
+        return screen
+
+    def _taken(self, pane: Pane, rows: tuple[int, ...], probe: str) -> bool:
+        """Tell whether, within ``SUBMIT_WATCH_SECONDS``, the rows holding ``probe`` moved
+        from ``rows``: the harness took the Enter and the text left its input box."""
+        deadline = time.monotonic() + SUBMIT_WATCH_SECONDS
+        while True:
+            if _rows_with(self._screen(pane), probe) != rows:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SCREEN_POLL_SECONDS)
 
     def kill(self, name: str) -> None:
         """Kill session ``name``; a missing one is fine. Raises ``RunnerError`` ``tmux-failed``."""
@@ -341,10 +420,13 @@ class TmuxTerminal:
                 return False
             time.sleep(POLL_SECONDS)
 
-    def _query(self, *args: str) -> list[str] | None:
-        """Run a tmux command; None when its session (or the whole server) does not exist."""
+    def _query(self, *args: str, env: Mapping[str, str] | None = None) -> list[str] | None:
+        """Run a tmux command (its client in ``env``, else the agent's environment); None
+        when its session (or the whole server) does not exist."""
         try:
-            done = run_child([*self._client, *args], cwd=None, timeout_seconds=self._timeout)
+            done = run_child(
+                [*self._client, *args], cwd=None, timeout_seconds=self._timeout, env=env
+            )
         except OSError as exc:
             raise RunnerError(f"tmux {args[0]} failed: {exc}", reason="tmux-failed") from exc
         except Overran as exc:
@@ -360,8 +442,8 @@ class TmuxTerminal:
             return None
         raise RunnerError(f"tmux {args[0]} failed: {error}", reason="tmux-failed")
 
-    def _run(self, *args: str) -> list[str]:
-        lines = self._query(*args)
+    def _run(self, *args: str, env: Mapping[str, str] | None = None) -> list[str]:
+        lines = self._query(*args, env=env)
         if lines is None:
             raise RunnerError(f"tmux {args[0]}: no such session or server", reason="tmux-failed")
         return lines
@@ -409,3 +491,10 @@ def _signal(pid: int, signum: signal.Signals) -> None:
         return
     except PermissionError as exc:
         raise RunnerError(f"cannot signal pid {pid}: {exc}", reason="terminate-failed") from exc
+
+
+def _rows_with(screen: str, probe: str) -> tuple[int, ...]:
+    """The rows of ``screen`` that hold ``probe`` (none for an empty probe)."""
+    if not probe:
+        return ()
+    return tuple(n for n, line in enumerate(screen.splitlines()) if probe in line)

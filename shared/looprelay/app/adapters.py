@@ -8,7 +8,7 @@ Function's cold start loads only the ones its configuration picks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,9 +19,12 @@ from looprelay.errors import ConfigError
 from looprelay.ports import (
     Clock,
     DispatchFeed,
+    DispatchRing,
     GitHub,
+    GitHubListings,
+    PollCursors,
     Queue,
-    RunnerDirectory,
+    RunnerChanges,
     RunnerRegistry,
     Store,
     TaskAuthenticator,
@@ -73,6 +76,20 @@ def open_runner_registry(config: Config, *, data_dir: Path | None) -> RunnerRegi
     return SqliteRunnerRegistry(_sqlite_path(config, data_dir))
 
 
+def open_poll_cursors(config: Config, *, data_dir: Path | None) -> PollCursors:
+    """Return the poll ingress's cursors next to the configured store.
+
+    Raises ``ConfigError`` when SQLite has no path, ``Transient`` when unreachable.
+    """
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore.poll_cursors import FirestorePollCursors
+
+        return FirestorePollCursors.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite.poll_cursors import SqlitePollCursors
+
+    return SqlitePollCursors(_sqlite_path(config, data_dir))
+
+
 def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemStore:
     """Return the work-item store next to the configured store.
 
@@ -87,7 +104,7 @@ def open_work_item_store(config: Config, *, data_dir: Path | None) -> WorkItemSt
     return SqliteWorkItemStore(_sqlite_path(config, data_dir))
 
 
-def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> DispatchFeed | None:
+def open_dispatch_feed(config: Config, *, on_change: DispatchRing) -> DispatchFeed | None:
     """Return the store's change feed of open dispatches, calling ``on_change`` after each
     change once started, and not started: its thread and stream must be opened by the process
     that serves (``start()``, see ``app.asgi.build_asgi``). None when the store pushes none
@@ -100,16 +117,17 @@ def open_dispatch_feed(config: Config, *, on_change: Callable[[], None]) -> Disp
     return FirestoreDispatchFeed.from_config(config.store.firestore, on_change=on_change)
 
 
-def open_runner_directory(config: Config) -> RunnerDirectory | None:
-    """Return the store's directory of runners, not started: the process that serves opens
-    its listener (``start()``), and until then it vouches for nobody. None when the store
-    pushes none (SQLite: a read is cheap, so the runner API reads). Raises ``ConfigError``
-    without credentials."""
-    if config.store.backend != "firestore":
-        return None
-    from looprelay.adapters.firestore.runner_directory import FirestoreRunnerDirectory
+def open_runner_changes(config: Config, *, data_dir: Path | None) -> RunnerChanges:
+    """Return the store's feed of changed runners, not started: the process that serves
+    starts it (``RunnerRecords.start``), and until then nothing is vouched for from memory.
+    Raises ``ConfigError`` without credentials, or without a SQLite path."""
+    if config.store.backend == "firestore":
+        from looprelay.adapters.firestore.runner_changes import FirestoreRunnerChanges
 
-    return FirestoreRunnerDirectory.from_config(config.store.firestore)
+        return FirestoreRunnerChanges.from_config(config.store.firestore)
+    from looprelay.adapters.sqlite.runner_changes import SqliteRunnerChanges
+
+    return SqliteRunnerChanges(_sqlite_path(config, data_dir))
 
 
 @dataclass(frozen=True)
@@ -202,14 +220,32 @@ def app_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHub:
     """The GitHub client a sweep needs, with App auth: only the App itself (its JWT) may list
     and redeliver its webhook deliveries.
 
-    Raises ``ConfigError`` when ``github.appId`` or ``github.privateKeyEnv`` is unset, and as
-    ``GitHubRest.from_config`` does (naming the variable) when the key is missing or unusable.
+    Raises ``ConfigError`` when ``github.appId`` or the App's key (``github.privateKeyEnv``
+    or ``github.privateKeyFile``) is unset, and as ``GitHubRest.from_config`` does (naming the
+    variable or file) when the key is missing or unusable.
     """
-    if config.app_id is None or not config.private_key_env:
+    if config.app_id is None or not (config.private_key_env or config.private_key_file):
         raise ConfigError(
             "the redelivery sweep needs GitHub App auth: set github.appId and "
             "github.privateKeyEnv (the name of an environment variable holding the App's "
-            "private key); a token cannot list the App's deliveries"
+            "private key), or run `looprelay app create`; a token cannot list the App's "
+            "deliveries"
+        )
+    from looprelay.adapters.github.rest import GitHubRest
+
+    return GitHubRest.from_config(config, environ)
+
+
+def poll_github(config: GitHubConfig, environ: Mapping[str, str]) -> GitHubListings:
+    """The GitHub client the poll ingress reads with (App or token auth).
+
+    Raises ``ConfigError`` when no credentials are configured, and as
+    ``GitHubRest.from_config`` does (naming the variable) when a secret is missing.
+    """
+    if config.app_id is None and config.token_env is None:
+        raise ConfigError(
+            "github.poll.repositories needs GitHub credentials to read them: set github.appId "
+            "and github.privateKeyEnv (App auth) or github.tokenEnv (token auth)"
         )
     from looprelay.adapters.github.rest import GitHubRest
 

@@ -125,20 +125,20 @@ class _Served:
             log.warning("%s refused: bodies in flight hold the body budget", scope["path"])
             busy = json_response(503, {"error": "too many request bodies in flight; retry later"})
             retry = {"retry-after": str(BUDGET_RETRY_SECONDS)}
-            await _answer(scope, receive, send, replace(busy, headers=retry), close=True)
+            await _answer(send, replace(busy, headers=retry), close=True)
             return
         except TimeoutError:
             slow = json_response(
                 408, {"error": f"body not received within {self._endpoint.body_seconds:g} s"}
             )
-            await _answer(scope, receive, send, slow, close=True)
+            await _answer(send, slow, close=True)
             return
         except ClientDisconnect:
             return  # the client left mid-body: nobody is there to answer
         except _BodyTooLarge:
             drain = declared is not None and declared <= DRAIN_LIMIT_BYTES
             refused = self._endpoint.refuse(to_request(scope, b""), cap)
-            await _answer(scope, receive, send, refused, close=not drain)
+            await _answer(send, refused, close=not drain)
             return
         request = to_request(scope, body)
         try:
@@ -146,7 +146,7 @@ class _Served:
         except Exception:
             log.exception("unhandled error serving %s", request.path)
             response = json_response(500, {"error": "internal error"})
-        await _answer(scope, receive, send, response)
+        await _answer(send, response)
 
 
 def build_asgi(
@@ -231,15 +231,13 @@ def to_request(scope: Scope, body: bytes) -> Request:
     )
 
 
-def to_starlette(response: Response, *, close: bool = False) -> StarletteResponse:
-    """The Starlette response for a handler's ``response``."""
-    headers = dict(response.headers)
-    if close:
-        headers["connection"] = "close"
+def to_starlette(response: Response) -> StarletteResponse:
+    """The Starlette response for a handler's ``response`` (Starlette's exception handlers
+    answer with one; the endpoints send theirs straight to the server: ``_answer``)."""
     return StarletteResponse(
         response.body,
         status_code=response.status,
-        headers=headers,
+        headers=dict(response.headers),
         media_type=response.content_type,
     )
 
@@ -272,10 +270,21 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
-async def _answer(
-    scope: Scope, receive: Receive, send: Send, response: Response, *, close: bool = False
-) -> None:
-    await to_starlette(response, close=close)(scope, receive, send)
+async def _answer(send: Send, response: Response, *, close: bool = False) -> None:
+    """Send ``response`` as its two ASGI messages (with ``Connection: close`` if ``close``):
+    on the ack's path a Starlette response object cost more than the messages themselves."""
+    headers = [
+        (b"content-type", response.content_type.encode("latin-1")),
+        (b"content-length", b"%d" % len(response.body)),
+        *(
+            (name.lower().encode("latin-1"), v.encode("latin-1"))
+            for name, v in response.headers.items()
+        ),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
 
 
 async def _not_found(request: StarletteRequest, exc: Any) -> StarletteResponse:

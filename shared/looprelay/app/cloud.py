@@ -15,8 +15,10 @@ from looprelay.config.model import Config, load_config
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:
-    from looprelay.ports import DispatchFeed, RunnerDirectory
+    from looprelay.ports import DispatchFeed
     from looprelay.service.ingress import Ingress
+    from looprelay.service.poller import Poller
+    from looprelay.service.runner_cache import RunnerRecords
     from looprelay.service.runners import RunnerApi
     from looprelay.service.status import StatusReader
     from looprelay.service.sweeper import Sweeper
@@ -97,7 +99,7 @@ class CloudRunnerApi:
     :meth:`start` them in the process that serves (``app.asgi.build_asgi``'s ``start``)."""
 
     api: RunnerApi
-    listeners: tuple[DispatchFeed | RunnerDirectory, ...]
+    listeners: tuple[DispatchFeed | RunnerRecords, ...]
 
     def start(self) -> None:
         """Open each listener in this process (once a process)."""
@@ -109,26 +111,33 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> CloudRunnerA
     """The runner API's handler, on the configured store. No signal crosses from the worker
     function, so one change feed per instance (a Firestore listener) wakes the waiting polls
     when open dispatches change; without one, polls look again every second. A second
-    listener holds the runners, so authenticating a poll or a heartbeat reads nothing.
+    listener, on the runners that changed lately, keeps a bounded cache of runners honest, so
+    authenticating a runner read lately reads nothing.
 
     Neither listens yet, and no client has connected: building happens where
     functions-framework imports the functions, before gunicorn forks the process that serves.
     Until the listeners are started there, polls look at the store and every runner is
-    authenticated by a read (the directory vouches for nobody).
+    authenticated by a read (the cache vouches for nobody).
     """
     from looprelay.app.adapters import (
         github_client,
         open_dispatch_feed,
-        open_runner_directory,
+        open_runner_changes,
         open_store,
         system_clock,
     )
     from looprelay.app.services import build_runner_api as wire
+    from looprelay.service.runner_cache import RunnerRecords
     from looprelay.service.waker import DispatchWaker
 
     waker = DispatchWaker()
     feed = open_dispatch_feed(config, on_change=waker.notify)
-    directory = open_runner_directory(config)
+    # A change to a runner wakes its waiting polls, which read it again (revoked: 401).
+    records = RunnerRecords(
+        open_runner_changes(config, data_dir=None),
+        size=config.runners.cached_runners,
+        told=lambda ids: waker.notify((), runners=ids),
+    )
     api = wire(
         config,
         store=open_store(config, data_dir=None),
@@ -137,9 +146,9 @@ def build_runner_api(config: Config, environ: Mapping[str, str]) -> CloudRunnerA
         github=github_client(config, environ),
         waker=waker if feed is not None else None,
         feed=feed,
-        directory=directory,
+        records=records,
     )
-    return CloudRunnerApi(api, tuple(x for x in (feed, directory) if x is not None))
+    return CloudRunnerApi(api, (records,) if feed is None else (feed, records))
 
 
 def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
@@ -176,19 +185,46 @@ def build_sweeper(config: Config, environ: Mapping[str, str]) -> Sweeper:
     )
 
 
+def build_poller(config: Config, environ: Mapping[str, str]) -> Poller:
+    """The poll ingress, one round per scheduled call: it queues into the configured queue,
+    as the webhook does, and keeps its cursors next to the store.
+
+    With ``github.poll.repositories`` empty a round polls nothing (infra pauses its
+    schedule then). Raises ``ConfigError`` when no GitHub credentials are configured.
+    """
+    from looprelay.app.adapters import open_poll_cursors, open_queue, open_store, system_clock
+    from looprelay.app.services import build_poller as wire
+
+    return wire(
+        config,
+        environ,
+        store=open_store(config, data_dir=None),
+        queue=open_queue(config, data_dir=None),
+        cursors=open_poll_cursors(config, data_dir=None),
+        clock=system_clock(),
+    )
+
+
 def build_status_reader(config: Config) -> StatusReader:
     """The status page's reader, on the configured stores (the ``status`` function's, behind
     IAM). It only reads: the function's identity may read Firestore and nothing else."""
     from datetime import timedelta
 
     from looprelay.adapters.clock import SystemClock
-    from looprelay.app.adapters import open_runner_registry, open_store, open_work_item_store
+    from looprelay.app.adapters import (
+        open_poll_cursors,
+        open_runner_registry,
+        open_store,
+        open_work_item_store,
+    )
     from looprelay.service.status import StatusReader
 
+    polled = config.github.poll.repositories
     return StatusReader(
         store=open_store(config, data_dir=None),
         work_items=open_work_item_store(config, data_dir=None),
         runners=open_runner_registry(config, data_dir=None),
         clock=SystemClock(),
         lost_after=timedelta(seconds=config.runners.lost_after_seconds),
+        poll_cursors=open_poll_cursors(config, data_dir=None) if polled else None,
     )

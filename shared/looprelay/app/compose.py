@@ -6,6 +6,8 @@ Two shapes serve the same paths:
     POST /worker        the queue's tasks
     POST /runner/v1/... runner agents (schema/runner-api.openapi.json)
     POST /sweeper       Cloud Scheduler's redelivery sweep (cloud only)
+    POST /poller        Cloud Scheduler's poll of github.poll.repositories (cloud only;
+                        ``looprelay up`` polls from a thread of its own)
     GET  /healthz       liveness
     GET  /status        the operator's status page, or its JSON (app/status.py)
 
@@ -25,7 +27,7 @@ needs them, never at import.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,8 +43,9 @@ from looprelay.errors import ConfigError
 if TYPE_CHECKING:
     from looprelay.adapters.sqlite.queue import SqliteQueue
     from looprelay.app.adapters import OpenStores
+    from looprelay.app.polling import PollLoop
     from looprelay.app.webhook import WebhookPressure
-    from looprelay.ports import Store
+    from looprelay.ports import Clock, PollCursors, Queue, Store
     from looprelay.service.ingress import Ingress
     from looprelay.service.runners import RunnerApi
     from looprelay.service.waker import DispatchWaker
@@ -55,7 +58,8 @@ WORKER_PATH = "/worker"
 HEALTH_PATH = "/healthz"
 RUNNER_PREFIX = "/runner/"
 SWEEPER_PATH = "/sweeper"
-FUNCTIONS = ("webhook", "worker", "runners", "sweeper", "status")
+POLLER_PATH = "/poller"
+FUNCTIONS = ("webhook", "worker", "runners", "sweeper", "poller", "status")
 """The Cloud Functions entry points, one endpoint each."""
 _HEALTH_MAX_BODY_BYTES = 1024
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
@@ -89,7 +93,11 @@ class LocalApp:
         worker_token: str,
         data_dir: Path,
         lock: IO[str],
+        polling: PollLoop | None = None,
+        closing: Sequence[Callable[[], None]] = (),
     ) -> None:
+        """``polling``: the poll ingress's loop, started and stopped with dispatching;
+        ``closing``: what else to close last."""
         self.app = app
         self.store: Store = stores.store
         self.queue = queue
@@ -103,6 +111,8 @@ class LocalApp:
         self._waker = waker
         self._worker_token = worker_token
         self._lock = lock
+        self.polling = polling
+        self._closing = tuple(closing)
 
     def start(self, *, host: str, port: int) -> None:
         """Start dispatching queued tasks (left from a previous run included) to this
@@ -114,11 +124,15 @@ class LocalApp:
             auth_token=self._worker_token,
             yield_to=self._pressure.wait_until_idle,
         )
+        if self.polling is not None:
+            self.polling.start()
 
     def stop_dispatching(self) -> None:
         """Answer waiting long polls "no work" (and every later one at once), then let
         in-flight tasks finish and dispatch no more (their requests need the server, so this
         comes before it stops)."""
+        if self.polling is not None:
+            self.polling.stop()
         self._waker.close()
         self.queue.stop()
 
@@ -126,6 +140,8 @@ class LocalApp:
         """Commit what was enqueued, close the files, release the data directory's lock."""
         self.queue.close()
         self._stores.close()
+        for close in self._closing:
+            close()
         self._lock.close()
 
 
@@ -200,14 +216,23 @@ def _build_cloud(config: Config, environ: Mapping[str, str], function: str) -> S
             Endpoint(path, blocking(sweeper.handle), _HEALTH_MAX_BODY_BYTES)
             for path in ("/", SWEEPER_PATH)
         ]
+    elif function == "poller":
+        from looprelay.app.polling import PollHandler
+
+        poller = PollHandler(cloud.build_poller(config, environ))
+        endpoints = [
+            Endpoint(path, blocking(poller.handle), _HEALTH_MAX_BODY_BYTES)
+            for path in ("/", POLLER_PATH)
+        ]
     else:
-        from looprelay.app.status import STATUS_PATH, status_handler, to_status
+        from looprelay.app.status import DELIVERY_PATH, STATUS_PATH, status_handler, to_status
 
         # Behind IAM: Cloud Run has authenticated every caller (docs/operations.md).
         reader = cloud.build_status_reader(config)
-        handler = status_handler(reader.read, blocking, local_only=False)
+        handler = status_handler(reader, blocking, local_only=False)
         endpoints = [
             Endpoint(STATUS_PATH, handler, _HEALTH_MAX_BODY_BYTES),
+            Endpoint(DELIVERY_PATH, handler, _HEALTH_MAX_BODY_BYTES),
             Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
         ]
     return build_asgi(endpoints)
@@ -242,7 +267,7 @@ def _open_local(
     from looprelay.app.ingress_http import size_refusal
     from looprelay.app.longpoll import runner_api_handler
     from looprelay.app.services import build_router, build_runner_api
-    from looprelay.app.status import STATUS_PATH, status_handler, to_status
+    from looprelay.app.status import DELIVERY_PATH, STATUS_PATH, status_handler, to_status
     from looprelay.app.webhook import WebhookPressure, acknowledge_when_durable
     from looprelay.app.worker_http import worker_handler
     from looprelay.config.secrets import operator_token_from_env
@@ -292,6 +317,9 @@ def _open_local(
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
+    polling, cursors = _local_polling(
+        config, environ, data_dir=data_dir, store=stores.store, queue=queue, clock=clock
+    )
     status = StatusReader(
         store=stores.store,
         work_items=stores.work_items,
@@ -299,8 +327,10 @@ def _open_local(
         clock=clock,
         lost_after=timedelta(seconds=config.runners.lost_after_seconds),
         command_args=("--data", str(data_dir)),
+        poll_cursors=cursors,
     )
     blocking, pressure = Blocking(), WebhookPressure()
+    pages = status_handler(status, blocking, local_only=True, token=operator_token)
     webhook = pressure.tracking(acknowledge_when_durable(ingress, queue.enqueue_soon))
     cap = config.webhook.max_body_bytes
     app = build_asgi(
@@ -308,10 +338,9 @@ def _open_local(
             Endpoint(WEBHOOK_PATH, webhook, cap, size_refusal(ingress)),
             Endpoint(WORKER_PATH, blocking(worker_handler(worker)), MAX_TASK_BYTES),
             Endpoint(HEALTH_PATH, _health, _HEALTH_MAX_BODY_BYTES),
-            Endpoint(
-                STATUS_PATH,
-                status_handler(status.read, blocking, local_only=True, token=operator_token),
-                _HEALTH_MAX_BODY_BYTES,
+            *(
+                Endpoint(path, pages, _HEALTH_MAX_BODY_BYTES)
+                for path in (STATUS_PATH, DELIVERY_PATH)
             ),
             Endpoint("/", to_status, _HEALTH_MAX_BODY_BYTES),
             Endpoint(
@@ -332,7 +361,30 @@ def _open_local(
         worker_token=worker_token,
         data_dir=data_dir,
         lock=lock,
+        polling=polling,
+        closing=[close] if callable(close := getattr(cursors, "close", None)) else [],
     )
+
+
+def _local_polling(
+    config: Config,
+    environ: Mapping[str, str],
+    *,
+    data_dir: Path,
+    store: Store,
+    queue: Queue,
+    clock: Clock,
+) -> tuple[PollLoop | None, PollCursors | None]:
+    """The poll loop and its cursors when ``github.poll.repositories`` names any."""
+    if not config.github.poll.repositories:
+        return None, None
+    from looprelay.app.adapters import open_poll_cursors
+    from looprelay.app.polling import PollLoop
+    from looprelay.app.services import build_poller
+
+    cursors = open_poll_cursors(config, data_dir=data_dir)
+    poller = build_poller(config, environ, store=store, queue=queue, cursors=cursors, clock=clock)
+    return PollLoop(poller, interval_seconds=config.github.poll.interval_seconds), cursors
 
 
 def url_host(host: str) -> str:

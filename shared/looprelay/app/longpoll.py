@@ -18,7 +18,7 @@ from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.app.runner_http import NOTHING_TO_LEASE, RunnerHttp, lease_answer
 from looprelay.core.model import DispatchRecord, RunnerRecord
-from looprelay.errors import Transient
+from looprelay.errors import Transient, Unauthorized
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.runners import RunnerApi
 from looprelay.wire.runner_api import API_PREFIX, PollBody
@@ -75,6 +75,12 @@ def _admit_and_look(
         return runner, body, look(desk, runner)
     except Transient as exc:
         return _store_failed(exc)
+    except Unauthorized as exc:
+        return _refused(exc)
+
+
+def _refused(exc: Unauthorized) -> Response:
+    return json_response(exc.status, {"error": str(exc)})
 
 
 def _store_failed(exc: Transient) -> Response:
@@ -104,6 +110,8 @@ async def long_poll(
                 looked = await blocking.run(lambda: look(desk, runner))
             except Transient as exc:
                 return _store_failed(exc)
+            except Unauthorized as exc:  # revoked or rotated while it waited
+                return _refused(exc)
         if looked.leased is not None:
             if waker is not None and woken_by is not None:
                 waker.pass_on(woken_by, taken=looked.leased)
@@ -117,7 +125,7 @@ async def long_poll(
             # Woken only by a ring this runner might act on, and only as many of its polls
             # as it opened dispatches for: the others cost it no look.
             woken_by = await waker.wait_async(
-                desk.pause_seconds(remaining), since=looked.seen, wants=wants
+                desk.pause_seconds(remaining), since=looked.seen, wants=wants, runner=runner
             )
         else:
             await asyncio.sleep(desk.pause_seconds(remaining))

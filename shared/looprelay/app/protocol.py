@@ -10,7 +10,8 @@ has its request in full and waits for its answer); it must start a request withi
 head must end within ``head_seconds`` and ``max_head_bytes`` (else 408 or 431), and the body
 must arrive at ``min_body_rate`` bytes a second on average once ``body_grace_seconds`` have
 passed (else 408), and receiving connections may hold all but ``reserve`` of the slots (past
-that the one receiving the longest is dropped); the request is served; then it is idle again.
+that the one receiving the longest is dropped); the request is served (answered before its
+body has arrived, as an early 413 is, it lingers: ``app.lingering``); then it is idle again.
 So a flood of slow heads and bodies drops its own oldest, and an ordinary delivery, which
 arrives in a moment, is never the oldest.
 """
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from looprelay.app.lingering import LingeringTransport
 
 log = logging.getLogger("looprelay.server")
 
@@ -102,10 +105,14 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_started = 0.0
         self._body_bytes = 0
+        self._linger: LingeringTransport | None = None
 
     @property
     def idle(self) -> bool:
-        """No request under way and none begun: closing it loses nothing."""
+        """No request under way and none begun, or answered and lingering: closing it loses
+        nothing."""
+        if self._linger is not None and self._linger.lingering:
+            return True
         return (
             self._head_timer is None
             and (self.cycle is None or self.cycle.response_complete)
@@ -114,7 +121,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def evict(self) -> None:
         """Close this idle connection to make room for a new one."""
-        self.transport.close()
+        self._shut()
 
     def drop(self, why: str) -> None:
         """Close this connection, whose request is still arriving, with a 408 saying
@@ -133,6 +140,12 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self._guard.admit(self):
             transport.close()
             return
+        # uvicorn closes through this, so an answer given before the body has arrived
+        # (an early 413) lingers instead of resetting a client still sending (lingering.py).
+        self._linger = LingeringTransport(
+            transport, receiving=lambda: self in self._guard.receiving, on_linger=self._lingers
+        )
+        self.transport = self._linger
         # uvicorn arms its idle timer only after a response; a connection that never sends
         # a byte is idle from the start.
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -143,9 +156,18 @@ class GuardedProtocol(HttpToolsProtocol):
         self._guard.forget(self)
         self._cancel_head_timer()
         self._cancel_body_timer()
+        if self._linger is not None:
+            self._linger.shut()  # its timer
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._linger is not None and self._linger.lingering:
+            return  # the rest of a request already answered: read and dropped
+        super().data_received(data)
+
     def eof_received(self) -> bool | None:  # type: ignore[override]
+        if self._linger is not None and self._linger.lingering:
+            return None  # the client sent the rest: close
         # A client may end its side once its request is sent (RFC 9112 §9.6): the requests it
         # sent in full are still answered, then the connection closes. Anything cut short
         # has nobody to answer (None: the transport closes now).
@@ -209,7 +231,21 @@ class GuardedProtocol(HttpToolsProtocol):
             text.encode("ascii"),
         ]
         self.transport.write(b"".join(content))
-        self.transport.close()
+        self._shut()
+
+    def _shut(self) -> None:
+        """Close the socket now, lingering or not."""
+        if self._linger is not None:
+            self._linger.shut()
+        else:
+            self.transport.close()
+
+    def _lingers(self) -> None:
+        """The answer went out before the request had arrived: it no longer counts as
+        arriving, and no deadline of its own applies."""
+        self._guard.receiving_ended(self)
+        self._cancel_head_timer()
+        self._cancel_body_timer()
 
     def _count(self, size: int, *, lines: int) -> None:
         self._head_bytes += size

@@ -29,6 +29,8 @@ from looprelay.wire.runner_api import (
     RegisterBody,
     RenewBody,
     ResultBody,
+    SessionCommentBody,
+    SessionTokenBody,
 )
 
 log = logging.getLogger("looprelay.service.runners")
@@ -103,9 +105,20 @@ def _deregister(api: RunnerApi, request: Request) -> BaseModel | None:
     return api.deregister(runner)
 
 
-def _poll(api: RunnerApi, request: Request) -> BaseModel | None:
+def _admitted_poll(api: RunnerApi, request: Request) -> tuple[RunnerRecord, PollBody]:
+    """A poll's runner and body, checked (``Unauthorized``, ``NotFound`` on a server without
+    work, ``BadDelivery``, ``Conflict`` for a second agent)."""
     runner = _worker(api, request)
-    return api.poll(runner, parse_body(request, PollBody))
+    body = parse_body(request, PollBody)
+    api.admit_poll(runner, body)
+    return runner, body
+
+
+def _poll(api: RunnerApi, request: Request) -> BaseModel | None:
+    # One look, never a wait: ``app.longpoll`` serves polls, waiting on the event loop
+    # between looks; this answers a call that reaches the handler itself.
+    runner, _body = _admitted_poll(api, request)
+    return leased(api.work_desk().try_lease(runner))
 
 
 def _renew(api: RunnerApi, request: Request) -> BaseModel | None:
@@ -118,6 +131,21 @@ def _results(api: RunnerApi, request: Request) -> BaseModel | None:
     return api.results(runner, parse_body(request, ResultBody))
 
 
+def _session_token(api: RunnerApi, request: Request) -> BaseModel | None:
+    runner = _runner(api, request)
+    return api.session_token(runner, parse_body(request, SessionTokenBody))
+
+
+def _session_says(ask: bool) -> Callable[[RunnerApi, Request], BaseModel | None]:
+    """A session endpoint: its caller is the session its token names, not a runner."""
+
+    def operation(api: RunnerApi, request: Request) -> BaseModel | None:
+        body = parse_body(request, SessionCommentBody)
+        return api.session_comment(request.headers.get("authorization", ""), body, ask=ask)
+
+    return operation
+
+
 _OPERATIONS: dict[str, Callable[[RunnerApi, Request], BaseModel | None]] = {
     "register": _register,
     "heartbeat": _heartbeat,
@@ -126,6 +154,9 @@ _OPERATIONS: dict[str, Callable[[RunnerApi, Request], BaseModel | None]] = {
     "poll": _poll,
     "renew": _renew,
     "results": _results,
+    "session-token": _session_token,
+    "session-comment": _session_says(ask=False),
+    "session-ask": _session_says(ask=True),
 }
 # The documented table and the operations must name the same endpoints.
 assert _OPERATIONS.keys() == ENDPOINTS.keys()
@@ -153,17 +184,14 @@ class RunnerHttp:
         answer (401, 404, 422, 503...) when it is refused. Never raises.
 
         ``app.longpoll`` uses it with ``LeaseDesk.try_lease`` to wait without a thread;
-        :meth:`handle` serves the same poll on one thread.
+        :meth:`handle` answers a poll with one look and no wait.
         """
         if request.method != "POST":
             return json_response(405, {"error": "only POST is accepted here"})
         admitted: list[tuple[RunnerRecord, PollBody]] = []
 
         def admit() -> Response:
-            runner = _worker(self._api, request)
-            body = parse_body(request, PollBody)
-            self._api.admit_poll(runner, body)
-            admitted.append((runner, body))
+            admitted.append(_admitted_poll(self._api, request))
             return NOTHING_TO_LEASE
 
         refused = self._answer(admit)

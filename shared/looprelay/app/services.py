@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from looprelay.app.adapters import open_runner_registry, open_work_item_store
 from looprelay.config.model import Config
@@ -13,7 +15,8 @@ from looprelay.ports import (
     Clock,
     DispatchFeed,
     GitHub,
-    RunnerDirectory,
+    PollCursors,
+    Queue,
     RunnerRegistry,
     Store,
     WorkItemStore,
@@ -21,8 +24,13 @@ from looprelay.ports import (
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
 from looprelay.service.route import Router
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runners import RunnerApi
+from looprelay.service.session_comments import SessionComments
 from looprelay.service.waker import DispatchWaker
+
+if TYPE_CHECKING:
+    from looprelay.service.poller import Poller
 
 log = logging.getLogger("looprelay.app.services")
 
@@ -63,11 +71,12 @@ def build_runner_api(
     work_items: WorkItemStore | None = None,
     runners: RunnerRegistry | None = None,
     feed: DispatchFeed | None = None,
-    directory: RunnerDirectory | None = None,
+    records: RunnerRecords | None = None,
 ) -> RunnerApi:
     """The runner API with its lease desk; stores are opened unless given. ``feed`` (which
     rings ``waker``) lets waiting polls learn of new work without reading the store;
-    ``directory`` lets authentication and the choice among runners read no runner."""
+    ``records`` (the runners read lately, told of changes) lets authentication and the
+    choice among runners read no runner they hold."""
     registry = runners or open_runner_registry(config, data_dir=data_dir)
     work_items = work_items or open_work_item_store(config, data_dir=data_dir)
     progress = Progress(
@@ -88,7 +97,7 @@ def build_runner_api(
         waker=waker,
         feed=feed,
         expire_unserved=feed is None,
-        directory=directory,
+        records=records,
     )
     return RunnerApi(
         registry=registry,
@@ -96,5 +105,37 @@ def build_runner_api(
         clock=clock,
         config=config.runners,
         desk=desk,
-        directory=directory,
+        records=records,
+        sessions=SessionComments(
+            work_items=work_items,
+            store=store,
+            github=github,
+            clock=clock,
+            bot_logins=config.routing.bot_logins,
+        ),
+    )
+
+
+def build_poller(
+    config: Config,
+    environ: Mapping[str, str],
+    *,
+    store: Store,
+    queue: Queue,
+    cursors: PollCursors,
+    clock: Clock,
+) -> Poller:
+    """The poll ingress over ``config.github.poll``, queueing into ``queue`` as the webhook
+    does. Raises ``ConfigError`` without GitHub credentials (``adapters.poll_github``)."""
+    from looprelay.app.adapters import poll_github
+    from looprelay.service.poller import Poller
+
+    return Poller(
+        github=poll_github(config.github, environ),
+        cursors=cursors,
+        ledger=store,
+        queue=queue,
+        clock=clock,
+        config=config.github.poll,
+        webhook=config.webhook,
     )

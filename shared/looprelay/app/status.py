@@ -3,34 +3,69 @@
 Under ``looprelay up`` only a caller on this machine may, unless an operator token is
 configured: then a caller presenting it (``Authorization: Bearer TOKEN``) may too. "On this
 machine" means a loopback peer that also names a loopback host and came through no proxy: a
-tunnel (which connects from loopback) forwards a public ``Host`` or adds ``X-Forwarded-For``,
+tunnel (which connects from loopback) forwards a public ``Host`` or adds a forwarding header,
 and a DNS-rebinding page names its own host, so neither passes. In the cloud the function
 serving it sits behind IAM, which has checked the caller before this code runs.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
-from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import parse_qs, unquote
 
 from looprelay.app.asgi import AsyncHandler, Blocking
 from looprelay.app.messages import Request, Response, json_response
+from looprelay.core.deliveries import DeliveryPage
 from looprelay.core.status import StatusView
-from looprelay.service.status import render_html
+from looprelay.service.status import (
+    COPY_SCRIPT,
+    MAX_RECENT_DELIVERIES,
+    RECENT_DELIVERIES,
+    render_delivery_html,
+    render_html,
+)
 
 STATUS_PATH = "/status"
+DELIVERY_PATH = "/status/deliveries/"
+"""``/status/deliveries/ID``: one delivery and its events (a prefix endpoint)."""
 JSON_TYPE = "application/json"
-_FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+_FORWARDING_HEADERS = (
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+    # Cloudflare's tunnel names the caller in CF-Connecting-IP (and, on Enterprise plans,
+    # True-Client-IP), often without X-Forwarded-For.
+    "cf-connecting-ip",
+    "true-client-ip",
+)
 _LOCAL_NAMES = frozenset({"localhost", "localhost."})
 _PAGE_HEADERS = {
     "cache-control": "no-store",
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
-    # Inline CSS only: no script, no frame, no form, nothing fetched.
+    # Inline CSS and our one copy script (by its hash): no frame, no form, nothing fetched.
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "script-src 'sha256-"
+    + base64.b64encode(hashlib.sha256(COPY_SCRIPT.encode()).digest()).decode()
+    + "'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
 }
+
+
+class StatusPages(Protocol):
+    """What the status endpoints read (``service.status.StatusReader``)."""
+
+    def read(self, deliveries: int = RECENT_DELIVERIES) -> StatusView:
+        """The whole view, as of now, with the last ``deliveries`` deliveries."""
+        ...
+
+    def delivery(self, delivery_id: str) -> DeliveryPage | None:
+        """One delivery's page; None when there is no such delivery."""
+        ...
 
 
 def is_local(request: Request) -> bool:
@@ -51,14 +86,15 @@ def has_token(request: Request, token: bytes) -> bool:
 
 
 def status_handler(
-    read: Callable[[], StatusView],
+    pages: StatusPages,
     blocking: Blocking,
     *,
     local_only: bool,
     token: bytes | None = None,
 ) -> AsyncHandler:
-    """The async handler of ``/status``: ``read()`` (blocking, on ``blocking``'s threads)
-    rendered as HTML, or JSON for ``Accept: application/json``.
+    """The async handler of ``/status`` and ``/status/deliveries/ID``: ``pages`` read
+    (blocking, on ``blocking``'s threads) and rendered as HTML, or JSON for ``Accept:
+    application/json``; an unknown delivery is a 404.
 
     ``local_only`` (``up``): refuse callers off this machine unless they present ``token``.
     Without it (a cloud function) the platform's IAM has authenticated the caller.
@@ -70,7 +106,18 @@ def status_handler(
         refusal = _refusal(request, token) if local_only else None
         if refusal is not None:
             return refusal
-        view = await blocking.run(read)
+        if request.path.startswith(DELIVERY_PATH):
+            delivery_id = unquote(request.path.removeprefix(DELIVERY_PATH))
+            page = await blocking.run(lambda: pages.delivery(delivery_id))
+            if page is None:
+                return json_response(404, {"error": f"no delivery {delivery_id[:100]!r}"})
+            return _render_page(page, request)
+        count = _deliveries(request.query)
+        if count is None:
+            return json_response(
+                400, {"error": f"deliveries must be a whole number 1-{MAX_RECENT_DELIVERIES}"}
+            )
+        view = await blocking.run(lambda: pages.read(count))
         return _render(view, request)
 
     return handle
@@ -109,6 +156,25 @@ def _render(view: StatusView, request: Request) -> Response:
         body = view.model_dump_json().encode()
         return Response(200, body, headers={"cache-control": "no-store"})
     html = render_html(view).encode()
+    return Response(200, html, content_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+
+def _deliveries(query: str) -> int | None:
+    """How many deliveries ``?deliveries=N`` asks for (the default without it); None when N is
+    no whole number in range."""
+    asked = parse_qs(query).get("deliveries")
+    if not asked:
+        return RECENT_DELIVERIES
+    text = asked[-1]
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RECENT_DELIVERIES:
+        return None
+    return int(text)
+
+
+def _render_page(page: DeliveryPage, request: Request) -> Response:
+    if _wants_json(request.headers.get("accept", "")):
+        return Response(200, page.model_dump_json().encode(), headers={"cache-control": "no-store"})
+    html = render_delivery_html(page).encode()
     return Response(200, html, content_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
 
 

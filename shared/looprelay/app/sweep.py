@@ -1,15 +1,13 @@
-"""The sweeper function's HTTP face: one sweep per POST, its counts as JSON.
-
-Who may call it is Cloud Run's IAM (only Cloud Scheduler's identity is an invoker); a sweep is
-bounded and idempotent, so a stray call costs API quota, never a wrong effect.
-"""
+"""The sweeper function's HTTP face: one sweep per POST, its counts as JSON
+(``app.scheduled``)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from looprelay.app.messages import Request, Response, json_response
-from looprelay.errors import Permanent, Transient
+from looprelay.app.messages import Request, Response
+from looprelay.app.scheduled import scheduled_round
 from looprelay.service.sweeper import Sweeper
 
 log = logging.getLogger("looprelay.service.sweeper")
@@ -24,16 +22,8 @@ class SweepHandler:
 
     def handle(self, request: Request) -> Response:
         """Sweep once for a POST; never raises."""
-        if request.method != "POST":
-            return json_response(405, {"error": "only POST is accepted here"})
-        try:
-            report = self._sweeper.run()
-        except Transient as exc:
-            log.warning("sweep failed, the scheduler will run it again: %s", exc)
-            return json_response(503, {"error": "transient failure; retry"})
-        except Permanent as exc:
-            log.error("sweep failed: %s", exc)
-            return json_response(500, {"error": str(exc)})
-        counts = report.counts() | {"complete": report.complete}
-        log.info("sweep done", extra={"fields": counts})
-        return json_response(200, counts)
+        return scheduled_round(request, self._sweep, what="sweep", log=log)
+
+    def _sweep(self) -> dict[str, Any]:
+        report = self._sweeper.run()
+        return report.counts() | {"complete": report.complete}

@@ -39,6 +39,7 @@ class WebhookPressure:
 
     def __init__(self) -> None:
         self._idle = threading.Condition()
+        self._watching = threading.Lock()
         self._in_flight = 0
         self._last_answered = 0.0  # time.monotonic() when the in-flight count last hit 0
 
@@ -61,8 +62,20 @@ class WebhookPressure:
 
     def wait_until_idle(self, seconds: float) -> None:
         """Return once no webhook request has been in flight for ``IDLE_GRACE_SECONDS``, or
-        after ``seconds``."""
+        after ``seconds``.
+
+        One caller watches the count at a time; the others wait behind it on a lock, so a
+        burst's every idle moment wakes one thread, not every dispatcher (each woken thread
+        takes the interpreter from the acks)."""
         deadline = time.monotonic() + seconds
+        if not self._watching.acquire(timeout=seconds):
+            return
+        try:
+            self._watch(deadline)
+        finally:
+            self._watching.release()
+
+    def _watch(self, deadline: float) -> None:
         with self._idle:
             while (remaining := deadline - time.monotonic()) > 0:
                 if self._in_flight:

@@ -61,11 +61,34 @@ def log_options(func: F) -> F:
     )(func)
 
 
-def load(config_path: Path | None) -> Config:
+def load(config_path: Path | None, data_dir: Path | None = None) -> Config:
+    """The configuration, with the App ``looprelay app create`` saved in ``data_dir`` beneath
+    it when a data directory is given."""
     try:
-        return load_config(config_path)
+        return load_config(config_path, data_dir=data_dir)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def preflight(config: Config) -> str | None:
+    """Check what ``config`` names in the environment as a start does (webhook secrets, the
+    operator token, the GitHub credentials, which GitHub is asked about) and print, once per
+    repository the App is installed on, the command creating a missing auto-execute label;
+    return who the GitHub credentials act as, or None. Raises ``ConfigError``, one line, for
+    the first one missing or refused."""
+    import os
+
+    from looprelay.adapters.github.identity import github_identity, missing_label_commands
+    from looprelay.config.secrets import operator_token_from_env, webhook_secrets_from_env
+
+    webhook_secrets_from_env(config.github, os.environ)
+    operator_token_from_env(config.server, os.environ)
+    identity = github_identity(config.github, os.environ)
+    if identity is not None:
+        label = config.routing.auto_execute_label
+        for repository, command in missing_label_commands(config.github, os.environ, label):
+            click.echo(f"{repository} has no label {label!r}; create it: {command}", err=True)
+    return identity
 
 
 def data_path(data_dir: Path | None) -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from looprelay.cli.common import load
+from looprelay.cli.common import data_path, load, preflight
 
 
 @click.group("config")
@@ -16,17 +16,27 @@ def config_group() -> None:
 
 @config_group.command("validate")
 @click.argument("path", type=click.Path(path_type=Path))
-def config_validate(path: Path) -> None:
-    """Check PATH as a start does: every wrong key, the authorized users, the keywords and
-    the prompt templates (read and compiled); warnings go to stderr."""
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Data directory whose saved App counts too [default: ~/.local/state/looprelay].",
+)
+def config_validate(path: Path, data_dir: Path | None) -> None:
+    """Check PATH as a start does: every wrong key, the authorized users, the keywords, the
+    prompt templates (read and compiled), the environment variables it names and the GitHub
+    credentials (asked of GitHub); warnings go to stderr."""
     import sys
 
     from looprelay.config.routing import check_routing
     from looprelay.logs import configure_logging
 
     configure_logging("warning", stream=sys.stderr, log_format="text")
-    check_routing(load(path).routing)
-    click.echo(f"{path}: valid")
+    config = load(path, data_path(data_dir))
+    check_routing(config.routing)
+    identity = preflight(config)
+    click.echo(f"{path}: valid" + (f"; GitHub credentials act as {identity}" if identity else ""))
 
 
 @config_group.command("schema")

@@ -144,12 +144,14 @@ def deliveries_sweep(
 ) -> None:
     """Ask GitHub to redeliver the App's failed deliveries that the ledger lacks, back to
     where the last sweep left off (at most GitHub's 3 days; GitHub never retries them itself).
-    Needs github.appId and github.privateKeyEnv."""
+    Needs github.appId and its key (github.privateKeyEnv, or the App `looprelay app create`
+    saved in the data directory)."""
     from looprelay.app.adapters import app_github, open_store, system_clock
     from looprelay.service.sweeper import sweep
 
-    config = load(config_path or obj[0])
-    store = open_store(config, data_dir=data_path(data_dir or obj[1]))
+    data = data_path(data_dir or obj[1])
+    config = load(config_path or obj[0], data)
+    store = open_store(config, data_dir=data)
     github = app_github(config.github, os.environ)
     settings = config.sweeper
     if limit is not None:

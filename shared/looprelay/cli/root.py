@@ -8,10 +8,13 @@ from typing import Any, NoReturn
 
 import click
 
+from looprelay.cli.appcmds import app_group
 from looprelay.cli.configcmds import config_group
 from looprelay.cli.inspect import deliveries, dispatches, events, queue_group
+from looprelay.cli.runner_service import service_group
 from looprelay.cli.runners import runner_group, runners_group
 from looprelay.cli.serve import send, up
+from looprelay.cli.session import session_group
 from looprelay.cli.skill import skill_group
 from looprelay.cli.status import status
 from looprelay.errors import LoopRelayError
@@ -66,15 +69,18 @@ for _command in (
     send,
     status,
     config_group,
+    app_group,
     deliveries,
     dispatches,
     events,
     queue_group,
     runners_group,
     runner_group,
+    session_group,
     skill_group,
 ):
     cli.add_command(_command)
+runner_group.add_command(service_group)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from looprelay.cli.common import data_path, load, log_options, state_options, table
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS
 from looprelay.logs import LogFormat
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,7 +94,16 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
     if not as_json:
         table(
             rows,
-            ("runner_id", "name", "status", "capacity", "version", "labels", "last_seen_at"),
+            (
+                "runner_id",
+                "name",
+                "status",
+                "hostname",
+                "capacity",
+                "version",
+                "labels",
+                "last_seen_at",
+            ),
             now=now,
         )
 
@@ -306,10 +316,10 @@ def runner_register(
 )
 @click.option(
     "--poll-wait",
-    type=float,
-    default=25.0,
+    type=click.FloatRange(0, MAX_POLL_WAIT_SECONDS),
+    default=300.0,
     show_default=True,
-    help="Seconds one long poll may wait.",
+    help="Seconds one long poll may wait; the server holds it at most its runners.pollWaitSeconds.",
 )
 @click.option(
     "--keep-session-on-terminate/--kill-session-on-terminate",

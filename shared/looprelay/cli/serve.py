@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from looprelay.cli.common import data_path, load, log_options, state_options
-from looprelay.config.model import Config
+from looprelay.cli.common import data_path, load, log_options, preflight, state_options
+from looprelay.config.model import AuthorizedUser, Config
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
 from looprelay.logs import LogFormat
 
@@ -49,7 +49,8 @@ def up(
     from looprelay.logs import configure_logging
 
     configure_logging(log_level, log_format=log_format)
-    config = load(config_path)
+    config = load(config_path, data_path(data_dir))
+    identity = preflight(config)
     server = config.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -57,7 +58,8 @@ def up(
     stack = LocalStack(
         config, data_dir=data_path(data_dir), environ=os.environ, verify=not insecure_no_verify
     )
-    code = stack.serve(on_started=lambda: click.echo(_banner(stack, insecure_no_verify), err=True))
+    banner = _banner(stack, insecure_no_verify, identity)
+    code = stack.serve(on_started=lambda: click.echo(banner, err=True))
     if code == 0:
         click.echo("stopped: queued tasks stay on disk and are sent on the next start", err=True)
     sys.exit(code)
@@ -78,30 +80,59 @@ def shell_command() -> str:
     return f"{shlex.quote(sys.executable)} -m looprelay.cli"
 
 
-def _banner(stack: Any, insecure: bool) -> str:
+def _banner(stack: Any, insecure: bool, identity: str | None) -> str:
     command = shell_command()
     source = stack.secret_source
     lines = [
         "",
         f"looprelay is up on {stack.base_url}",
         f"  webhook URL   {stack.webhook_url}",
+        f"  status page   {stack.base_url}/status",
         f"  data          {stack.data_dir}",
         f"  secret        {source.description}"
         + (" (generated now, mode 0600)" if source.generated else ""),
     ]
+    lines.append(f"  GitHub        {identity or 'no credentials checked (no comments on GitHub)'}")
+    poll = stack.config.github.poll
+    if poll.repositories:
+        lines.append(
+            f"  polling       {', '.join(poll.repositories)} every {poll.interval_seconds:g} s"
+        )
     if insecure:
         lines.append("  WARNING       signatures are NOT verified (--insecure-no-verify)")
+    user, caveat = _try_it_user(stack.config)
     lines += [
         "",
         "Next:",
-        f'  try it:   {command} send --comment "hello" --issue 1 --url {stack.webhook_url}'
+        f'  try it:   {command} send --comment "hello" --issue 1 {user}--url {stack.webhook_url}'
         + (f" --data {stack.data_dir}" if source.path else ""),
-        "  GitHub:   point your App's webhook (through a tunnel) at the webhook URL and paste "
-        "the secret" + (f": cat {source.path}" if source.path else ""),
+        *([f"            ({caveat})"] if caveat else []),
+        "  GitHub:   `looprelay app create --webhook-url PUBLIC_URL/webhook`, or README "
+        "'Connecting GitHub'" + (f"; the secret: cat {source.path}" if source.path else ""),
         f"  inspect:  {command} deliveries --data {stack.data_dir}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _try_it_user(config: Config) -> tuple[str, str]:
+    """The ``--user`` (and ``--user-id``) options of the banner's "try it" line, naming the
+    first person ``routing.authorizedUsers`` accepts, and a caveat to print with it."""
+    import shlex
+
+    users = config.routing.authorized_users
+    if not users:
+        return "", "routing.authorizedUsers is empty: add yourself, or the comment is refused"
+    first = users[0]
+    if isinstance(first, AuthorizedUser):
+        return f"--user {shlex.quote(first.login)} --user-id {first.id} ", ""
+    if isinstance(first, int):
+        return f"--user you --user-id {first} ", ""
+    return (
+        f"--user {shlex.quote(first)} ",
+        f"this pins {first} to a made-up user id in this data directory; list yourself as "
+        "{login, id} to try it as you",
+    )
 
 
 @click.command()

@@ -14,11 +14,17 @@ from looprelay.cli.common import data_path, load, state_options
 @click.option("--json", "as_json", is_flag=True, help="The view as one JSON object.")
 def status(config_path: Path | None, data_dir: Path | None, as_json: bool) -> None:
     """Show runners, sessions with their attach commands, open dispatches and why they wait,
-    recent deliveries, and what to replay: what `GET /status` shows."""
+    recent deliveries, what to replay and how far behind polling is: what `GET /status`
+    shows."""
     from datetime import timedelta
 
     from looprelay.adapters.clock import SystemClock
-    from looprelay.app.adapters import open_runner_registry, open_store, open_work_item_store
+    from looprelay.app.adapters import (
+        open_poll_cursors,
+        open_runner_registry,
+        open_store,
+        open_work_item_store,
+    )
     from looprelay.service.status import StatusReader, render_text
 
     config = load(config_path)
@@ -31,6 +37,9 @@ def status(config_path: Path | None, data_dir: Path | None, as_json: bool) -> No
         clock=SystemClock(),
         lost_after=timedelta(seconds=config.runners.lost_after_seconds),
         command_args=[part for flag, path in given if path for part in (flag, str(path))],
+        poll_cursors=open_poll_cursors(config, data_dir=data)
+        if config.github.poll.repositories
+        else None,
     )
     view = reader.read()
     click.echo(view.model_dump_json() if as_json else render_text(view), nl=as_json)

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from looprelay.core.interaction import MODES
@@ -43,13 +50,63 @@ class _Section(BaseModel):
     )
 
 
+_SECRET_SHAPES = re.compile(
+    # GitHub's token prefixes (docs: "About authentication"), a classic 40-hex token, a PEM
+    r"^(gh[pousr]_|github_pat_)|^[0-9a-fA-F]{40}$|-----BEGIN"
+)
+
+
 def _check_env_name(name: str) -> str:
+    if _SECRET_SHAPES.search(name.strip()):
+        # Never echoed: it is a secret pasted where the name of its variable belongs.
+        raise ValueError(
+            "this holds a NAME of a variable, and the value here looks like a token or key "
+            "itself; put the secret in an environment variable (export NAME=...) and write "
+            "NAME here"
+        )
     if not _ENV_NAME.match(name):
         raise ValueError(
             f"{name!r} is not an environment-variable name; put the secret in an environment "
             "variable and write its name here, never the secret itself"
         )
     return name
+
+
+# Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
+REPOSITORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
+
+
+class PollConfig(_Section):
+    """The poll ingress: GitHub's REST listings read on a schedule, no public URL needed
+    (docs/polling.md)."""
+
+    repositories: list[str] = Field(
+        default_factory=list,
+        description="Repositories (`owner/repo`) whose issues, pull requests, comments and "
+        "reviews are polled, instead of or beside the webhook. Empty: no polling.",
+    )
+    interval_seconds: float = Field(
+        default=30.0,
+        ge=5,
+        le=3600,
+        description="Seconds between polls of each repository under `looprelay up` (the "
+        "cloud's poller runs on `poller_schedule` in infra/).",
+    )
+    overlap_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="Each listing asks for changes since its cursor minus this much, so an "
+        "item GitHub lists late is not missed; what is listed twice is deduplicated.",
+    )
+
+    @field_validator("repositories")
+    @classmethod
+    def _repository_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not REPOSITORY_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not owner/repo")
+        return list(dict.fromkeys(names))
 
 
 class GitHubConfig(_Section):
@@ -69,9 +126,18 @@ class GitHubConfig(_Section):
     private_key_env: str | None = Field(
         default=None, description="Environment variable holding the App's PEM private key."
     )
+    private_key_file: str | None = Field(
+        default=None,
+        description="File holding the App's PEM private key (mode 0600), instead of "
+        "`privateKeyEnv`; `looprelay app create` writes one into the data directory and names "
+        "it in `github-app.yaml` there, which `looprelay up` reads beneath the config file.",
+    )
     token_env: str | None = Field(
         default=None,
         description="Environment variable holding a token, instead of App auth (local use).",
+    )
+    poll: PollConfig = Field(
+        default_factory=PollConfig, description="Polling GitHub instead of, or beside, the webhook."
     )
 
     @field_validator("webhook_secrets")
@@ -313,6 +379,10 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
+HOSTABLE_HARNESSES = ("claude", "gemini", "copilot")
+"""The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
+
+
 class RoutingConfig(_Section):
     """Policy and routing in the worker."""
 
@@ -373,8 +443,11 @@ class RoutingConfig(_Section):
         "events go to the work item's session, told the code is untrusted). See "
         "docs/security.md.",
     )
-    harness: Literal["claude", "cursor-agent"] = Field(
-        default="claude", description="The coding agent sessions run."
+    harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
+        default="claude",
+        description="The coding agent sessions run. `claude`, `gemini` and `copilot` are hosted "
+        "in tmux or run headless; `cursor-agent` and `codex` run headless only (`runnerKind: "
+        "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
         default="tmux",
@@ -422,6 +495,19 @@ class RoutingConfig(_Section):
             return entries
         return [_authorized_user(n, e) if isinstance(e, dict) else e for n, e in enumerate(entries)]
 
+    @model_validator(mode="after")
+    def _hostable_harness(self) -> RoutingConfig:
+        # A harness that cannot live in a tmux pane would fail every spawn on the runner.
+        if self.runner_kind == "tmux" and self.harness not in HOSTABLE_HARNESSES:
+            raise ValueError(
+                f"harness {self.harness} runs headless only: set runnerKind: process with it"
+            )
+        return self
+
+
+MAX_POLL_WAIT_SECONDS = 3600
+"""Longest any long poll is held: Cloud Run's and Cloud Functions' longest request."""
+
 
 class RunnersConfig(_Section):
     """Runner agents: registration, liveness and leases."""
@@ -439,7 +525,13 @@ class RunnersConfig(_Section):
         default=30, ge=5, description="How often a runner agent sends its heartbeat."
     )
     poll_wait_seconds: int = Field(
-        default=25, ge=1, le=55, description="Longest a long poll for work is held open."
+        default=25,
+        ge=1,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest a long poll for work is held open (a runner asking for less "
+        "gets less). Minutes cut an idle runner's requests where nothing in front of the "
+        "server ends a quiet request sooner (the cloud deployment holds polls 300 s; a "
+        "proxy in front of `looprelay up` may cut them at 60 s).",
     )
     lease_seconds: int = Field(
         default=60, ge=10, description="How long a leased dispatch stays with its runner."
@@ -451,6 +543,16 @@ class RunnersConfig(_Section):
         description="How stale the runner API's cached liveness of a runner may be when "
         "choosing a dispatch depends on it (a session's runner: a silent runner is noticed "
         "that much later; 0 reads it on every choice).",
+    )
+    cached_runners: int = Field(
+        default=20_000,
+        ge=0,
+        le=1_000_000,
+        description="Runners one instance of the runner API keeps in memory after reading "
+        "them (about 1 KiB each; the least recently used leave first): an idle runner's "
+        "polls and heartbeats read nothing while it is held, so keep it above the runners "
+        "that reach one instance. Changes to a runner (revoke, rotate, a new status) reach "
+        "every instance through a small feed, whatever this is.",
     )
     unserved_expiry_seconds: int = Field(
         default=24 * 3600,
@@ -525,8 +627,19 @@ class Config(_Section):
     sweeper: SweeperConfig = Field(default_factory=SweeperConfig, description="Redelivery sweep.")
 
 
-def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = None) -> Config:
-    """Load the configuration: defaults, then the YAML at ``path``, then env overrides.
+APP_FRAGMENT_FILE = "github-app.yaml"
+"""The config fragment ``looprelay app create`` writes into the data directory."""
+
+
+def load_config(
+    path: str | Path | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    data_dir: Path | None = None,
+) -> Config:
+    """Load the configuration: defaults, then ``data_dir``'s ``github-app.yaml`` (what
+    ``looprelay app create`` wrote, when there is one), then the YAML at ``path``, then env
+    overrides.
 
     Expects ``path`` to be a YAML mapping (or None for defaults only). Raises ``ConfigError``
     naming the file and the key when the file is missing, not YAML, or does not validate.
@@ -534,8 +647,12 @@ def load_config(path: str | Path | None, *, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     source = str(path) if path else "defaults"
     data: dict[str, Any] = {}
+    fragment = data_dir / APP_FRAGMENT_FILE if data_dir is not None else None
+    if fragment is not None and fragment.is_file():
+        data = _app_fragment(fragment)
+        source = f"{fragment} + {source}"
     if path:
-        data = _read_yaml(Path(path))
+        _merge(data, _read_yaml(Path(path)))
     overrides = _apply_env_overrides(data, env)
     try:
         return Config.model_validate(data)
@@ -557,6 +674,28 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return loaded
+
+
+def _app_fragment(path: Path) -> dict[str, Any]:
+    """The fragment's ``github`` section, its ``privateKeyFile`` resolved against its directory
+    (the data directory may move)."""
+    github = _read_yaml(path).get("github")
+    if not isinstance(github, dict):
+        raise ConfigError(f"{path}: holds no github section; run `looprelay app create` again")
+    key_file = github.get("privateKeyFile")
+    if isinstance(key_file, str):
+        github["privateKeyFile"] = str(path.parent / key_file)
+    return {"github": github}
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> None:
+    """Put ``top`` over ``base`` in place, section by section."""
+    for key, value in top.items():
+        below = base.get(key)
+        if isinstance(below, dict) and isinstance(value, Mapping):
+            _merge(below, value)
+        else:
+            base[key] = value
 
 
 def _apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:

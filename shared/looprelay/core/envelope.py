@@ -56,6 +56,9 @@ class Issue(_Value):
     is_pull_request: bool = False
     author: Actor | None = None
     labels: list[str] = Field(default_factory=list)
+    updated_at: datetime | None = None
+    """When it last changed: in a label or state change's payload, the moment of that change
+    (``core.sameevent`` tells a webhook delivery and a poll of one change apart by it)."""
 
 
 class Comment(_Value):
@@ -93,6 +96,8 @@ class PullRequest(_Value):
     base_repo_id: int | None = None
     author: Actor | None = None
     labels: list[str] = Field(default_factory=list)
+    updated_at: datetime | None = None
+    """As ``Issue.updated_at``."""
 
 
 class CheckRef(_Value):
@@ -182,7 +187,8 @@ def project_envelope(
     )
 
 
-def _moment(value: Any) -> datetime | None:
+def parse_moment(value: Any) -> datetime | None:
+    """GitHub's ISO 8601 time as an aware UTC moment; None for anything else."""
     if not isinstance(value, str):
         return None
     try:
@@ -251,6 +257,7 @@ def _issue(obj: Mapping[str, Any], text: _Text) -> Issue | None:
         is_pull_request="pull_request" in obj,
         author=_actor(_dict(obj, "user")),
         labels=_labels(obj),
+        updated_at=parse_moment(obj.get("updated_at")),
     )
 
 
@@ -284,6 +291,7 @@ def _pull_request(obj: Mapping[str, Any], text: _Text, cap: int) -> PullRequest 
         base_repo_id=_int(_dict(base, "repo"), "id"),
         author=_actor(_dict(obj, "user")),
         labels=_labels(obj),
+        updated_at=parse_moment(obj.get("updated_at")),
     )
 
 
@@ -298,7 +306,7 @@ def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> 
         marked=isinstance(body, str) and is_marked(body),
         author=_actor(_dict(obj, "user")),
         review_state=_str(obj, "state") if is_review else None,
-        created_at=_moment(obj.get("created_at") or obj.get("submitted_at")),
+        created_at=parse_moment(obj.get("created_at") or obj.get("submitted_at")),
     )
 
 

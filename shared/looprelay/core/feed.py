@@ -12,6 +12,7 @@ session whose result came back), and only the polls of runners that might take i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from looprelay.core.model import DispatchRecord, RunnerRecord
@@ -51,3 +52,28 @@ def next_lapse(open_dispatches: Iterable[DispatchRecord], *, now: datetime) -> d
         if d.status == "leased" and d.lease_expires_at is not None and d.lease_expires_at >= now
     ]
     return min(ends, default=None)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What one push of the open dispatches opened."""
+
+    heads: list[DispatchRecord]
+    """The heads of line, leasable now, of the work items the push touched."""
+    freed: frozenset[str]
+    """The runners whose lease of a dispatch that left the open ones may have freed a slot."""
+
+
+def opened_by(
+    changed: Iterable[DispatchRecord], open_now: Iterable[DispatchRecord], *, now: datetime
+) -> Opening:
+    """What ``changed`` (dispatches that entered, changed in or left the open ones; those
+    that left as last held) opened, given ``open_now``: the heads of line of their work items
+    (a settled dispatch makes the next of its session the head), and the runners that held a
+    lease on one that left. Costs the work items touched, not every open dispatch's line."""
+    changed = list(changed)
+    touched = {d.work_item for d in changed}
+    lines = [d for d in open_now if d.work_item in touched]
+    still = {d.dispatch_id for d in lines}
+    freed = {d.lease_holder for d in changed if d.dispatch_id not in still and d.lease_holder}
+    return Opening(heads_of_line(lines, now=now), frozenset(freed))

@@ -37,16 +37,26 @@ ARTIFACT_RULE: Final = (
     "comment, and never settle an artifact in an interactive exchange that leaves no trail."
 )
 
+SESSION_COMMANDS: Final = (
+    "Post on GitHub through looprelay, never with your own gh or git credentials: "
+    "`looprelay session comment --body-file FILE` ('-' reads stdin) posts a comment on the "
+    "work item (on the pull request, in a pull request's session), marked as yours, and "
+    "`looprelay session ask --question '...'` (or --question-file FILE) posts a question and "
+    "marks this session awaiting input. Only if these commands are missing or refuse this "
+    f"session, post by hand and end the comment with the line {AGENT_COMMENT_MARKER} so it is "
+    "recognised as your own."
+)
+
 DIRECTIVE_WORK_ITEM: Final = (
     "## Interaction mode: work-item\n"
     "\n"
     "Do not assume anyone is watching this terminal: it may be a headless pipe or a tmux pane "
     "nobody has attached to. Ask every question, and request every decision, approval or review, "
-    "as a comment on the work item or its pull request. End each comment you post with the line "
-    f"{AGENT_COMMENT_MARKER} so it is recognised as your own. Then stop and wait: the reply "
-    "arrives in this session as a new event. Never block on an interactive prompt and never "
-    "read silence as consent; if you are blocked, say so once on the work item and move on to "
-    "what you can still do.\n"
+    "with `looprelay session ask` on the work item or its pull request. Then stop and wait: the "
+    "reply arrives in this session as a new event. Never block on an interactive prompt and "
+    "never read silence as consent; if you are blocked, say so once on the work item and move "
+    "on to what you can still do.\n"
+    "\n" + SESSION_COMMANDS + "\n"
     "\n" + ARTIFACT_RULE + "\n"
 )
 
@@ -54,8 +64,9 @@ DIRECTIVE_CLI: Final = (
     "## Interaction mode: cli\n"
     "\n"
     "A human is attached to this session: ask your questions here, interactively. The paper "
-    "trail still holds: record the outcome of every human decision as a comment on the work "
-    f"item, ending with the line {AGENT_COMMENT_MARKER} so it is recognised as your own.\n"
+    "trail still holds: record the outcome of every human decision with `looprelay session "
+    "comment` on the work item.\n"
+    "\n" + SESSION_COMMANDS + "\n"
     "\n" + ARTIFACT_RULE + "\n"
 )
 

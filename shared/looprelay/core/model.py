@@ -114,6 +114,8 @@ class RunnerRecord(BaseModel):
     """Sessions it holds now, from its last heartbeat."""
     agent_id: str = ""
     """The agent process serving it, as its heartbeats name it (one at a time per runner)."""
+    hostname: str = ""
+    """The machine its agent runs on, as its heartbeats name it."""
 
     @property
     def revoked(self) -> bool:
@@ -171,6 +173,15 @@ class SessionRecord(BaseModel):
     head: PullRequestHead | None = None
     """A pull request's own session: the tree it was given (for a fork, the approved sha);
     a fork session whose approved sha moves is respawned at the new one."""
+    token_hash: str = ""
+    """The hash of the token its harness speaks with (``looprelay session``); "" for none."""
+    installation_id: int | None = None
+    """The GitHub App installation its comments are posted as (from the dispatch that ran it)."""
+    awaiting_input_at: datetime | None = None
+    """Since when it waits for a human's answer to its question; None when it does not."""
+    activity: str = ""
+    """What it last did that a person would notice (``pasted``, ``turn answered``, ...)."""
+    active_at: datetime | None = None
 
 
 class PullRequestState(BaseModel):
@@ -236,6 +247,10 @@ class AppliedDelivery(BaseModel):
     outcome: str
     detail: str = Field(default="", max_length=MAX_DETAIL_CHARS)
     dispatch_ids: list[str] = Field(default_factory=list)
+    event_key: str = ""
+    event_at: datetime | None = None
+    """The identity of the event it carried (``core.sameevent``), so the same event through
+    the other front door (webhook or poll) is not applied twice; empty when it has none."""
 
 
 class WorkItemRecord(BaseModel):

@@ -151,6 +151,9 @@ class Plan:
             if head is not None and session.head != head:  # a trusted head moved, or none known
                 session = session.model_copy(update={"head": head})
                 self._set_session(session)
+            if session.awaiting_input_at is not None and self.envelope.comment is not None:
+                # A person's comment reaching it answers the question it asked.
+                self._set_session(session.model_copy(update={"awaiting_input_at": None}))
             prompt = self._prompt(session, spawn=False, notice=notice)
             return self._add("deliver", session, prompt)
         seq = self.item.next_seq

@@ -66,6 +66,7 @@ def reports_new_status(runner: RunnerRecord, status: RunnerStatus) -> bool:
         workspace=runner.workspace,
         sessions=runner.sessions,
         agent_id=runner.agent_id,
+        hostname=runner.hostname,
     )
     return held != status
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from looprelay.core.attach import attach_command, runner_socket
 from looprelay.core.model import (
@@ -22,7 +22,9 @@ from looprelay.core.model import (
     SessionRecord,
     WorkItemRecord,
 )
+from looprelay.core.poll import PollCursor, PollRow, poll_rows
 from looprelay.core.scheduling import runner_state, waiting_reasons
+from looprelay.core.workitems import parse_ref
 
 AFTER_EARLIER = "after-earlier-dispatch-of-its-session"
 """Why a pending dispatch that is not its work item's head waits."""
@@ -33,6 +35,12 @@ DETAIL_CHARS = 200
 exception): enough to see what happened, never a whole document."""
 ATTACHABLE = frozenset({"live", "lost"})
 """Session states whose tmux session may still be there to attach to."""
+AWAITING_INPUT = "awaiting-input"
+"""The state of a live session that asked a question (``looprelay session ask``) no human
+has answered yet."""
+LIVE_STATES = frozenset({"live", AWAITING_INPUT})
+TURN_RUNNING = "turn running"
+"""A session's recorded activity while its headless turn runs (``service.session_comments``)."""
 
 
 class _Row(BaseModel):
@@ -51,6 +59,7 @@ class RunnerRow(_Row):
     sessions: int
     last_seen_at: datetime | None
     version: str
+    hostname: str = ""
     repositories: list[str]
     workspace: bool
     labels: dict[str, str]
@@ -60,6 +69,9 @@ class SessionRow(_Row):
     """One session of a work item: where it runs and how to watch it."""
 
     work_item: str
+    work_item_url: str = ""
+    """The work item's page on GitHub ("" when its ref names none)."""
+    endpoint_url: str = ""
     control: str
     endpoint: str
     session: str
@@ -71,6 +83,10 @@ class SessionRow(_Row):
     attach: str | None
     """The shell command that attaches to it, on the runner's machine (tmux sessions that may
     still be there)."""
+    awaiting_input_since: datetime | None = None
+    """When it asked the question it waits on (state ``awaiting-input``)."""
+    activity: str = ""
+    """What it last did and when, for a person: ``pasted 2 m ago``, ``turn running 40 s``."""
 
 
 class DispatchRow(_Row):
@@ -99,6 +115,9 @@ class DeliveryRow(_Row):
     attempts: int
     received_at: datetime
     settled_at: datetime | None
+    subject: str = ""
+    """The issue or pull request it is about (``owner/repo#N``), "" when none."""
+    subject_url: str = ""
 
 
 class ReplayRow(_Row):
@@ -136,6 +155,8 @@ class StatusView(_Row):
     dispatches: list[DispatchRow]
     deliveries: list[DeliveryRow]
     replays: list[ReplayRow]
+    polling: list[PollRow] = Field(default_factory=list)
+    """Each polled repository: how far behind the poll ingress is (``core.poll``)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +177,7 @@ class StatusInputs:
     command_args: Sequence[str] = ()
     holding: Mapping[str, Collection[str]] = field(default_factory=dict)
     """Runner id -> the session endpoints the server gave it (its used capacity)."""
+    poll_cursors: Sequence[PollCursor] = ()
 
 
 def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) -> StatusView:
@@ -167,7 +189,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         inputs.open_dispatches, inputs.heads, inputs.runners, live=live, holding=inputs.holding
     )
     sessions = [
-        _session_row(item, session, names)
+        _session_row(item, session, names, now)
         for item in inputs.work_items
         for session in item.sessions.values()
     ]
@@ -182,7 +204,7 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         totals=Totals(
             runners_live=len(live),
             runners=len(inputs.runners),
-            sessions_live=sum(1 for s in sessions if s.state == "live"),
+            sessions_live=sum(1 for s in sessions if s.state in LIVE_STATES),
             dispatches_open=len(dispatches),
             dispatches_waiting=sum(1 for d in dispatches if d.waiting),
             dead_letters=sum(1 for r in replays if r.kind == "delivery"),
@@ -194,8 +216,9 @@ def build_status(inputs: StatusInputs, *, now: datetime, lost_after: timedelta) 
         ],
         sessions=sessions,
         dispatches=dispatches,
-        deliveries=[_delivery_row(d) for d in inputs.deliveries],
+        deliveries=[delivery_row(d) for d in inputs.deliveries],
         replays=replays,
+        polling=poll_rows(inputs.poll_cursors, now=now),
     )
 
 
@@ -234,6 +257,7 @@ def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) 
         sessions=len(held) if held is not None else runner.sessions,
         last_seen_at=runner.last_seen_at,
         version=runner.version,
+        hostname=runner.hostname,
         repositories=list(runner.repositories),
         workspace=runner.workspace,
         labels=dict(runner.labels),
@@ -241,7 +265,7 @@ def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) 
 
 
 def _session_row(
-    item: WorkItemRecord, session: SessionRecord, names: Mapping[str, str]
+    item: WorkItemRecord, session: SessionRecord, names: Mapping[str, str], now: datetime
 ) -> SessionRow:
     attach = None
     if session.runner_kind == "tmux" and session.runner_id and session.status in ATTACHABLE:
@@ -249,16 +273,45 @@ def _session_row(
         attach = attach_command(socket=socket, session=session.session_name)
     return SessionRow(
         work_item=item.ref,
+        work_item_url=web_url(item.ref),
+        endpoint_url=web_url(session.endpoint),
         control=item.control,
         endpoint=session.endpoint,
         session=session.session_name,
-        state=session.status,
+        state=_session_state(session),
         runner_id=session.runner_id,
         runner=names.get(session.runner_id or ""),
         harness=session.harness,
         runner_kind=session.runner_kind,
         attach=attach,
+        awaiting_input_since=session.awaiting_input_at,
+        activity=_activity(session, now),
     )
+
+
+def _activity(session: SessionRecord, now: datetime) -> str:
+    """``session``'s last activity for a person: a turn still running says for how long."""
+    if not session.activity or session.active_at is None:
+        return ""
+    span = duration_text(now - session.active_at)
+    if session.activity == TURN_RUNNING and session.status == "live":
+        return f"{TURN_RUNNING} {span}"
+    return f"{session.activity} {span} ago"
+
+
+def duration_text(span: timedelta) -> str:
+    """``span`` in its largest whole unit: ``40 s``, ``2 m``, ``3 h``, ``5 d`` (0 s at least)."""
+    seconds = max(0, int(span.total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def _session_state(session: SessionRecord) -> str:
+    """The record's status, ``awaiting-input`` for a live session that asked a question."""
+    asked = session.status == "live" and session.awaiting_input_at is not None
+    return AWAITING_INPUT if asked else session.status
 
 
 def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:
@@ -276,16 +329,31 @@ def _dispatch_row(dispatch: DispatchRecord, waiting: str | None) -> DispatchRow:
     )
 
 
-def _delivery_row(delivery: DeliveryRecord) -> DeliveryRow:
+def web_url(ref: str) -> str:
+    """The GitHub page of work-item ref ``ref`` (``github:owner/repo#N``), "" for no ref."""
+    try:
+        return parse_ref(ref).web_url()
+    except ValueError:
+        return ""
+
+
+def _subject_url(subject: str) -> str:
+    return web_url(f"github:{subject}") if subject else ""
+
+
+def delivery_row(delivery: DeliveryRecord) -> DeliveryRow:
+    """The view's row of one ledger record."""
     return DeliveryRow(
         delivery_id=delivery.delivery_id,
         event=delivery.event,
         action=delivery.action,
         outcome=delivery.outcome,
-        detail=_short(delivery.detail),
+        detail=short_text(delivery.detail),
         attempts=delivery.attempts,
         received_at=delivery.received_at,
         settled_at=delivery.settled_at,
+        subject=delivery.order_group,
+        subject_url=_subject_url(delivery.order_group),
     )
 
 
@@ -295,7 +363,7 @@ def _dead_letter_row(delivery: DeliveryRecord, args: Sequence[str]) -> ReplayRow
         id=delivery.delivery_id,
         subject=delivery.event,
         at=delivery.settled_at or delivery.received_at,
-        detail=_short(delivery.detail),
+        detail=short_text(delivery.detail),
         command=_command(["deliveries", "replay", delivery.delivery_id], args),
     )
 
@@ -306,7 +374,7 @@ def _interrupted_row(dispatch: DispatchRecord, args: Sequence[str]) -> ReplayRow
         id=dispatch.dispatch_id,
         subject=dispatch.work_item,
         at=dispatch.updated_at or dispatch.created_at,
-        detail=_short(dispatch.detail),
+        detail=short_text(dispatch.detail),
         command=_command(["dispatches", "resend", dispatch.dispatch_id], args),
     )
 
@@ -315,7 +383,7 @@ def _command(words: Sequence[str], args: Sequence[str]) -> str:
     return shlex.join(["looprelay", *words, *args])
 
 
-def _short(text: str) -> str:
+def short_text(text: str) -> str:
     """``text`` on one line, at most :data:`DETAIL_CHARS` characters."""
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= DETAIL_CHARS else one_line[: DETAIL_CHARS - 1] + "…"

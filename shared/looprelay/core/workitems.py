@@ -89,6 +89,11 @@ class WorkItemRef:
     def __str__(self) -> str:
         return self.format()
 
+    def web_url(self) -> str:
+        """The page of the issue or pull request on GitHub (``/issues/N`` also opens a pull
+        request: GitHub redirects)."""
+        return f"https://{self.host}/{self.repository}/issues/{self.number}"
+
     def same_repository(self, other: WorkItemRef) -> bool:
         """Tell whether ``other`` lives in the same repository on the same host."""
         return (self.host, self.owner, self.repo) == (other.host, other.owner, other.repo)

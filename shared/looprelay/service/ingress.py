@@ -7,11 +7,13 @@ policy; it must answer well inside GitHub's 10-second budget.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from secrets import token_hex
 from typing import Any
@@ -95,12 +97,12 @@ class Ingress:
         verify: bool = True,
         rejections: LogSampler | None = None,
         clock: Clock | None = None,
-        new_attempt: Callable[[], str] = lambda: token_hex(8),
+        new_attempt: Callable[[], str] | None = None,
     ) -> None:
         """``rejections`` decides which refusals are logged (default: the first 10 of each
         status a minute); ``clock`` stamps each delivery's order key; ``new_attempt`` makes the
-        token that names each request's task (``core.tasknames``). Raises ``ConfigError`` when
-        verification is on and there is no secret (fail closed)."""
+        token that names each request's task (default :func:`attempt_tokens`). Raises
+        ``ConfigError`` when verification is on and there is no secret (fail closed)."""
         if verify and not secrets:
             raise ConfigError(
                 "no webhook secret: set github.webhookSecrets to the names of environment "
@@ -113,7 +115,7 @@ class Ingress:
         self._verify = verify
         self._rejections = rejections or LogSampler()
         self._clock = clock or SystemClock()
-        self._new_attempt = new_attempt
+        self._new_attempt = new_attempt or attempt_tokens()
 
     def receive(
         self, method: str, headers: Mapping[str, str], body: bytes
@@ -140,42 +142,9 @@ class Ingress:
     def acknowledge(
         self, admission: Admission, enqueued: Callable[[], bool]
     ) -> Acknowledgement | Refusal:
-        """The outcome for an admitted delivery once ``enqueued()`` says whether the queue took
-        it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
-        ``Transient`` is ``queue-unavailable`` and ``Permanent`` ``queue-misconfigured``;
-        GitHub records either as a failed delivery, which the sweeper redelivers once the cause
-        is fixed.
-        """
-        delivery_id = admission.delivery_id
-        try:
-            queued = enqueued()
-        except Permanent as exc:
-            log.error(
-                "the queue refused the delivery; fix the queue's configuration or grants, "
-                "the sweeper redelivers it then: %s",
-                exc,
-                extra={"delivery_id": delivery_id},
-            )
-            return Refusal(
-                RefusalKind.QUEUE_MISCONFIGURED, "the queue refused the delivery; see the log"
-            )
-        except Transient as exc:
-            log.error(
-                "enqueue failed, GitHub will record a failed delivery: %s",
-                exc,
-                extra={"delivery_id": delivery_id},
-            )
-            return Refusal(RefusalKind.QUEUE_UNAVAILABLE, "queue unavailable; redeliver later")
-        log.info(
-            "delivery %s",
-            "queued" if queued else "duplicate",
-            extra={
-                "delivery_id": delivery_id,
-                "fields": {"event": admission.event, "action": admission.action},
-            },
-        )
-        unchanged = queued or admission.status == "pong"
-        return Acknowledgement(delivery_id, admission.status if unchanged else "duplicate")
+        """The outcome for an admitted delivery once ``enqueued()`` says whether the queue
+        took it; see :func:`acknowledge`."""
+        return acknowledge(admission, enqueued)
 
     def _log_refusal(self, refusal: Refusal, delivery_id: str) -> None:
         # Anyone can send refused requests: the log takes a sample, so noise cannot fill a disk.
@@ -213,12 +182,14 @@ class Ingress:
                 event,
                 extra={"delivery_id": delivery_id},
             )
-        envelope, body = self._project(event, delivery_id, payload)
-        # A name of its own: the task of an earlier attempt may have died with its name still
-        # reserved; a true duplicate is settled once by the worker's ledger.
-        task = Task(name=delivery_task_name(delivery_id, attempt=self._new_attempt()), body=body)
-        return Admission(
-            task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
+        return admit_payload(
+            event=event,
+            delivery_id=delivery_id,
+            payload=payload,
+            config=self._config,
+            received_at=self._clock.now(),
+            attempt=self._new_attempt(),
+            status=status,
         )
 
     def _check_size(self, headers: Mapping[str, str], body: bytes) -> Refusal | None:
@@ -255,26 +226,102 @@ class Ingress:
             )
         return None
 
-    def _project(
-        self, event: str, delivery_id: str, payload: dict[str, Any]
-    ) -> tuple[Envelope, bytes]:
-        # A Cloud Task holds 1 MB with its name and headers; escaping and UTF-8 can inflate
-        # text up to six-fold, so shrink the per-field cap until the encoded envelope fits
-        # rather than refuse it.
-        cap = self._config.max_text_chars
-        received_at = self._clock.now()
-        while True:
-            envelope = project_envelope(
-                event=event,
-                delivery_id=delivery_id,
-                payload=payload,
-                max_text_chars=cap,
-                received_at=received_at,
-            )
-            body = envelope.model_dump_json().encode()
-            if len(body) <= MAX_TASK_BODY_BYTES or cap <= 1:
-                return envelope, body
-            cap //= 2
+
+def admit_payload(
+    *,
+    event: str,
+    delivery_id: str,
+    payload: Mapping[str, Any],
+    config: WebhookConfig,
+    received_at: datetime,
+    attempt: str,
+    status: str = "queued",
+) -> Admission:
+    """The task for a delivery already verified (a webhook's signature) or read from GitHub
+    itself (the poller's): its envelope, its name, its order. Never raises for payload shape.
+
+    Both front doors admit through here, so the worker cannot tell them apart.
+    """
+    envelope, body = _project(event, delivery_id, payload, config, received_at)
+    # A name of its own: the task of an earlier attempt may have died with its name still
+    # reserved; a true duplicate is settled once by the worker's ledger.
+    task = Task(name=delivery_task_name(delivery_id, attempt=attempt), body=body)
+    return Admission(
+        task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
+    )
+
+
+def acknowledge(admission: Admission, enqueued: Callable[[], bool]) -> Acknowledgement | Refusal:
+    """The outcome for an admitted delivery once ``enqueued()`` says whether the queue took
+    it (True) or already had it (False). Never raises for what ``Queue.enqueue`` raises:
+    ``Transient`` is ``queue-unavailable`` and ``Permanent`` ``queue-misconfigured``;
+    GitHub records either as a failed delivery, which the sweeper redelivers once the cause
+    is fixed.
+    """
+    delivery_id = admission.delivery_id
+    try:
+        queued = enqueued()
+    except Permanent as exc:
+        log.error(
+            "the queue refused the delivery; fix the queue's configuration or grants, "
+            "the sweeper redelivers it then: %s",
+            exc,
+            extra={"delivery_id": delivery_id},
+        )
+        return Refusal(
+            RefusalKind.QUEUE_MISCONFIGURED, "the queue refused the delivery; see the log"
+        )
+    except Transient as exc:
+        log.error(
+            "enqueue failed, GitHub will record a failed delivery: %s",
+            exc,
+            extra={"delivery_id": delivery_id},
+        )
+        return Refusal(RefusalKind.QUEUE_UNAVAILABLE, "queue unavailable; redeliver later")
+    log.info(
+        "delivery %s",
+        "queued" if queued else "duplicate",
+        extra={
+            "delivery_id": delivery_id,
+            "fields": {"event": admission.event, "action": admission.action},
+        },
+    )
+    unchanged = queued or admission.status == "pong"
+    return Acknowledgement(delivery_id, admission.status if unchanged else "duplicate")
+
+
+def _project(
+    event: str,
+    delivery_id: str,
+    payload: Mapping[str, Any],
+    config: WebhookConfig,
+    received_at: datetime,
+) -> tuple[Envelope, bytes]:
+    # A Cloud Task holds 1 MB with its name and headers; escaping and UTF-8 can inflate
+    # text up to six-fold, so shrink the per-field cap until the encoded envelope fits
+    # rather than refuse it.
+    cap = config.max_text_chars
+    while True:
+        envelope = project_envelope(
+            event=event,
+            delivery_id=delivery_id,
+            payload=payload,
+            max_text_chars=cap,
+            received_at=received_at,
+        )
+        body = envelope.model_dump_json().encode()
+        if len(body) <= MAX_TASK_BODY_BYTES or cap <= 1:
+            return envelope, body
+        cap //= 2
+
+
+def attempt_tokens() -> Callable[[], str]:
+    """A maker of tokens unique to each request of this process (``core.tasknames``): a
+    random prefix drawn once, then a count. A fresh random token each took a system call
+    that let the queue's threads take the interpreter from the ack."""
+    prefix = token_hex(6)
+    count = itertools.count()
+    return lambda: f"{prefix}{next(count):x}"
 
 
 def _media_type(content_type: str) -> str:

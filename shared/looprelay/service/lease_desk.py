@@ -32,11 +32,10 @@ from looprelay.core.scheduling import (
     pin_to_sessions,
 )
 from looprelay.core.slots import frees_on_lease, frees_on_settle, takes_slot
-from looprelay.errors import Conflict, NotFound, Transient
+from looprelay.errors import Conflict, NotFound, Transient, Unauthorized
 from looprelay.ports import (
     Clock,
     DispatchFeed,
-    RunnerDirectory,
     RunnerRegistry,
     SessionSlot,
     Store,
@@ -44,7 +43,7 @@ from looprelay.ports import (
 )
 from looprelay.service.expiry import DispatchExpiry
 from looprelay.service.results import MAX_KEPT_DETAIL_CHARS, Progress
-from looprelay.service.runner_cache import RunnerCache
+from looprelay.service.runner_cache import RunnerCache, RunnerRecords
 from looprelay.service.waker import EVERY, DispatchWaker, Opened, Wants
 from looprelay.wire.runner_api import (
     PollBody,
@@ -104,12 +103,12 @@ class LeaseDesk:
         feed: DispatchFeed | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         expire_unserved: bool = True,
-        directory: RunnerDirectory | None = None,
+        records: RunnerRecords | None = None,
     ) -> None:
         """``waker`` wakes waiting polls (the router rings it in ``looprelay up``; in the
-        cloud ``feed`` rings it); ``directory`` holds the runners whose liveness a choice
-        asks about (``RunnerCache``); with ``feed`` a look checks the open dispatches it pushed
-        and reads the store only for one this runner may take."""
+        cloud ``feed`` rings it); ``records`` holds runners read lately, whose liveness a
+        choice then reads alone (``RunnerCache``); with ``feed`` a look checks the open
+        dispatches it pushed and reads the store only for one this runner may take."""
         self._registry = registry
         self._items = work_items
         self._store = store
@@ -119,11 +118,12 @@ class LeaseDesk:
         self._waker = waker
         self._feed = feed
         self._monotonic = monotonic
+        self._records = records
         self._runners = RunnerCache(
             registry,
             max_age_seconds=config.runner_list_max_age_seconds,
             monotonic=monotonic,
-            directory=directory,
+            records=records,
         )
         self._wants: dict[str, Wants] = {}
         self._latest: dict[str, RunnerRecord] = {}
@@ -136,30 +136,6 @@ class LeaseDesk:
             if expire_unserved
             else None
         )
-
-    def poll(self, runner: RunnerRecord, body: PollBody) -> DispatchRecord | None:
-        """Lease the next dispatch ``runner`` may take, waiting up to ``body.wait_seconds``
-        (capped by ``runners.pollWaitSeconds``) on this thread; None when nothing came.
-        Raises ``Transient`` when the store fails.
-
-        The ASGI application waits without a thread instead (``app.longpoll``), between
-        :meth:`try_lease` calls.
-        """
-        deadline = self._monotonic() + self.poll_seconds(body)
-        wants = self.wants(runner)
-        while True:
-            # Read before looking: a dispatch saved after the look rings a later generation.
-            seen = self._waker.generation() if self._waker is not None else 0
-            leased = self.try_lease(runner)
-            if leased is not None:
-                return leased
-            remaining = deadline - self._monotonic()
-            if remaining <= 0:
-                return None
-            if self._waker is not None:
-                self._waker.wait(self.pause_seconds(remaining), since=seen, wants=wants)
-            else:
-                time.sleep(self.pause_seconds(remaining))
 
     @property
     def work_items(self) -> WorkItemStore:
@@ -236,8 +212,26 @@ class LeaseDesk:
 
     def try_lease(self, runner: RunnerRecord) -> DispatchRecord | None:
         """One look: lease the next dispatch ``runner`` may take and return it as leased, or
-        None when there is none now. Raises ``Transient`` when the store fails."""
-        return self._lease_next(runner)
+        None when there is none now. Raises ``Transient`` when the store fails, and
+        ``Unauthorized`` when the runner was revoked or its secret rotated since the poll
+        was authenticated (a poll is held for minutes)."""
+        return self._lease_next(self._current(runner))
+
+    def _current(self, runner: RunnerRecord) -> RunnerRecord:
+        """``runner`` as the store holds it now, when a change to it was told since it was
+        read (the cache dropped it): read again, so a waiting poll of a runner revoked or
+        rotated meanwhile leases nothing, and one whose status changed is judged on it."""
+        records = self._records
+        if records is None or not records.live() or records.find(runner.runner_id):
+            return runner
+        mark = records.mark()
+        fresh = self._registry.get_runner(runner.runner_id)
+        if fresh is None or fresh.revoked or fresh.secret_hash != runner.secret_hash:
+            raise Unauthorized(
+                f"runner {runner.name} was revoked or its secret rotated while it polled"
+            )
+        records.keep(fresh, mark)
+        return fresh
 
     def _candidates(self, runner: RunnerRecord, now: datetime) -> list[DispatchRecord]:
         # With a live feed, the open dispatches it pushed say in memory which heads this
@@ -360,12 +354,15 @@ class LeaseDesk:
     ) -> None:
         """Wake the polls a settled ``dispatch`` may have opened work for: those that might
         take its work item's next dispatches (one read, instead of one per waiting poll), and
-        ``runner``'s when its session slot was freed. With a feed, every poll: each checks the
-        feed's open dispatches in memory, and the feed rings again once it has the change."""
+        ``runner``'s when its session slot was freed. With a feed, the feed rings the polls
+        its push of the change concerns; ``runner``'s look at once when a slot was freed."""
         if self._waker is None:
             return
         if self._feed is not None:
-            self._waker.notify()
+            if self._feed.open_dispatches() is None:
+                self._waker.notify()  # the feed is down: no push will say what opened
+            elif freed_slot:
+                self._waker.notify((), runners=(runner.runner_id,))
             return
         try:
             line = self._items.list_dispatches(statuses=DISPATCH_OPEN, work_item=dispatch.work_item)

@@ -35,6 +35,8 @@ MAX_SAVE_ROUNDS = 8
 MAX_KEPT_DETAIL_CHARS = 500
 """How much of a result's detail the event log and the dispatch keep."""
 _TURN_KINDS = frozenset({"spawn", "deliver"})
+_ACTIVITY = {"spawned": "spawned", "delivered": "pasted"}
+"""What the status page says a session last did, by result (a headless turn: answered)."""
 
 
 class Progress:
@@ -125,20 +127,27 @@ class Progress:
             first = not session.announced and not result.resumed
             moved = session.runner_id not in (None, runner.runner_id)
             announce = result.status == "spawned" and (first or moved)
+            now = self._clock.now()
             if final == "failed" and dispatch.kind in {"spawn", "deliver"}:
-                changes: dict[str, object] = {"status": "lost"}
+                changes: dict[str, object] = {
+                    "status": "lost",
+                    "activity": f"{dispatch.kind} failed",
+                    "active_at": now,
+                }
             elif result.status in {"spawned", "delivered"} or _turn_taken(dispatch, result):
                 changes = {
                     "status": "live",
                     "runner_id": runner.runner_id,
                     "announced": session.announced or announce,
+                    "activity": _ACTIVITY.get(result.status, "turn answered"),
+                    "active_at": now,
                 }
                 if result.session_id:
                     changes["session_id"] = result.session_id
                 if result.status == "spawned" or (
                     dispatch.kind == "spawn" and result.status == "done"
                 ):
-                    changes["spawned_at"] = self._clock.now()
+                    changes["spawned_at"] = now
                     changes["tmux_socket"] = result.tmux_socket or None
             else:
                 return False

@@ -29,6 +29,7 @@ from looprelay.core.model import (
 )
 from looprelay.core.plan import RoutingPolicy
 from looprelay.core.policy import pin_to_record
+from looprelay.core.sameevent import SAME_EVENT, EventIdentity, applied_before, event_identity
 from looprelay.core.slots import can_make_checkout
 from looprelay.core.workitems import WorkItemRef, parse_ref, work_items
 from looprelay.errors import Permanent, Transient
@@ -73,13 +74,18 @@ class Router:
         """Handle one delivery (handed off in its group's order by ``service.inbox``); raises
         ``Transient`` when the store or GitHub must be retried."""
         pinned = self._pin(envelope)
+        identity = event_identity(envelope)
         for _ in range(MAX_SAVE_ROUNDS):
             situation = self._load(envelope, pinned)
             applied = _applied(situation.work_item, envelope.delivery_id)
             if situation.work_item is not None and applied is not None:
                 return self._replay(envelope, situation.work_item, applied)
+            if situation.work_item is not None:
+                same = applied_before(identity, situation.work_item.applied)
+                if same is not None:
+                    return _same_event(envelope, same)
             decision = decide(situation, self._policy, self._templates.for_decision())
-            if decision.work_item is None or self._save(situation, decision):
+            if decision.work_item is None or self._save(situation, decision, identity):
                 break
         else:
             raise Transient("work item stayed contended; the queue will retry")
@@ -199,7 +205,9 @@ class Router:
             return False
         return any(can_make_checkout(r) and not r.revoked for r in self._runners.list_runners())
 
-    def _save(self, situation: Situation, decision: Decision) -> bool:
+    def _save(
+        self, situation: Situation, decision: Decision, identity: EventIdentity | None
+    ) -> bool:
         assert decision.work_item is not None
         expected = situation.work_item.version if situation.work_item else 0
         entry = AppliedDelivery(
@@ -207,6 +215,8 @@ class Router:
             outcome=decision.outcome,
             detail=decision.detail[:MAX_DETAIL_CHARS],
             dispatch_ids=[d.dispatch_id for d in decision.dispatches],
+            event_key=identity.key if identity else "",
+            event_at=identity.at if identity else None,
         )
         applied = [*decision.work_item.applied, entry][-MAX_APPLIED:]
         return self._items.save_work_item(
@@ -310,6 +320,16 @@ class Router:
             updated = item.model_copy(update={"checklist_comment_id": comment_id})
             if self._items.save_work_item(updated, expected_version=item.version):
                 return
+
+
+def _same_event(envelope: Envelope, same: AppliedDelivery) -> Outcome:
+    """The event came through the other front door too (webhook and poll): applied once."""
+    log.info(
+        "the same event as delivery %s, already applied",
+        same.delivery_id,
+        extra={"delivery_id": envelope.delivery_id},
+    )
+    return Outcome(SAME_EVENT, f"the same event as delivery {same.delivery_id}")
 
 
 def _applied(item: WorkItemRecord | None, delivery_id: str) -> AppliedDelivery | None:

@@ -14,6 +14,7 @@ import secrets
 RUNNER_ID_PREFIX = "r-"
 TOKEN_PREFIX = "lrreg_"  # noqa: S105 - a prefix, not a secret
 SECRET_PREFIX = "lrsec_"  # noqa: S105 - a prefix, not a secret
+SESSION_TOKEN_PREFIX = "lrses_"  # noqa: S105 - a prefix, not a secret
 _RUNNER_ID = re.compile(r"^r-[0-9a-f]{16}$")
 _BEARER = "bearer "
 
@@ -31,6 +32,19 @@ def new_registration_token() -> str:
 def new_runner_secret() -> str:
     """Return a fresh runner secret (shown to the runner once)."""
     return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_session_token() -> str:
+    """Return a fresh session token (given to the runner once, for its harness)."""
+    return SESSION_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def parse_session_bearer(header: str) -> str | None:
+    """The session token of ``Bearer lrses_...``; None when the header has another shape."""
+    if not header.lower().startswith(_BEARER):
+        return None
+    token = header[len(_BEARER) :].strip()
+    return token if token.startswith(SESSION_TOKEN_PREFIX) else None
 
 
 def hash_credential(value: str) -> str:

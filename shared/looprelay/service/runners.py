@@ -6,10 +6,11 @@ Runners call out only (no inbound port on their side). Every call but ``register
 operation takes the parsed body (``wire.runner_api``) and returns the answer model; HTTP (the
 paths, the body parsing, the status codes) is ``app.runner_http``'s.
 
-In the cloud a ``RunnerDirectory`` (one listener per instance) holds the runners, so an idle
-runner's polls and heartbeats read nothing: authentication takes the runner from it when the
-secret matches, and a heartbeat that reports no new status only records that the runner is
-alive (``RunnerRegistry.record_alive``, a write that reads nothing).
+``RunnerRecords`` (a bounded cache per instance, told of every change to a runner) holds the
+runners authenticated lately, so an idle runner's polls and heartbeats read nothing:
+authentication takes the runner from it when the secret matches, and a heartbeat that
+reports no new status only records that the runner is alive
+(``RunnerRegistry.record_alive``, a write that reads nothing).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from looprelay.core.identity import second_agent, second_agent_message
 from looprelay.core.model import DispatchRecord, EventRecord, RegistrationToken, RunnerRecord
 from looprelay.core.scheduling import reports_new_status
 from looprelay.errors import Conflict, NotFound, Unauthorized
-from looprelay.ports import Clock, RunnerDirectory, RunnerRegistry, RunnerStatus, Store
+from looprelay.ports import Clock, RunnerRegistry, RunnerStatus, Store
 from looprelay.service.failover import Failover
 from looprelay.service.lease_desk import LeaseDesk
+from looprelay.service.runner_cache import RunnerRecords
 from looprelay.service.runner_secrets import (
     credential_matches,
     hash_credential,
@@ -33,6 +35,7 @@ from looprelay.service.runner_secrets import (
     new_runner_secret,
     parse_runner_bearer,
 )
+from looprelay.service.session_comments import SessionComments
 from looprelay.wire.runner_api import (
     Deregistered,
     Dispatch,
@@ -47,6 +50,10 @@ from looprelay.wire.runner_api import (
     Reported,
     ResultBody,
     Rotated,
+    SessionCommentBody,
+    SessionPosted,
+    SessionToken,
+    SessionTokenBody,
 )
 
 log = logging.getLogger("looprelay.service.runners")
@@ -74,12 +81,15 @@ class RunnerApi:
         clock: Clock,
         config: RunnersConfig,
         desk: LeaseDesk | None = None,
-        directory: RunnerDirectory | None = None,
+        records: RunnerRecords | None = None,
+        sessions: SessionComments | None = None,
     ) -> None:
         """``desk`` serves poll/renew/results; without it only registration is served.
-        ``directory`` spares authentication its read of the runner."""
+        ``records`` spares authentication its read of a runner read lately. ``sessions``
+        serves the session endpoints (``looprelay session``)."""
+        self._sessions = sessions
         self._registry = registry
-        self._directory = directory
+        self._records = records
         self._desk = desk
         self._failover = (
             Failover(work_items=desk.work_items, store=store, clock=clock, waker=desk.waker)
@@ -115,13 +125,19 @@ class RunnerApi:
         return runner
 
     def _lookup(self, runner_id: str, secret: str) -> RunnerRecord | None:
-        # Fail closed: the directory vouches only for a runner it holds whose secret matches.
-        # Anything else is decided on a read: the directory not listening, a runner it was
-        # not pushed yet (registered a moment ago), a rotation it has not heard of.
-        held = self._directory.find(runner_id) if self._directory is not None else None
+        # Fail closed: the cache vouches only for a runner it holds whose secret matches.
+        # Anything else is decided on a read: its feed not live, a runner not read lately,
+        # a rotation it has not heard of.
+        if self._records is None:
+            return self._registry.get_runner(runner_id)
+        held = self._records.find(runner_id)
         if held is not None and credential_matches(secret, held.secret_hash):
             return held
-        return self._registry.get_runner(runner_id)
+        mark = self._records.mark()
+        runner = self._registry.get_runner(runner_id)
+        if runner is not None:
+            self._records.keep(runner, mark)
+        return runner
 
     def register(self, body: RegisterBody) -> Registered:
         """Exchange a single-use registration token for a new runner's id and secret."""
@@ -162,6 +178,7 @@ class RunnerApi:
             workspace=body.workspace,
             sessions=body.sessions,
             agent_id=body.agent_id or runner.agent_id,
+            hostname=body.hostname or runner.hostname,
         )
         if not reports_new_status(runner, status):
             # Authentication has just refused a revoked runner: no need to read it again.
@@ -182,7 +199,7 @@ class RunnerApi:
 
     def admit_poll(self, runner: RunnerRecord, body: PollBody) -> None:
         """Refuse (``Conflict``) a poll of an agent other than the one ``runner``'s last
-        heartbeat named while that one is live; the record a directory held is read again
+        heartbeat named while that one is live; the record the cache held is read again
         first (a restart's first heartbeat may not have reached it)."""
         if not body.agent_id or body.agent_id == runner.agent_id or not runner.agent_id:
             return
@@ -224,13 +241,6 @@ class RunnerApi:
             raise NotFound("this server hands out no work")
         return self._desk
 
-    def poll(self, runner: RunnerRecord, body: PollBody) -> Leased | None:
-        """Lease the next dispatch ``runner`` may take, waiting on this thread; None when
-        nothing came within the wait (``app.longpoll`` waits without a thread instead).
-        Raises ``Conflict`` as :meth:`admit_poll` does."""
-        self.admit_poll(runner, body)
-        return leased(self.work_desk().poll(runner, body))
-
     def renew(self, runner: RunnerRecord, body: RenewBody) -> Renewed:
         """Extend the lease ``runner`` holds on a dispatch being applied."""
         until = self.work_desk().renew(runner, body)
@@ -239,6 +249,23 @@ class RunnerApi:
     def results(self, runner: RunnerRecord, body: ResultBody) -> Reported:
         """Record what ``runner`` did with a dispatch it leased."""
         return Reported(status=self.work_desk().report(runner, body))
+
+    def session_token(self, runner: RunnerRecord, body: SessionTokenBody) -> SessionToken:
+        """Mint the token of the session whose dispatch ``runner`` holds
+        (``SessionComments.issue_token``); ``NotFound`` on a server without sessions."""
+        return self._session_desk().issue_token(runner, body)
+
+    def session_comment(
+        self, authorization: str, body: SessionCommentBody, *, ask: bool
+    ) -> SessionPosted:
+        """Post what a session says (``SessionComments.post``); ``NotFound`` on a server
+        without sessions."""
+        return self._session_desk().post(authorization, body, ask=ask)
+
+    def _session_desk(self) -> SessionComments:
+        if self._sessions is None:
+            raise NotFound("this server serves no sessions")
+        return self._sessions
 
     def _event(self, name: str, runner: RunnerRecord, data: dict[str, object]) -> None:
         self._store.append_event(

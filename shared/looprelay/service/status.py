@@ -1,8 +1,9 @@
 """The operator's status view, read through the ports and rendered: HTML for ``GET /status``,
 aligned text for ``looprelay status``. The view itself is built by ``core.status``.
 
-The HTML is one self-contained page (inline CSS, no script, no external asset) that reloads
-itself; Jinja2 autoescapes every value, so a hostile title or reason stays text.
+The HTML is one self-contained page (inline CSS, one inline script of ours, :data:`COPY_SCRIPT`,
+allowed by its hash; no external asset) that reloads itself; Jinja2 autoescapes every value, so
+a hostile title or reason stays text.
 """
 
 from __future__ import annotations
@@ -12,23 +13,48 @@ from datetime import datetime, timedelta
 from functools import cache
 
 from jinja2 import Environment, Template
+from markupsafe import Markup
 
 from looprelay.config.templates import bundled_template
+from looprelay.core.deliveries import DeliveryPage, build_delivery_page, fold_deliveries
 from looprelay.core.model import DISPATCH_OPEN
 from looprelay.core.resend import is_interrupted, resend_id
 from looprelay.core.status import StatusInputs, StatusView, build_status
-from looprelay.ports import Clock, RunnerRegistry, Store, WorkItemStore
+from looprelay.ports import Clock, PollCursors, RunnerRegistry, Store, WorkItemStore
 from looprelay.service.lease_desk import leasable_heads
 
 RECENT_DELIVERIES = 50
+MAX_RECENT_DELIVERIES = 1_000
+"""The most deliveries one page may ask for (``/status?deliveries=N``)."""
 DEAD_LETTERS = 50
 WORK_ITEMS = 100
 OPEN_DISPATCHES = 200
 FAILED_DISPATCHES_READ = 2000
 """Failed dispatches read to find the interrupted ones (oldest first: the newest are kept)."""
 INTERRUPTED_SHOWN = 50
+DELIVERY_EVENTS = 200
+"""Events a delivery's page shows (a delivery causes a handful)."""
 REFRESH_SECONDS = 10
 STATUS_TEMPLATE = "status.html.j2"
+DELIVERY_TEMPLATE = "status_delivery.html.j2"
+COPY_SCRIPT = (
+    'document.addEventListener("click", function (event) {'
+    ' var button = event.target.closest("button[data-copy]");'
+    " if (!button) { return; }"
+    ' var text = button.getAttribute("data-copy");'
+    " function done() {"
+    ' button.textContent = "copied";'
+    ' setTimeout(function () { button.textContent = "copy"; }, 1500); }'
+    " function fallback() {"
+    ' var area = document.createElement("textarea"); area.value = text;'
+    " document.body.appendChild(area); area.select();"
+    ' document.execCommand("copy"); area.remove(); done(); }'
+    " if (navigator.clipboard && window.isSecureContext) {"
+    " navigator.clipboard.writeText(text).then(done, fallback); } else { fallback(); }"
+    " });"
+)
+"""The page's one script: a copy button copies its ``data-copy`` text. The page's CSP allows
+exactly this text (by hash), so no other script can run there."""
 
 
 class StatusReader:
@@ -43,8 +69,11 @@ class StatusReader:
         clock: Clock,
         lost_after: timedelta,
         command_args: Sequence[str] = (),
+        poll_cursors: PollCursors | None = None,
     ) -> None:
-        """``command_args`` follow every replay command the view shows (``--data DIR``)."""
+        """``command_args`` follow every replay command the view shows (``--data DIR``);
+        ``poll_cursors`` (when the poll ingress is configured) say how far behind it is."""
+        self._poll_cursors = poll_cursors
         self._store = store
         self._items = work_items
         self._runners = runners
@@ -52,8 +81,9 @@ class StatusReader:
         self._lost_after = lost_after
         self._command_args = tuple(command_args)
 
-    def read(self) -> StatusView:
-        """The view as of now. Raises ``Transient`` when a store cannot be read."""
+    def read(self, deliveries: int = RECENT_DELIVERIES) -> StatusView:
+        """The view as of now, with the last ``deliveries`` deliveries. Raises ``Transient``
+        when a store cannot be read."""
         now = self._clock.now()
         failed = self._items.list_dispatches(statuses=("failed",), limit=FAILED_DISPATCHES_READ)
         # Interrupted and not sent again yet: what waits for an operator's decision.
@@ -70,13 +100,23 @@ class StatusReader:
                 statuses=DISPATCH_OPEN, limit=OPEN_DISPATCHES
             ),
             heads=leasable_heads(self._items, now=now),
-            deliveries=self._store.list_deliveries(limit=RECENT_DELIVERIES),
+            deliveries=self._store.list_deliveries(limit=deliveries),
             dead_letters=self._store.list_deliveries(outcome="failed", limit=DEAD_LETTERS),
             failed_dispatches=list(reversed(interrupted)),
             command_args=self._command_args,
             holding={r.runner_id: self._items.held_sessions(r.runner_id) for r in runners},
+            poll_cursors=self._poll_cursors.list_poll_cursors() if self._poll_cursors else (),
         )
         return build_status(inputs, now=now, lost_after=self._lost_after)
+
+    def delivery(self, delivery_id: str) -> DeliveryPage | None:
+        """The page of one delivery and its events; None when the ledger has no such one.
+        Raises ``Transient`` when the store cannot be read."""
+        record = self._store.get_delivery(delivery_id)
+        if record is None:
+            return None
+        events = self._store.list_events(delivery_id=delivery_id, limit=DELIVERY_EVENTS)
+        return build_delivery_page(record, events, now=self._clock.now())
 
 
 def ago(moment: datetime | None, now: datetime) -> str:
@@ -94,18 +134,27 @@ def ago(moment: datetime | None, now: datetime) -> str:
 
 
 @cache
-def _page() -> Template:
+def _page(name: str) -> Template:
     environment = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     environment.filters["dash"] = lambda value: "-" if value in (None, "", [], {}) else value
-    return environment.from_string(bundled_template(STATUS_TEMPLATE))
+    return environment.from_string(bundled_template(name))
 
 
 def render_html(view: StatusView) -> str:
     """The status page of ``view``: every value escaped, reloading every few seconds."""
-    return _page().render(
+    return _page(STATUS_TEMPLATE).render(
         view=view,
+        folds=fold_deliveries(view.deliveries),
         refresh=REFRESH_SECONDS,
         ago=lambda moment: ago(moment, view.generated_at),
+        script=Markup(COPY_SCRIPT),  # noqa: S704 - our own constant, no value of a request
+    )
+
+
+def render_delivery_html(page: DeliveryPage) -> str:
+    """The page of one delivery and its events, every value escaped."""
+    return _page(DELIVERY_TEMPLATE).render(
+        page=page, ago=lambda moment: ago(moment, page.generated_at)
     )
 
 
@@ -120,12 +169,13 @@ def render_text(view: StatusView) -> str:
         f"{t.dead_letters} dead letters, {t.interrupted} interrupted",
         _section(
             "RUNNERS",
-            ("ID", "NAME", "STATE", "USE", "LAST SEEN", "VERSION"),
+            ("ID", "NAME", "STATE", "HOST", "USE", "LAST SEEN", "VERSION"),
             [
                 (
                     r.runner_id,
                     r.name,
                     r.state,
+                    r.hostname,
                     f"{r.sessions}/{r.capacity}",
                     ago(r.last_seen_at, now),
                     r.version,
@@ -135,9 +185,17 @@ def render_text(view: StatusView) -> str:
         ),
         _section(
             "SESSIONS",
-            ("WORK ITEM", "ENDPOINT", "SESSION", "RUNNER", "STATE", "ATTACH"),
+            ("WORK ITEM", "ENDPOINT", "SESSION", "RUNNER", "STATE", "ACTIVITY", "ATTACH"),
             [
-                (s.work_item, s.endpoint, s.session, s.runner or s.runner_id, s.state, s.attach)
+                (
+                    s.work_item,
+                    s.endpoint,
+                    s.session,
+                    s.runner or s.runner_id,
+                    s.state,
+                    s.activity,
+                    s.attach,
+                )
                 for s in view.sessions
             ],
         ),
@@ -169,6 +227,22 @@ def render_text(view: StatusView) -> str:
             [(r.kind, r.id, r.subject, ago(r.at, now), r.command) for r in view.replays],
         ),
     ]
+    if view.polling:
+        sections.append(
+            _section(
+                "POLLING",
+                ("REPOSITORY", "LAST POLLED", "BACKING OFF", "ERROR"),
+                [
+                    (
+                        p.repository,
+                        ago(p.polled_at, now),
+                        f"until {p.retry_at.isoformat(timespec='seconds')}" if p.retry_at else "",
+                        p.error,
+                    )
+                    for p in view.polling
+                ],
+            )
+        )
     return "\n\n".join(sections) + "\n"
 
 

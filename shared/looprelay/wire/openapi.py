@@ -15,10 +15,12 @@ from looprelay.wire.runner_api import API_PREFIX, ENDPOINTS, ErrorAnswer
 _REF_TEMPLATE = "#/components/schemas/{model}"
 _ERROR_TEXT = {
     400: "The body is malformed; the message names the field.",
-    401: "Unknown runner, wrong secret, revoked runner or bad token: register again.",
-    404: "No such dispatch.",
+    401: "Unknown runner, wrong secret, revoked runner or bad token (a session token of "
+    "another session, or of one ended or respawned since).",
+    404: "No such dispatch or session, or this server posts nothing on GitHub.",
     409: "The lease passed to another runner; this result no longer counts.",
     413: "The body is larger than the API accepts.",
+    502: "GitHub refused the comment; the message says why.",
     503: "The store is unavailable; retry with backoff.",
 }
 
@@ -46,7 +48,7 @@ def runner_api_document(version: str = "1") -> dict[str, Any]:
             },
             "responses": responses,
         }
-        operation["security"] = [{"runnerSecret": []}] if endpoint.authenticated else []
+        operation["security"] = [{endpoint.security: []}] if endpoint.security else []
         paths[f"{API_PREFIX}{name}"] = {"post": operation}
     return {
         "openapi": "3.1.0",
@@ -59,7 +61,13 @@ def runner_api_document(version: str = "1") -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "`<runner_id>:<secret>` from registration.",
-                }
+                },
+                "sessionToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A session's token, from the environment its runner "
+                    "started it with (`LOOPRELAY_SESSION_TOKEN`).",
+                },
             },
         },
     }

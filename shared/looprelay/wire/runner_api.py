@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS
 from looprelay.core.model import (
     DISPATCH_KINDS,
     MAX_DETAIL_CHARS,
@@ -23,10 +24,23 @@ from looprelay.core.model import (
     DispatchRecord,
 )
 from looprelay.core.replies import MAX_REPLY_CHARS
+from looprelay.wire.sessions import (
+    SESSION_ENV,
+    SessionCommentBody,
+    SessionPosted,
+    SessionToken,
+    SessionTokenBody,
+)
+from looprelay.wire.strict import StrictBody as _Body
 
-__all__ = [  # what a runner needs of the domain, so the agent imports only this module
+__all__ = [  # what a runner and a session need of the domain and of wire.sessions
     "DISPATCH_KINDS",
     "MAX_DETAIL_CHARS",
+    "SESSION_ENV",
+    "SessionCommentBody",
+    "SessionPosted",
+    "SessionToken",
+    "SessionTokenBody",
 ]
 
 API_PREFIX = "/runner/v1/"
@@ -50,11 +64,6 @@ def _whole(value: object) -> object:
 
 
 _Whole = Annotated[int, BeforeValidator(_whole)]
-
-
-class _Body(BaseModel):
-    # Strict: the document says what each field is, so `true` is no number and "1" no int.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class RegisterBody(_Body):
@@ -112,6 +121,12 @@ class HeartbeatBody(_Body):
     """What an agent reports about itself on every heartbeat."""
 
     version: str = Field(default="", max_length=64)
+    hostname: str = Field(
+        default="",
+        max_length=253,
+        pattern=r"^[A-Za-z0-9._-]*$",
+        description="The machine the agent runs on, shown on the operator's status page.",
+    )
     capacity: _Whole = Field(default=1, ge=0, le=256)
     repositories: list[str] = Field(
         default_factory=list,
@@ -164,7 +179,13 @@ class HeartbeatBody(_Body):
 class PollBody(_Body):
     """A long poll for work."""
 
-    wait_seconds: float = Field(default=25.0, ge=0, le=55)
+    wait_seconds: float = Field(
+        default=25.0,
+        ge=0,
+        le=MAX_POLL_WAIT_SECONDS,
+        description="Longest the poll may be held; the server holds it at most its "
+        "`runners.pollWaitSeconds`.",
+    )
     agent_id: str = Field(
         default="",
         max_length=64,
@@ -359,7 +380,8 @@ class Endpoint:
     summary: str
     body: type[BaseModel]
     answers: Mapping[int, type[BaseModel] | None]
-    authenticated: bool = True
+    security: str = "runnerSecret"
+    """``runnerSecret``, ``sessionToken`` (a session's own token), or "" (none)."""
     errors: tuple[int, ...] = field(default=(400, 401, 413, 503))
 
 
@@ -368,7 +390,7 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         "Exchange a registration token for a runner id and secret.",
         RegisterBody,
         {201: Registered},
-        authenticated=False,
+        security="",
     ),
     "heartbeat": Endpoint(
         "Report liveness, capacity and what the runner serves.",
@@ -399,6 +421,26 @@ ENDPOINTS: Mapping[str, Endpoint] = {
         ResultBody,
         {200: Reported},
         errors=(400, 401, 404, 409, 413, 503),
+    ),
+    "session-token": Endpoint(
+        "Mint the token a session's harness speaks with (only its hash is kept).",
+        SessionTokenBody,
+        {201: SessionToken},
+        errors=(400, 401, 404, 409, 413, 503),  # 409: the lease is not this runner's
+    ),
+    "session-comment": Endpoint(
+        "Post a session's comment on its work item or pull request, as the App.",
+        SessionCommentBody,
+        {201: SessionPosted},
+        security="sessionToken",
+        errors=(400, 401, 404, 413, 502, 503),  # 404: the server has no GitHub client
+    ),
+    "session-ask": Endpoint(
+        "Post a session's question and mark the session awaiting input until a human answers.",
+        SessionCommentBody,
+        {201: SessionPosted},
+        security="sessionToken",
+        errors=(400, 401, 404, 413, 502, 503),
     ),
 }
 

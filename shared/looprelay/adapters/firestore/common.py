@@ -88,9 +88,11 @@ def conditional_update(
     change: Callable[[dict[str, Any]], dict[str, Any] | None],
     *,
     action: str,
+    also: tuple[firestore.DocumentReference, dict[str, Any]] | None = None,
 ) -> bool:
     """Apply ``change`` to the document with a last-update-time precondition, re-reading on
     conflict; ``change`` returns the fields to set, or None to leave the document alone.
+    With ``also``, those fields are merged into that document in the same atomic write.
 
     Returns False when the document is missing or ``change`` declined. Raises ``Transient``
     after ``MAX_CAS_ROUNDS`` conflicting rounds or when Firestore is unavailable.
@@ -105,10 +107,15 @@ def conditional_update(
             fields = change(snapshot.to_dict() or {})
             if fields is None:
                 return False
+            option = client.write_option(last_update_time=snapshot.update_time)
             try:
-                ref.update(
-                    fields, option=client.write_option(last_update_time=snapshot.update_time)
-                )
+                if also is None:
+                    ref.update(fields, option=option)
+                else:
+                    batch = client.batch()
+                    batch.update(ref, fields, option=option)
+                    batch.set(*also, merge=True)
+                    batch.commit()
             except (gexc.FailedPrecondition, gexc.NotFound):
                 continue
             return True

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +42,11 @@ REOPEN_DOUBLINGS = 6
 
 T = TypeVar("T")
 
+OnChange = Callable[[Sequence[T] | None], None]
+"""Called after each push with what it changed: each document that entered or changed in
+the result as now parsed, each that left it as last held (all of them on a listener's first
+push), or None when the result was dropped (callers read the store until the next push)."""
+
 
 @dataclass(frozen=True)
 class Listened(Generic[T]):
@@ -57,19 +63,24 @@ class ListenedQuery(Generic[T]):
 
     def __init__(
         self,
-        query: firestore.Query,
+        query: firestore.Query | firestore.CollectionReference | Callable[[], firestore.Query],
         *,
         parse: Callable[[dict[str, Any]], T],
         name: str,
         fallback: str,
-        on_change: Callable[[], None] = lambda: None,
+        on_change: OnChange[T] = lambda _changed: None,
         check_seconds: float = CHECK_SECONDS,
+        renew_seconds: float | None = None,
     ) -> None:
-        """Listen to ``query``, keeping each document as ``parse`` makes it (a
-        ``ValidationError`` marks it unreadable) and calling ``on_change`` (on the listener's
-        thread; it must not block) after each push and each drop. ``name`` and ``fallback``
-        (what callers do meanwhile) word the logs."""
-        self._query = query
+        """Listen to ``query`` (or to the query a function makes, asked again for each new
+        listener), keeping each document as ``parse`` makes it (a ``ValidationError`` marks it
+        unreadable) and calling ``on_change`` (on the listener's thread; it must not block)
+        after each push and each drop. With ``renew_seconds``, a listener that old is replaced
+        by a new one on a query made afresh (a window that moves keeps its result small); the
+        old result stands until the new one's first push. ``name`` and ``fallback`` (what
+        callers do meanwhile) word the logs."""
+        self._query: Callable[[], Any] = query if callable(query) else (lambda: query)
+        self._renew_seconds = renew_seconds
         self._parse = parse
         self._name, self._fallback = name, fallback
         self._on_change = on_change
@@ -80,6 +91,11 @@ class ListenedQuery(Generic[T]):
         self._reads = 0
         self._opened = 0
         self._watch: Any = None
+        self._opened_at = 0.0
+        self._retiring: Any = None
+        """A listener being renewed: unsubscribed once its successor has pushed."""
+        self._pushed_by = 0
+        """The listener whose push the result holds."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started_in: int | None = None
@@ -93,7 +109,7 @@ class ListenedQuery(Generic[T]):
                 return
             self._started_in = os.getpid()
             self._result = None  # pushed to the process this one was forked from, if any
-            self._watch = None
+            self._watch = self._retiring = None
             self._thread = threading.Thread(
                 target=self._supervise, name=f"looprelay-{self._name}-listener", daemon=True
             )
@@ -127,8 +143,9 @@ class ListenedQuery(Generic[T]):
         with self._lock:
             self._result = None
             self._listener += 1  # a push still in flight is dropped
-        if here and self._watch is not None:
-            self._watch.unsubscribe()  # another process's stream is not this one's to end
+        for watch in (self._watch, self._retiring) if here else ():
+            if watch is not None:
+                watch.unsubscribe()  # another process's stream is not this one's to end
 
     def _supervise(self) -> None:
         # Keep one listener open: check it every few seconds, re-open it after a backoff
@@ -137,9 +154,13 @@ class ListenedQuery(Generic[T]):
         while not self._stop.is_set():
             watch = self._watch
             if watch is not None and watch.is_active:
+                self._renew_when_due()
                 self._stop.wait(self._check_seconds)
                 continue
             if watch is not None:
+                if self._retiring is not None:
+                    self._retiring, retiring = None, self._retiring
+                    retiring.unsubscribe()
                 failures = 1 if self._dropped() else failures + 1
                 wait = backoff_seconds(
                     failures,
@@ -151,16 +172,29 @@ class ListenedQuery(Generic[T]):
                     return
             self._watch = self._listen()
 
+    def _renew_when_due(self) -> None:
+        with self._lock:
+            retiring = self._retiring if self._pushed_by == self._listener else None
+            if retiring is not None:
+                self._retiring = None
+        if retiring is not None:
+            retiring.unsubscribe()  # its successor pushed: the result no longer needs it
+        due = self._renew_seconds is not None and self._retiring is None
+        if due and time.monotonic() - self._opened_at >= (self._renew_seconds or 0.0):
+            self._retiring = self._watch
+            self._watch = self._listen()
+
     def _listen(self) -> Any:
         with self._lock:
             self._listener += 1
             self._opened += 1
             listener = self._listener
+        self._opened_at = time.monotonic()
 
         def pushed(docs: list[Any], changes: list[Any], read_time: Any) -> None:
             self._pushed(listener, docs, changes)
 
-        return self._query.on_snapshot(pushed)
+        return self._query().on_snapshot(pushed)
 
     def _dropped(self) -> bool:
         # The listener ended for good: callers must read the store until a new one pushes.
@@ -171,7 +205,7 @@ class ListenedQuery(Generic[T]):
         log.warning(
             "the %s listener stopped; %s until a new one is open", self._name, self._fallback
         )
-        self._on_change()
+        self._on_change(None)
         return had_pushed
 
     def _pushed(self, listener: int, docs: list[Any], changes: list[Any]) -> None:
@@ -179,16 +213,22 @@ class ListenedQuery(Generic[T]):
         with self._lock:
             if listener != self._listener:
                 return  # a listener already given up on
+            first = self._pushed_by != listener
+            self._pushed_by = listener
             before = self._result
             held = before.documents if before is not None else {}
             current: dict[str, T] = {}
             unreadable: set[str] = set()
             for doc in docs:
-                kept = None if doc.id in changed else held.get(doc.id)
+                kept = None if doc.id in changed or first else held.get(doc.id)
                 if kept is None:
                     kept = self._parsed(doc, unreadable)
                 if kept is not None:
                     current[doc.id] = kept
+            # What changed, as now parsed, or as last held for what left: work only for what
+            # changed (a listener's first push: all of it).
+            news = [current[i] for i in (current if first else changed) if i in current]
+            news += [held[i] for i in changed if i not in current and i in held]
             if unreadable - (before.unreadable if before is not None else frozenset()):
                 log.error(
                     "%s documents %s cannot be read; %s while they stay",
@@ -197,8 +237,8 @@ class ListenedQuery(Generic[T]):
                     self._fallback,
                 )
             self._result = Listened(current, frozenset(unreadable))
-            self._reads += max(len(changes), 1 if before is None else 0)
-        self._on_change()
+            self._reads += max(len(changes), 1 if first else 0)
+        self._on_change(news)
 
     def _parsed(self, doc: Any, unreadable: set[str]) -> T | None:
         try:

@@ -1,15 +1,17 @@
 """Registration tokens and runners in Firestore, behind ``RunnerRegistry``.
 
 Layout: ``{prefix}registration_tokens/{token_hash}`` (with ``expires_at``, also the TTL field),
-``{prefix}runners/{runner_id}`` and ``{prefix}runner_liveness/{runner_id}``.
+``{prefix}runners/{runner_id}``, ``{prefix}runner_liveness/{runner_id}`` and
+``{prefix}runner_changes/{shard}``.
 
-Scenario: every instance of the runner API listens to the runner documents
-(``runner_directory.py``), so each change to one is billed as a read on every instance. A
+Scenario: every instance of the runner API keeps the runners it authenticated lately in a
+bounded cache, told of each change to one by a stamp in a shard document written in the same
+batch (``runner_changes.py``), whose listener bills one read per change per instance. A
 runner's identity (secret, labels, revocation) and status (version, repositories, sessions)
 stay in its runner document, written on register, rotate and revoke and when a heartbeat
 reports a new status; when it is alive and nothing else changed, the heartbeat only sets
-``last_seen_at`` in its liveness document: a write that reads nothing and that no listener
-hears. Reading a runner reads both and keeps the later ``last_seen_at``; a liveness document
+``last_seen_at`` in its liveness document: a write that reads nothing and announces
+nothing. Reading a runner reads both and keeps the later ``last_seen_at``; a liveness document
 never makes a runner known or unrevoked, whatever it holds. Each document is written about
 once per heartbeat (30 s) at most, far below Firestore's one write a second per document.
 """
@@ -30,6 +32,7 @@ from looprelay.adapters.firestore.common import (
     translated,
     utc,
 )
+from looprelay.adapters.firestore.runner_changes import stamp
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.core.scheduling import with_last_seen
@@ -47,6 +50,7 @@ class FirestoreRunnerRegistry:
         self._tokens = client.collection(f"{collection_prefix}registration_tokens")
         self._runners = client.collection(f"{collection_prefix}runners")
         self._liveness = client.collection(f"{collection_prefix}runner_liveness")
+        self._changes = client.collection(f"{collection_prefix}runner_changes")
 
     @classmethod
     def from_config(cls, cfg: FirestoreConfig) -> FirestoreRunnerRegistry:
@@ -126,8 +130,15 @@ class FirestoreRunnerRegistry:
         def unless_revoked(doc: dict[str, Any]) -> dict[str, Any] | None:
             return None if doc.get("revoked_at") is not None else fields
 
+        # Announced in the same write: every instance's cache of this runner reads it again.
+        shard, stamped = stamp(runner_id)
+        announce = (self._changes.document(shard), stamped)
         return conditional_update(
-            self._client, self._runners.document(runner_id), unless_revoked, action=action
+            self._client,
+            self._runners.document(runner_id),
+            unless_revoked,
+            action=action,
+            also=announce,
         )
 
     def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:
@@ -149,6 +160,7 @@ class FirestoreRunnerRegistry:
             "workspace": status.workspace,
             "sessions": status.sessions,
             "agent_id": status.agent_id,
+            "hostname": status.hostname,
         }
         if not self._change(runner_id, fields, "record a heartbeat"):
             return False

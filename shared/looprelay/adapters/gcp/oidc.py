@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+import cachecontrol
 import google.auth.transport.requests
 import requests
 from google.auth import exceptions as google_exceptions
@@ -57,9 +58,11 @@ class OidcTaskAuthenticator:
         """Configure the expected ``audience`` (the task's ``oidc_token.audience``, by default the
         worker URL) and the queue's ``service_account_email``.
 
-        ``request`` fetches ``certs_url`` on every call; the default is a plain
-        ``requests.Session`` with google-auth's 120 s timeout. Pass a caching request to avoid
-        the fetch. ``clock_skew_seconds`` widens the ``iat``/``exp`` window both ways.
+        ``request`` fetches ``certs_url``; the default is a ``requests.Session`` wrapped in
+        CacheControl, as google-auth advises (``google.oauth2.id_token``), so the certificates
+        are fetched again only once their ``Cache-Control: max-age`` has run out (Google
+        serves hours), with google-auth's 120 s timeout. ``clock_skew_seconds`` widens the
+        ``iat``/``exp`` window both ways.
 
         ``platform_verifies_signature``: behind Cloud Run's IAM invoker check, Google verifies
         the token and replaces its signature with ``SIGNATURE_REMOVED_BY_GOOGLE`` before the
@@ -70,7 +73,7 @@ class OidcTaskAuthenticator:
         self._email = service_account_email.casefold()
         self._certs_url = certs_url
         self._request = request or google.auth.transport.requests.Request(
-            session=requests.Session()
+            session=cachecontrol.CacheControl(requests.Session())
         )
         self._clock_skew_seconds = clock_skew_seconds
         self._platform_verified = platform_verifies_signature

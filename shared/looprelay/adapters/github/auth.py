@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 import jwt
@@ -17,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from looprelay.config.model import GitHubConfig
+from looprelay.datadir import read_private
 from looprelay.errors import ConfigError, Permanent, Transient
 
 API_HEADERS = {  # docs "Getting started with the REST API": media type and version
@@ -172,9 +174,8 @@ def auth_from_config(cfg: GitHubConfig, environ: Mapping[str, str]) -> GitHubAut
     Raises ``ConfigError`` naming the keys to set when neither is configured, and naming the
     variable when a named environment variable is unset, empty or not a usable key.
     """
-    if cfg.app_id is not None and cfg.private_key_env:
-        # Keys pasted into one-line env files often carry their newlines as "\n".
-        pem = _secret(environ, cfg.private_key_env).replace("\\n", "\n")
+    if cfg.app_id is not None and (cfg.private_key_env or cfg.private_key_file):
+        pem, where = app_private_key(cfg, environ)
         try:
             return AppAuth(
                 app_id=cfg.app_id,
@@ -183,13 +184,29 @@ def auth_from_config(cfg: GitHubConfig, environ: Mapping[str, str]) -> GitHubAut
                 session=requests.Session(),
             )
         except ValueError as exc:
-            raise ConfigError(f"environment variable {cfg.private_key_env}: {exc}") from exc
+            raise ConfigError(f"{where}: {exc}") from exc
     if cfg.token_env:
         return TokenAuth(_secret(environ, cfg.token_env))
     raise ConfigError(
         "github: no credentials; set github.appId and github.privateKeyEnv (App auth) or "
         "github.tokenEnv (token auth) to the name of an environment variable holding the secret"
     )
+
+
+def app_private_key(cfg: GitHubConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    """Return the App's PEM (from ``privateKeyEnv``, else ``privateKeyFile``) and where it came
+    from, for messages; raises ``ConfigError`` naming the variable or file when it is missing,
+    empty or readable by others."""
+    if cfg.private_key_env:
+        # Keys pasted into one-line env files often carry their newlines as "\\n".
+        pem = _secret(environ, cfg.private_key_env).replace("\\n", "\n")
+        return pem, f"environment variable {cfg.private_key_env}"
+    path = Path(cfg.private_key_file or "")
+    if not path.is_file():
+        raise ConfigError(
+            f"github.privateKeyFile {path} does not exist; run `looprelay app create` again"
+        )
+    return read_private(path), f"file {path}"
 
 
 def _secret(environ: Mapping[str, str], name: str) -> str:

@@ -4,20 +4,19 @@ for issue comments" and "... for reactions", version 2022-11-28)."""
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests
 from requests.exceptions import ChunkedEncodingError
 
 from looprelay import deadlines
-from looprelay.adapters.github import app_hooks
+from looprelay.adapters.github import app_hooks, listings
 from looprelay.adapters.github import auth as github_auth
-from looprelay.config.model import GitHubConfig
-from looprelay.errors import Permanent, Transient
+from looprelay.config.model import REPOSITORY_NAME, GitHubConfig
+from looprelay.errors import Permanent, RateLimited, Transient
 from looprelay.ports import CommentText
 
 PER_PAGE = 100  # the most GitHub lists per page
@@ -27,12 +26,11 @@ MIN_ATTEMPT_SECONDS = 0.5
 """An attempt is not started with less of the task's time budget left."""
 REACTION_PATHS = {"issue": "issues/comments", "review": "pulls/comments"}
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
-# Owners: letters, digits, hyphens; repositories add "." and "_" ("." and ".." are not names).
-_REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\.?\Z)[A-Za-z0-9._-]{1,100}")
 _RETRYABLE = (Transient, requests.ConnectionError, requests.Timeout, ChunkedEncodingError)
 # Failures before the request left: the auth exchange, or no connection made at all.
 _NOT_SENT = (Transient, requests.ConnectTimeout)
 _MAYBE_DONE = "GitHub may have carried it out, so it is not repeated here"
+_T = TypeVar("_T")
 _HINTS = {
     401: "the credentials are wrong or expired; check github.tokenEnv or the App key",
     403: "the credentials lack a permission (issues and pull requests: write)",
@@ -41,7 +39,7 @@ _HINTS = {
 }
 
 
-class GitHubRest(app_hooks.AppHookCalls):
+class GitHubRest(app_hooks.AppHookCalls, listings.ListingCalls):
     """The ``GitHub`` port over HTTPS. Every method raises ``ValueError`` for a ``repository``
     not ``owner/name``, ``Permanent`` (naming method, path, status) on a 4xx that is no rate
     limit, and ``Transient`` when its retry budget is spent: ``max_attempts`` (4) attempts per
@@ -87,7 +85,9 @@ class GitHubRest(app_hooks.AppHookCalls):
         """Post ``body`` on issue or pull request ``number``; return the new comment's id."""
         url = self._url(repository, f"issues/{number}/comments")
         answer = self._send("POST", url, installation_id, {"body": body}, repeatable=False)
-        return int(_json(answer)["id"])
+        # A 201 of the wrong shape may still have stored the comment: Transient lets
+        # ``comments.post_once`` look for its marker before posting again.
+        return _read(answer, "a comment", _id)
 
     def find_comment_with(
         self, *, installation_id: int | None, repository: str, number: int, needle: str
@@ -101,9 +101,9 @@ class GitHubRest(app_hooks.AppHookCalls):
             if url is None:
                 break
             response = self._send("GET", url, installation_id)
-            for comment in _json(response):
-                if needle in (comment.get("body") or ""):
-                    return int(comment["id"])
+            found = _read(response, "a list of comments", lambda data: _find(data, needle))
+            if found is not None:
+                return found
             url = self._next_page(response)
         return None
 
@@ -115,9 +115,7 @@ class GitHubRest(app_hooks.AppHookCalls):
         response = self._send("GET", url, installation_id, missing_ok=True)
         if response.status_code == 404:
             return None
-        data = _json(response)
-        author = str((data.get("user") or {}).get("login", ""))  # null for some deleted users
-        return CommentText(comment_id=int(data["id"]), author_login=author, body=data["body"] or "")
+        return _read(response, "a comment", _comment_text)
 
     def add_reaction(
         self,
@@ -136,7 +134,7 @@ class GitHubRest(app_hooks.AppHookCalls):
         self._send("POST", url, installation_id, {"content": content})
 
     def _url(self, repository: str, rest: str) -> str:
-        if not _REPOSITORY.fullmatch(repository):
+        if not REPOSITORY_NAME.fullmatch(repository):
             raise ValueError(f"repository {repository!r} is not owner/name")
         return f"{self._api_url}/repos/{repository}/{rest}"
 
@@ -157,16 +155,20 @@ class GitHubRest(app_hooks.AppHookCalls):
         as_app: bool = False,
         repeatable: bool = True,
         patient: bool = True,
+        etag: str = "",
     ) -> requests.Response:
         """One call within the retry budget, as the App if ``as_app``; 404 if ``missing_ok``;
         not ``repeatable``: only repeated when GitHub surely did not carry it out; not
-        ``patient``: a rate limit raises ``Transient`` at once instead of being waited out."""
+        ``patient``: a rate limit raises ``RateLimited`` at once instead of being waited out;
+        ``etag``: asked with ``If-None-Match``, and 304 Not Modified is an answer."""
+        conditional = {"If-None-Match": etag} if etag else {}
         call = f"{method} {urlsplit(url).path}"
         for attempt in range(1, self._max_attempts + 1):
             asked: float | None = None
             timeout = self._attempt_timeout(call)
             try:
                 headers = self._app_headers() if as_app else self._auth.headers(installation)
+                headers = headers | conditional
                 response = self._session.request(
                     method, url, headers=headers, json=payload, timeout=timeout
                 )
@@ -175,11 +177,14 @@ class GitHubRest(app_hooks.AppHookCalls):
                 if not repeatable and not isinstance(exc, _NOT_SENT):
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}") from exc
             else:
-                if response.status_code < 300 or (response.status_code == 404 and missing_ok):
+                status = response.status_code
+                if status < 300 or (status == 404 and missing_ok) or (status == 304 and etag):
                     return response
                 failure, asked = f"HTTP {response.status_code}", self._retry_wait(response)
                 if not patient and asked is not None:
-                    raise Transient(f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s")
+                    raise RateLimited(
+                        f"GitHub {call}: {failure}, rate-limited for {asked:.0f} s", seconds=asked
+                    )
                 if not repeatable and response.status_code >= 500:
                     raise Transient(f"GitHub {call}: {failure}; {_MAYBE_DONE}")
             if attempt < self._max_attempts:
@@ -217,7 +222,10 @@ class GitHubRest(app_hooks.AppHookCalls):
                 f"GitHub {_call(response)}: HTTP {status} {_message(response)!r}; {hint}"
             )
         if asked is not None and asked > self._max_wait:
-            raise Transient(f"GitHub {_call(response)}: HTTP {status}, asks to wait {asked:.0f} s")
+            raise RateLimited(
+                f"GitHub {_call(response)}: HTTP {status}, rate-limited for {asked:.0f} s",
+                seconds=asked,
+            )
         return asked
 
 
@@ -244,8 +252,35 @@ def _message(response: requests.Response) -> str:
         return ""
 
 
-def _json(response: requests.Response) -> Any:
+def _read(response: requests.Response, what: str, read: Callable[[Any], _T]) -> _T:
+    """``read`` applied to the JSON answer; ``Transient`` naming ``what`` was expected when the
+    answer is not JSON or not of that shape (a proxy's page, a changed API): a best-effort
+    side effect then fails alone, and the queue retries a task that needs the answer."""
     try:
-        return response.json()
-    except ValueError as exc:
-        raise Transient(f"GitHub {_call(response)}: the answer is not JSON") from exc
+        return read(response.json())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Transient(f"GitHub {_call(response)}: the answer is not {what}") from exc
+
+
+def _id(data: Any) -> int:
+    value = data["id"]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError("id is not an integer")
+    return value
+
+
+def _find(comments: Any, needle: str) -> int | None:
+    if not isinstance(comments, list):
+        raise TypeError("not a list")
+    for comment in comments:
+        if needle in (comment.get("body") or ""):
+            return _id(comment)
+    return None
+
+
+def _comment_text(data: Any) -> CommentText:
+    author = str((data.get("user") or {}).get("login", ""))  # null for some deleted users
+    body = data["body"] or ""
+    if not isinstance(body, str):
+        raise TypeError("body is not text")
+    return CommentText(comment_id=_id(data), author_login=author, body=body)

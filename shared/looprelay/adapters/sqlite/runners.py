@@ -18,7 +18,7 @@ from looprelay.adapters.sqlite.database import (
 from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.ports import RunnerStatus
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS registration_tokens (
     token_hash TEXT PRIMARY KEY,
     created_at TEXT NOT NULL,
@@ -30,7 +30,15 @@ CREATE TABLE IF NOT EXISTS runners (
     registered_at TEXT NOT NULL,
     doc TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS runner_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    runner_id TEXT NOT NULL
+);
 """
+
+KEPT_CHANGES = 10_000
+"""Change rows kept (``runner_changes.py`` reads the newer ones): a feed further behind than
+this says it missed changes."""
 
 
 class SqliteRunnerRegistry:
@@ -38,7 +46,7 @@ class SqliteRunnerRegistry:
 
     def __init__(self, path: str | Path | SqliteDatabase) -> None:
         """Open (creating) the tables in the database at ``path``; ``Transient`` on failure."""
-        self._db = open_database(path, schema=_SCHEMA, what="SQLite runner registry")
+        self._db = open_database(path, schema=SCHEMA, what="SQLite runner registry")
 
     def close(self) -> None:
         """Close the connection."""
@@ -98,14 +106,23 @@ class SqliteRunnerRegistry:
         )
         return {row["runner_id"]: parse_utc_text(row["seen"]) for row in rows}
 
-    def _change(self, runner_id: str, **fields: Any) -> bool:
-        # One statement: json_patch applies only while the runner is not revoked.
-        cursor = self._db.execute(
+    def _change(self, runner_id: str, *, announce: bool = True, **fields: Any) -> bool:
+        # json_patch applies only while the runner is not revoked; a change is announced
+        # (``RunnerChanges``) in the same transaction.
+        update = (
             "UPDATE runners SET doc = json_patch(doc, ?)"
-            " WHERE runner_id = ? AND json_extract(doc, '$.revoked_at') IS NULL",
-            (json.dumps(fields), runner_id),
+            " WHERE runner_id = ? AND json_extract(doc, '$.revoked_at') IS NULL"
         )
-        return cursor.rowcount == 1
+        if not announce:
+            return self._db.execute(update, (json.dumps(fields), runner_id)).rowcount == 1
+        with self._db.transaction() as db:
+            if db.execute(update, (json.dumps(fields), runner_id)).rowcount != 1:
+                return False
+            seq = db.execute("INSERT INTO runner_changes (runner_id) VALUES (?)", (runner_id,))
+            db.execute(
+                "DELETE FROM runner_changes WHERE seq <= ?", ((seq.lastrowid or 0) - KEPT_CHANGES,)
+            )
+        return True
 
     def revoke_runner(self, runner_id: str, *, at: datetime) -> bool:
         """See ``RunnerRegistry.revoke_runner``."""
@@ -121,7 +138,7 @@ class SqliteRunnerRegistry:
 
     def record_alive(self, runner_id: str, *, at: datetime) -> None:
         """See ``RunnerRegistry.record_alive``: the same update, of ``last_seen_at`` alone."""
-        self._change(runner_id, last_seen_at=utc_text(at))
+        self._change(runner_id, announce=False, last_seen_at=utc_text(at))
 
 
 def _status_fields(status: RunnerStatus) -> dict[str, Any]:
@@ -132,4 +149,5 @@ def _status_fields(status: RunnerStatus) -> dict[str, Any]:
         "workspace": status.workspace,
         "sessions": status.sessions,
         "agent_id": status.agent_id,
+        "hostname": status.hostname,
     }
