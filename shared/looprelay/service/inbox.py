@@ -1,5 +1,5 @@
 """Each issue's or pull request's inbox: its deliveries handed off one at a time, in order,
-whatever order the queue brings them in (docs/decisions/0008-ordered-inbox-per-issue.md).
+whatever order the queue brings them in (docs/decisions/0011-ordered-inbox-per-issue.md).
 
 Scenario: comments 1, 2 and 3 on issue #7 reach three worker instances at once, 3 first. Each
 worker has appended its delivery to the inbox (the group's unsettled ledger records) before
