@@ -30,10 +30,10 @@ locals {
       collection = "deliveries"
       fields     = [["outcome_kind", "ASCENDING"], ["received_at", "DESCENDING"]]
     }
-    # FirestoreStore.list_unsettled_before: one issue's unsettled deliveries, earlier keys.
+    # FirestoreStore.list_inbox: one issue's unsettled deliveries, smallest key first.
     deliveries_by_order = {
       collection = "deliveries"
-      fields     = [["order_group", "ASCENDING"], ["outcome", "ASCENDING"], ["order_key", "DESCENDING"]]
+      fields     = [["order_group", "ASCENDING"], ["outcome", "ASCENDING"], ["order_key", "ASCENDING"]]
     }
     # FirestoreStore.list_events: one equality filter, then sort_key (and sort_key > after).
     events_by_delivery = {
@@ -47,6 +47,32 @@ locals {
     events_by_name = {
       collection = "events"
       fields     = [["name", "ASCENDING"], ["sort_key", "ASCENDING"]]
+    }
+    # FirestoreStore.list_events(after=...): one equality filter, then the commit time.
+    events_by_delivery_written = {
+      collection = "events"
+      fields     = [["delivery_id", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
+    events_by_work_item_written = {
+      collection = "events"
+      fields     = [["work_item", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
+    events_by_name_written = {
+      collection = "events"
+      fields     = [["name", "ASCENDING"], ["written_at", "ASCENDING"]]
+    }
+    # ... and newest first, for what was committed shortly before the cursor.
+    events_by_delivery_written_desc = {
+      collection = "events"
+      fields     = [["delivery_id", "ASCENDING"], ["written_at", "DESCENDING"]]
+    }
+    events_by_work_item_written_desc = {
+      collection = "events"
+      fields     = [["work_item", "ASCENDING"], ["written_at", "DESCENDING"]]
+    }
+    events_by_name_written_desc = {
+      collection = "events"
+      fields     = [["name", "ASCENDING"], ["written_at", "DESCENDING"]]
     }
     # FirestoreStore.list_events(newest=True): the same, newest first (`looprelay events`).
     events_by_delivery_newest = {

@@ -76,6 +76,8 @@ class CloudTasksRecorder:
         self._stalls: list[float] = []
         self._lock = threading.Lock()
         self._loopback = LoopbackServer(_handler_for(self))
+        self.on_created: list[Callable[[str, dict[str, Any]], None]] = []
+        """Called with each task's short name and body as it is created: a dispatcher."""
 
     @property
     def url(self) -> str:
@@ -175,6 +177,9 @@ def _handler_for(recorder: CloudTasksRecorder) -> type[BaseHTTPRequestHandler]:
             )
             time.sleep(recorder.take_stall())
             status, payload = recorder.answer(request)
+            if status == 200 and isinstance(payload, dict) and "httpRequest" in payload:
+                for created in recorder.on_created:
+                    created(str(payload["name"]).rsplit("/", 1)[-1], payload)
             if isinstance(payload, str):
                 data, kind = payload.encode(), "text/plain"
             else:

@@ -33,7 +33,7 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "delivery_id": ("d-1",),
     "work_item": ("github:octo/demo#1",),
     "name": ("delivery.settled",),
-    "after": ("0" * 20,),
+    "after": ("0" * 20 + "/e-1",),
     "since": (datetime(2026, 11, 30, tzinfo=UTC),),
     "newest": (True,),
     "outcome": ("failed", "refused"),
@@ -41,7 +41,7 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "pr_ref": ("github:octo/demo#9",),
     "repositories": (("octo/demo",), [f"octo/r{n}" for n in range(40)]),
     "group": ("github:octo/demo#1",),
-    "order_key": ("00000001",),
+    "from_key": ("00000001",),
     "runner_id": ("r-1",),
     "endpoint": ("github:octo/demo#1",),
 }

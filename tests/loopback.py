@@ -6,6 +6,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default backlog of 5 refuses a burst of connections (15 webhooks at
+    # once), which the clients then retry after a backoff: a delay no real service adds.
+    request_queue_size = 128
+
+
 class LoopbackServer:
     """A ThreadingHTTPServer on 127.0.0.1 and a free port, serving from a daemon thread.
 
@@ -15,7 +21,7 @@ class LoopbackServer:
     def __init__(
         self, handler: type[BaseHTTPRequestHandler], *, poll_interval: float = 0.02
     ) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": poll_interval}, daemon=True
         )

@@ -41,7 +41,12 @@ class Conflict(LoopRelayError):
 
 
 class Transient(LoopRelayError):
-    """Try again later: a store, queue or GitHub hiccup (429/5xx, network, contention)."""
+    """Try again later: a store, queue or GitHub hiccup (429/5xx, network, contention).
+    ``retry_after`` (seconds), when known, is the earliest a retry can help."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RateLimited(Transient):

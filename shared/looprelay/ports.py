@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # only named in annotations: the webhook, which stores none, 
         DeliveryRecord,
         DispatchRecord,
         EventRecord,
+        InboxRecord,
         RegistrationToken,
         RunnerRecord,
         WorkItemRecord,
@@ -30,16 +31,11 @@ MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_RESERVE_BYTES
 
 @dataclass(frozen=True)
 class Task:
-    """A unit of work for the worker: a deterministic name and the bytes to POST.
-
-    ``group`` and ``order_key`` (``core.order``) let a queue that can keep order run one task
-    of a group at a time, smallest key first; a queue that cannot ignores them.
-    """
+    """A unit of work for the worker: a deterministic name and the bytes to POST. Queues
+    need not keep order: the worker's inbox does (``service.inbox``)."""
 
     name: str
     body: bytes
-    group: str = ""
-    order_key: str = ""
 
 
 class Clock(Protocol):
@@ -103,12 +99,39 @@ class Store(Protocol):
         """Return the ledger record of ``delivery_id``, or None."""
         ...
 
-    def list_unsettled_before(
-        self, *, group: str, order_key: str, since: datetime, limit: int = 10
-    ) -> list[DeliveryRecord]:
-        """Return up to ``limit`` deliveries of order ``group`` that are not settled, were
-        received at or after ``since`` and have an ``order_key`` below the given one, nearest
-        key first: what a delivery of that group may have to wait for. Raises ``Transient``."""
+    def list_inbox(self, group: str, *, from_key: str, limit: int = 50) -> list[DeliveryRecord]:
+        """Return up to ``limit`` deliveries of order ``group`` that are not settled and have
+        an ``order_key`` at or after ``from_key``, smallest key first: the group's inbox, for
+        its holder to hand off (``service.inbox``). Raises ``Transient``."""
+        ...
+
+    def take_inbox(
+        self, group: str, *, holder: str, now: datetime, until: datetime
+    ) -> InboxRecord | None:
+        """Give ``holder`` the short lease on ``group``'s inbox until ``until`` if nobody holds
+        it, its lease lapsed before ``now``, or ``holder`` holds it already; return the inbox
+        as stored then (``knocks`` as counted so far). Otherwise count a knock, so the holder
+        drains again before it may release, and return None. Exactly one of racing takers
+        wins. Raises ``Transient``."""
+        ...
+
+    def keep_inbox(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
+        """Extend ``inbox.holder``'s lease to ``until`` and record the drain's ``drained_key``,
+        ``stuck`` and ``stuck_since``, if it still holds the lease; return the inbox as stored
+        (its ``knocks`` fresh), or None when the lease was lost. Raises ``Transient``."""
+        ...
+
+    def release_inbox(self, inbox: InboxRecord) -> bool:
+        """Free the lease ``inbox.holder`` holds, recording the drain's state as ``keep_inbox``
+        does, unless a knock came after ``inbox.knocks`` was read; False then (or when the
+        lease was lost): drain again. Raises ``Transient``."""
+        ...
+
+    def free_inboxes(self) -> int:
+        """Free every inbox lease, its state kept; return how many were held. Only for the one
+        process that drains (``looprelay up`` holds the data directory's lock), starting:
+        every holder it finds is dead, and waiting for their leases only delays the queue's
+        retries. Raises ``Transient``."""
         ...
 
     def list_deliveries(
@@ -137,8 +160,10 @@ class Store(Protocol):
         """Return at most ``limit`` events in the order they were written, filtered by every
         argument given.
 
-        ``after`` is the ``cursor`` of an event already seen (exclusive), for following the
-        log: events written at the same instant are each seen once. ``since`` keeps events at
+        ``after`` is the ``cursor`` of an event already seen, for following the log: up to
+        ``limit`` events written after it, and a store whose writers race (Firestore) adds
+        those committed shortly before it, which a follower may not have seen yet; the
+        follower drops cursors it has seen (``service.follow``). ``since`` keeps events at
         or after that time. ``newest`` takes the newest ``limit`` instead of the oldest.
         """
         ...

@@ -619,41 +619,7 @@ class TestYield:
         assert request.body == BODY
 
 
-class TestGroupOrder:
-    def test_a_group_runs_one_task_at_a_time_smallest_key_first_others_go_on(
-        self, running: SqliteQueue, worker: RecordingWorker
-    ) -> None:
-        worker.script("first", Answer(hang=True))
-        running.enqueue(Task(name="first", body=b"1", group="o/r#1", order_key="k1"))
-        worker.wait_for("first", 1)
-        running.enqueue(Task(name="second", body=b"2", group="o/r#1", order_key="k2"))
-        running.enqueue(Task(name="elsewhere", body=b"3", group="o/r#2", order_key="k9"))
-        worker.wait_for("elsewhere", 1)  # another group is not held up
-        assert worker.requests_for("second") == []
-        worker.release()  # the first attempt fails; its retry comes before the second task
-        [*_, done] = worker.wait_for("first", 2)
-        [second] = worker.wait_for("second", 1)
-        assert done.status == 200 and second.at >= done.at
-
-    def test_a_task_failing_past_the_order_wait_no_longer_holds_its_group(
-        self, db_path: Path, worker: RecordingWorker
-    ) -> None:
-        retry = FAST_RETRY.model_copy(update={"max_attempts": 1000})  # never a dead letter
-        queue = SqliteQueue(db_path, retry=retry, settings=SETTINGS, order_wait_seconds=0.3)
-        try:
-            worker.script("poison", *([503] * 1000))
-            queue.start(worker_url=worker.url, auth_token=TOKEN)
-            queued_at = time.monotonic()  # its first try, which the wait counts from, is later
-            queue.enqueue(Task(name="poison", body=b"1", group="o/r#1", order_key="k1"))
-            worker.wait_for("poison", 1)
-            queue.enqueue(Task(name="later", body=b"2", group="o/r#1", order_key="k2"))
-            [later] = worker.wait_for("later", 1)
-            assert later.at - queued_at >= 0.3
-            assert len(worker.requests_for("poison")) > 1, "it was retried meanwhile"
-        finally:
-            worker.release()
-            queue.close()
-
+class TestOlderFiles:
     def test_a_queue_file_of_an_older_version_opens_and_keeps_its_tasks(
         self, db_path: Path, open_queue: QueueFactory
     ) -> None:
@@ -669,29 +635,27 @@ class TestGroupOrder:
         db.close()
         queue = open_queue()
         assert [(t.name, t.state) for t in queue.list_tasks()] == [("old", "pending")]
-        assert queue.enqueue(Task(name="new", body=b"{}", group="o/r#1", order_key="k"))
+        assert queue.enqueue(Task(name="new", body=b"{}"))
 
 
 class TestLeases:
-    def test_a_task_whose_lease_expired_is_taken_again_and_its_group_goes_on(
+    def test_a_task_whose_lease_expired_is_taken_again(
         self, open_queue: QueueFactory, worker: RecordingWorker
     ) -> None:
-        # A dispatcher that hangs (or cannot write its outcome) past its lease holds the
-        # group no longer: another dispatcher of the same process takes the task again.
+        # A dispatcher that hangs (or cannot write its outcome) past its lease holds the task
+        # no longer: another dispatcher of the same process takes it again.
         clock = FakeTime()
         worker.script("gh-hung", Answer(hang=True))
         queue = open_queue(now=clock)
-        queue.enqueue(Task(name="gh-hung", body=b"first", group="issue-1", order_key="1"))
-        queue.enqueue(Task(name="gh-next", body=b"second", group="issue-1", order_key="2"))
+        queue.enqueue(Task(name="gh-hung", body=b"first"))
         queue.start(worker_url=worker.url, auth_token=TOKEN)
         worker.wait_for("gh-hung", 1)
         time.sleep(QUIET_SECONDS)
-        assert worker.requests_for("gh-next") == []  # held behind the live lease
+        assert _task(queue, "gh-hung").state == "leased"
 
         clock.advance(2 * SETTINGS.dispatch_deadline_seconds + LEASE_MARGIN_SECONDS + 1)
         _wait_for_state(queue, "gh-hung", "done")
-        _wait_for_state(queue, "gh-next", "done")
         worker.release()  # the first dispatcher's answer never comes; it writes nothing
         time.sleep(QUIET_SECONDS)
-        assert [_task(queue, name).state for name in ("gh-hung", "gh-next")] == ["done", "done"]
+        assert _task(queue, "gh-hung").state == "done"
         assert [r.status for r in worker.requests_for("gh-hung")] == [None, 200]

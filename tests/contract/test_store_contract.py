@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
-from looprelay.core.model import DeliveryRecord, EventRecord
+from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.ports import Store
+from looprelay.service.follow import follow
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -164,8 +166,9 @@ class TestDeliveryLedger:
         assert len(store.list_deliveries(limit=2)) == 2
 
 
-class TestOrderedDeliveries:
+class TestInbox:
     GROUP = "octo/repo#7"
+    LEASE = timedelta(seconds=30)
 
     def _begin(self, store: Store, delivery_id: str, key: str, *, at: datetime = T0) -> None:
         record = _record(delivery_id, at=at).model_copy(
@@ -173,23 +176,103 @@ class TestOrderedDeliveries:
         )
         store.begin_delivery(record)
 
-    def test_only_earlier_keyed_unsettled_recent_ones_of_the_group_are_listed(
+    def _take(self, store: Store, holder: str, *, now: datetime = T0) -> InboxRecord | None:
+        return store.take_inbox(self.GROUP, holder=holder, now=now, until=now + self.LEASE)
+
+    def test_the_inbox_lists_the_groups_unsettled_ones_from_a_key_smallest_first(
         self, store: Store
     ) -> None:
+        self._begin(store, "d-3", "k3")
         self._begin(store, "d-1", "k1")
         self._begin(store, "d-2", "k2")
-        self._begin(store, "d-3", "k3")
-        self._begin(store, "d-old", "k0", at=T0 - timedelta(hours=2))
+        self._begin(store, "d-old", "k0")
         store.begin_delivery(
             _record("d-other").model_copy(update={"order_group": "octo/repo#8", "order_key": "k1"})
         )
-        store.settle_delivery("d-1", outcome="dispatched", detail="", at=T0)
-        listed = store.list_unsettled_before(
-            group=self.GROUP, order_key="k3", since=T0 - timedelta(hours=1)
-        )
-        assert [(r.delivery_id, r.order_key) for r in listed] == [("d-2", "k2")]
+        store.settle_delivery("d-2", outcome="dispatched", detail="", at=T0)
+        listed = store.list_inbox(self.GROUP, from_key="k1")
+        assert [(r.delivery_id, r.order_key) for r in listed] == [("d-1", "k1"), ("d-3", "k3")]
         assert listed[0].order_group == self.GROUP
-        assert store.list_unsettled_before(group=self.GROUP, order_key="k2", since=T0) == []
+        assert [r.delivery_id for r in store.list_inbox(self.GROUP, from_key="k", limit=2)] == [
+            "d-old",
+            "d-1",
+        ]
+
+    def test_one_holder_at_a_time_and_a_refused_take_is_counted_as_a_knock(
+        self, store: Store
+    ) -> None:
+        taken = self._take(store, "a")
+        assert taken is not None and (taken.holder, taken.knocks) == ("a", 0)
+        assert self._take(store, "b") is None
+        assert self._take(store, "b") is None
+        again = self._take(store, "a")
+        assert again is not None and again.knocks == 2
+
+    def test_a_release_fails_while_knocks_came_since_the_holder_looked(self, store: Store) -> None:
+        taken = self._take(store, "a")
+        assert taken is not None
+        assert self._take(store, "b") is None
+        assert not store.release_inbox(taken)
+        fresh = self._take(store, "a")
+        assert fresh is not None and fresh.knocks == 1
+        done = fresh.model_copy(update={"drained_key": "k9", "stuck": "d-4", "stuck_since": T0})
+        assert store.release_inbox(done)
+        after = self._take(store, "b")
+        assert after is not None
+        assert (after.holder, after.drained_key, after.stuck, after.stuck_since) == (
+            "b",
+            "k9",
+            "d-4",
+            T0,
+        )
+
+    def test_a_lapsed_lease_passes_on_and_the_old_holder_can_keep_nothing(
+        self, store: Store
+    ) -> None:
+        old = self._take(store, "a")
+        assert old is not None
+        assert self._take(store, "b", now=T0 + self.LEASE / 2) is None
+        later = T0 + self.LEASE + timedelta(seconds=1)
+        new = self._take(store, "b", now=later)
+        assert new is not None and new.holder == "b"
+        assert store.keep_inbox(old, until=later + self.LEASE) is None
+        assert not store.release_inbox(old)
+        kept = store.keep_inbox(
+            new.model_copy(update={"drained_key": "k5"}), until=later + self.LEASE
+        )
+        assert kept is not None and (kept.holder, kept.drained_key) == ("b", "k5")
+        assert kept.until == later + self.LEASE
+
+    def test_freeing_every_inbox_lets_anyone_take_it_its_state_kept(self, store: Store) -> None:
+        held = self._take(store, "dead")
+        assert held is not None
+        assert store.keep_inbox(
+            held.model_copy(update={"drained_key": "k3"}), until=T0 + self.LEASE
+        )
+        assert store.free_inboxes() == 1
+        assert store.free_inboxes() == 0
+        taken = self._take(store, "alive")
+        assert taken is not None and (taken.holder, taken.drained_key) == ("alive", "k3")
+
+    def test_of_racing_takers_exactly_one_holds_the_inbox(self, store: Store) -> None:
+        holders = [f"h{index}" for index in range(8)]
+        barrier = threading.Barrier(len(holders))
+        won: list[str] = []
+
+        def take(holder: str) -> None:
+            barrier.wait()
+            if self._take(store, holder) is not None:
+                won.append(holder)
+
+        threads = [threading.Thread(target=take, args=(h,)) for h in holders]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 1
+        [winner] = won
+        fresh = self._take(store, winner)
+        assert fresh is not None and fresh.knocks == len(holders) - 1
 
 
 class TestEventLog:
@@ -226,12 +309,17 @@ class TestEventLog:
         assert [e.delivery_id for e in store.list_events(work_item="github:o/r#2")] == ["d2"]
         assert store.list_events(delivery_id="d2", name="routing.dropped") == []
 
-    def test_after_is_exclusive_so_a_follower_sees_each_event_once(self, store: Store) -> None:
+    def test_after_lists_what_came_later_and_a_follower_sees_each_event_once(
+        self, store: Store
+    ) -> None:
         for second in range(3):
             store.append_event(EventRecord(name=f"e{second}", at=T0 + timedelta(seconds=second)))
         first = store.list_events(limit=1)
         assert [e.name for e in first] == ["e0"]
-        assert [e.name for e in store.list_events(after=first[0].cursor)] == ["e1", "e2"]
+        later = store.list_events(after=first[0].cursor)
+        # A store whose writers race may list again what came shortly before the cursor.
+        assert [e.name for e in later if e.cursor != first[0].cursor] == ["e1", "e2"]
+        assert _followed(store, limit=1000) == ["e0", "e1", "e2"]
 
     def test_a_follower_paging_through_a_burst_at_one_instant_misses_nothing(
         self, store: Store
@@ -240,11 +328,7 @@ class TestEventLog:
         # at a page's edge (a control.command went missing from `events --follow`).
         for n in range(7):
             store.append_event(EventRecord(name=f"burst-{n}", at=T0))
-        seen: list[str] = []
-        cursor = None
-        while page := store.list_events(after=cursor, limit=3):
-            seen += [e.name for e in page]
-            cursor = page[-1].cursor
+        seen = _followed(store, limit=3)
         assert sorted(seen) == sorted(f"burst-{n}" for n in range(7))
         assert len(seen) == 7
 
@@ -262,3 +346,22 @@ class TestEventLog:
             time.sleep(0.001)
         store.append_event(EventRecord(name="after", at=datetime.now(UTC)))
         assert [e.name for e in store.list_events(since=since)] == ["after"]
+
+
+class _CaughtUp(Exception):
+    """The follower found nothing new: the log is read to its end."""
+
+
+def _followed(store: Store, *, limit: int) -> list[str]:
+    """The names ``events --follow`` prints from the start of the log, until it is caught up."""
+
+    def caught_up(_seconds: float) -> None:
+        raise _CaughtUp
+
+    names: list[str] = []
+    try:
+        for batch in follow(partial(store.list_events, limit=limit), cursor=None, sleep=caught_up):
+            names += [event.name for event in batch]
+    except _CaughtUp:
+        return names
+    raise AssertionError("unreachable: following never ends by itself")

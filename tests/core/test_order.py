@@ -1,56 +1,138 @@
-"""The order key ingress stamps, the group it orders within, and when a delivery waits."""
+"""The key rule: every delivery is keyed by its receipt; new comments received close together
+are put in the order GitHub created them, in the places they hold among the other events."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from looprelay.core.envelope import project_envelope
-from looprelay.core.order import Earlier, OrderVerdict, judge_order, order_group, order_key
+from looprelay.core.order import (
+    COMMENT_WINDOW,
+    MAX_COMMENT_RUN,
+    Queued,
+    arrange,
+    may_go_ahead,
+    order_group,
+    order_key,
+    queued,
+    ready_at,
+    runs,
+)
 from tests.samples import payload
 
 RECEIVED = datetime(2026, 5, 1, 12, 0, 30, 250_000, tzinfo=UTC)
+MADE = datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC)
 
 
-def _project(event: str, data: dict[str, object]) -> str:
+def _project(event: str, data: dict[str, Any], *, delivery_id: str = "d-1") -> Queued:
     envelope = project_envelope(
-        event=event, delivery_id="d-1", payload=data, max_text_chars=1000, received_at=RECEIVED
+        event=event,
+        delivery_id=delivery_id,
+        payload=data,
+        max_text_chars=1000,
+        received_at=RECEIVED,
     )
-    return envelope.order_key
+    return queued(envelope, received_at=RECEIVED)
 
 
 class TestOrderKey:
-    def test_a_new_comment_is_keyed_by_its_creation_time_then_its_id(self) -> None:
-        data = payload("issue_comment.created")
-        data["comment"]["created_at"] = "2026-05-01T12:00:00Z"
-        data["comment"]["id"] = 7
-        assert _project("issue_comment", data) == "2026-05-01T12:00:00.000000Z/" + "7".zfill(20)
+    def test_every_event_is_keyed_by_its_receipt_to_the_microsecond(self) -> None:
+        comment = payload("issue_comment.created")
+        comment["comment"]["created_at"] = "2026-05-01T11:00:00Z"  # an hour before: no matter
+        for event, data in (
+            ("issue_comment", comment),
+            ("issues", payload("issues.labeled")),
+            ("pull_request_review", payload("pull_request_review.submitted")),
+            ("check_run", payload("check_run.completed")),
+        ):
+            assert _project(event, data).order_key == "2026-05-01T12:00:30.250000Z", event
 
-    def test_comments_of_one_second_are_ordered_by_id_and_before_a_later_second(self) -> None:
-        same_second = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-        keys = [
-            order_key(same_second, 999),
-            order_key(same_second, 1000),
-            order_key(same_second + timedelta(seconds=1), 5),
-        ]
-        assert keys == sorted(keys)
-
-    def test_an_edit_is_keyed_by_when_the_webhook_received_it(self) -> None:
-        data = payload("issue_comment.edited")
-        assert _project("issue_comment", data) == order_key(RECEIVED)
-
-    def test_other_events_are_keyed_by_receipt_and_unkeyed_without_it(self) -> None:
-        data = payload("issues.labeled")
-        assert _project("issues", data) == order_key(RECEIVED)
+    def test_without_a_receipt_a_delivery_is_unkeyed(self) -> None:
         envelope = project_envelope(
-            event="issues", delivery_id="d-1", payload=data, max_text_chars=1000
+            event="issues", delivery_id="d-1", payload=payload("issues.labeled"), max_text_chars=9
         )
         assert envelope.order_key == ""
 
-    def test_a_creation_time_that_is_not_a_time_falls_back_to_receipt(self) -> None:
-        data = payload("issue_comment.created")
+    def test_only_a_new_comment_carries_its_own_time_and_id(self) -> None:
+        created = payload("issue_comment.created")
+        created["comment"]["created_at"] = "2026-05-01T12:00:30Z"
+        created["comment"]["id"] = 7
+        assert _project("issue_comment", created).made == (MADE, 7)
+        edited = payload("issue_comment.edited")
+        assert _project("issue_comment", edited).made is None
         for broken in ("yesterday", 17, None, "0001-01-01T00:00:00+01:00"):
-            data["comment"]["created_at"] = broken
-            assert _project("issue_comment", data) == order_key(RECEIVED)
+            created["comment"]["created_at"] = broken
+            assert _project("issue_comment", created).made is None
+
+
+def _event(name: str, at_ms: int) -> Queued:
+    at = RECEIVED + timedelta(milliseconds=at_ms)
+    return Queued(name, order_key(at), at)
+
+
+def _comment(name: str, at_ms: int, *, made_s: int, comment_id: int) -> Queued:
+    at = RECEIVED + timedelta(milliseconds=at_ms)
+    return Queued(name, order_key(at), at, (MADE + timedelta(seconds=made_s), comment_id))
+
+
+class TestArrange:
+    def test_a_comment_made_after_a_label_change_comes_after_it(self) -> None:
+        label = _event("label", 0)
+        comment = _comment("comment", 300, made_s=0, comment_id=1)  # same GitHub second
+        assert [q.delivery_id for q in arrange([comment, label])] == ["label", "comment"]
+
+    def test_comments_received_close_together_go_in_creation_order_in_their_places(
+        self,
+    ) -> None:
+        waiting = [
+            _event("label", 0),
+            _comment("c3", 10, made_s=0, comment_id=30),
+            _event("review", 20),
+            _comment("c1", 30, made_s=0, comment_id=10),
+            _event("check", 40),
+            _comment("c2", 50, made_s=0, comment_id=20),
+        ]
+        assert [q.delivery_id for q in arrange(waiting[::-1])] == [
+            "label",
+            "c1",
+            "review",
+            "c2",
+            "check",
+            "c3",
+        ]
+
+    def test_comments_further_apart_than_the_window_keep_their_receipt_order(self) -> None:
+        apart = int(COMMENT_WINDOW.total_seconds() * 1000) + 1
+        late_made_early = _comment("b", apart, made_s=0, comment_id=1)
+        first = _comment("a", 0, made_s=1, comment_id=2)
+        assert [q.delivery_id for q in arrange([late_made_early, first])] == ["a", "b"]
+
+    def test_a_run_of_comments_is_ready_once_quiet_for_the_window_at_most_the_longest_run(
+        self,
+    ) -> None:
+        step = int(COMMENT_WINDOW.total_seconds() * 1000) - 1
+        stream = [_comment(f"c{n}", n * step, made_s=0, comment_id=n) for n in range(20)]
+        waiting = [_event("label", 0), *stream[:3]]
+        assert ready_at(waiting, 0) == RECEIVED  # not a comment: at once
+        quiet = RECEIVED + timedelta(milliseconds=2 * step) + COMMENT_WINDOW
+        assert [ready_at(waiting, place) for place in (1, 2, 3)] == [quiet] * 3
+        longest = ready_at(arrange(stream), 0)
+        assert longest == RECEIVED + MAX_COMMENT_RUN
+        # A steady stream is cut into runs no longer than the longest run.
+        per_run = int(MAX_COMMENT_RUN.total_seconds() * 1000) // step + 1
+        lengths = [len(run) for run in runs(arrange(stream))]
+        assert lengths[:-1] == [per_run] * (len(lengths) - 1) and sum(lengths) == len(stream)
+
+
+class TestGoingAhead:
+    NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    BOUND = timedelta(seconds=5)
+
+    def test_only_a_delivery_failing_for_the_bound_is_gone_ahead_of(self) -> None:
+        assert not may_go_ahead(None, now=self.NOW, bound=self.BOUND)  # waiting is no failure
+        assert not may_go_ahead(self.NOW - timedelta(seconds=4.9), now=self.NOW, bound=self.BOUND)
+        assert may_go_ahead(self.NOW - timedelta(seconds=5), now=self.NOW, bound=self.BOUND)
 
 
 class TestOrderGroup:
@@ -69,34 +151,3 @@ class TestOrderGroup:
             max_text_chars=1000,
         )
         assert order_group(installation) == ""
-
-
-class TestJudgeOrder:
-    NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-    BOUND = timedelta(seconds=5)
-
-    def test_nothing_earlier_goes_ahead_at_once(self) -> None:
-        assert judge_order([], now=self.NOW, bound=self.BOUND) == OrderVerdict()
-
-    def test_an_earlier_delivery_begun_within_the_bound_is_waited_for(self) -> None:
-        earlier = [Earlier("d-1", self.NOW - timedelta(seconds=4.9))]
-        assert judge_order(earlier, now=self.NOW, bound=self.BOUND) == OrderVerdict(
-            wait_for=("d-1",)
-        )
-
-    def test_past_the_bound_it_is_gone_ahead_of_and_named(self) -> None:
-        earlier = [
-            Earlier("d-1", self.NOW - timedelta(seconds=9)),
-            Earlier("d-2", self.NOW - timedelta(seconds=5)),
-        ]
-        assert judge_order(earlier, now=self.NOW, bound=self.BOUND) == OrderVerdict(
-            skipped=("d-1", "d-2")
-        )
-
-    def test_one_recent_delivery_keeps_the_wait_even_beside_a_poison_one(self) -> None:
-        earlier = [
-            Earlier("d-1", self.NOW - timedelta(seconds=60)),
-            Earlier("d-2", self.NOW - timedelta(seconds=1)),
-        ]
-        verdict = judge_order(earlier, now=self.NOW, bound=self.BOUND)
-        assert verdict.wait_for == ("d-2",)

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import random
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import pytest
 import requests
 
 from looprelay.adapters.clock import SystemClock
+from looprelay.adapters.gcp.cloud_tasks import CloudTasksQueue
 from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
@@ -37,14 +39,18 @@ from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
 from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import Envelope
-from looprelay.core.model import DeliveryRecord, RunnerRecord
+from looprelay.core.model import DeliveryRecord, DispatchRecord, RunnerRecord
 from looprelay.errors import Transient
+from looprelay.ports import Queue
+from looprelay.service.inbox import WENT_AHEAD
 from looprelay.service.ingress import Ingress
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
-from looprelay.service.route import WENT_AHEAD, Router
+from looprelay.service.route import Router
 from looprelay.service.worker import Outcome, Worker
 from looprelay.wire.runner_api import ResultBody
+from tests.cloudtasks_dispatcher import CloudTasksDispatcher
+from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
 from tests.fake_github import FakeGitHub
 from tests.fake_harness import wait_until
 from tests.routing.conftest import (
@@ -56,6 +62,7 @@ from tests.routing.conftest import (
     Relay,
     _Switchboard,
     comment_payload,
+    issue_payload,
 )
 
 WEBHOOK_SECRET = b"order-webhook-secret"
@@ -73,17 +80,19 @@ class Ordered:
     ingress: Ingress
     worker_url: str
 
-    def comment(self, index: int, *, created_at: datetime) -> tuple[int, str]:
-        """Make comment ``index`` on issue 1 on the fake GitHub and send its signed webhook;
-        return its comment id and delivery id."""
+    def comment(
+        self, index: int, *, created_at: datetime, send: bool = True
+    ) -> tuple[int, str, dict[str, Any]]:
+        """Make comment ``index`` on issue 1 on the fake GitHub and send its signed webhook
+        (unless not ``send``); return its comment id, delivery id and payload."""
         body = f"comment {index:02d}"
         comment_id = self.relay.github.add_comment(body, number=1, repository=REPO)
         data = comment_payload(body, comment_id=comment_id)
         data["comment"]["created_at"] = created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         delivery_id = f"order-{index:04d}"
-        answer = webhook_handler(self.ingress)(_signed(data, delivery_id))
-        assert answer.status == 202, answer.body
-        return comment_id, delivery_id
+        if send:
+            self.send("issue_comment", data, delivery_id)
+        return comment_id, delivery_id, data
 
     def wait_settled(self, delivery_ids: list[str]) -> dict[str, DeliveryRecord]:
         def settled() -> dict[str, DeliveryRecord] | None:
@@ -96,9 +105,23 @@ class Ordered:
         )
         return found
 
+    def send(self, event: str, data: dict[str, Any], delivery_id: str) -> None:
+        """Send one signed webhook of ``event`` to ingress."""
+        answer = webhook_handler(self.ingress)(_signed(data, delivery_id, event=event))
+        assert answer.status == 202, answer.body
+
     def pasted(self, runner: RunnerRecord) -> list[int]:
         """What ``runner`` receives, in order: the comment of each delivery into its session
         it leases, until there is none (each reported before the next poll)."""
+        return [dispatch.comment_id or 0 for dispatch in self.leased(runner)]
+
+    def handed(self, runner: RunnerRecord) -> list[str]:
+        """The delivery of each dispatch into its session ``runner`` leases, in order."""
+        return [dispatch.delivery_id for dispatch in self.leased(runner)]
+
+    def leased(self, runner: RunnerRecord) -> list[DispatchRecord]:
+        """Every delivery into its session ``runner`` leases, in order, until there is none
+        (each reported before the next poll)."""
         backend = self.relay.backend
         desk = LeaseDesk(
             registry=backend.runners,
@@ -116,18 +139,18 @@ class Ordered:
         received = []
         while (leased := desk.try_lease(runner)) is not None:
             if leased.kind == "deliver":
-                received.append(leased.comment_id or 0)
+                received.append(leased)
             status = "delivered" if leased.kind == "deliver" else "spawned"
             desk.report(runner, ResultBody(dispatch_id=leased.dispatch_id, status=status))
         return received
 
 
-def _signed(data: dict[str, Any], delivery_id: str) -> Request:
+def _signed(data: dict[str, Any], delivery_id: str, *, event: str) -> Request:
     body = json.dumps(data).encode()
     digest = hmac.new(WEBHOOK_SECRET, body, hashlib.sha256).hexdigest()
     headers = {
         "content-type": "application/json",
-        "x-github-event": "issue_comment",
+        "x-github-event": event,
         "x-github-delivery": delivery_id,
         "x-hub-signature-256": f"sha256={digest}",
         "content-length": str(len(body)),
@@ -150,16 +173,23 @@ def _poisoned(router: Router, poison: frozenset[str]) -> Callable[[Envelope, Any
 MakeOrdered = Callable[..., Ordered]
 
 
-@pytest.fixture
+QUEUES = ["embedded", "cloudtasks"]
+
+
+@pytest.fixture(params=QUEUES)
 def ordered(
+    request: pytest.FixtureRequest,
     relay: MakeRelay,
     backend: Backend,
     fake_github: FakeGitHub,
     switchboard: _Switchboard,
     tmp_path: Path,
 ) -> Iterator[MakeOrdered]:
-    """``ordered(poison=...)``: a deployment over ``backend`` on the real clock."""
-    opened: list[tuple[SqliteQueue, str]] = []
+    """``ordered(poison=...)``: a deployment over ``backend`` on the real clock, its tasks
+    carried by the embedded queue (four dispatchers) or by Cloud Tasks (each task pushed at
+    once, retried after 1 s x 2^n: ``tests/cloudtasks_dispatcher.py``)."""
+    mounted: list[str] = []
+    closing: list[Callable[[], None]] = []
 
     def _make(poison: frozenset[str] = frozenset()) -> Ordered:
         base = relay()
@@ -172,30 +202,43 @@ def ordered(
             policy=routing_policy(base.config.routing),
             templates=TemplateSource(base.config.routing),
             clock=clock,
-            order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
         )
         worker = Worker(
             store=backend.store,
             authenticator=SharedSecretAuthenticator(SECRET),
             clock=clock,
             handler=_poisoned(router, poison),
+            order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
         )
         url = switchboard.mount(worker_handler(worker))
-        queue = SqliteQueue(
-            tmp_path / f"queue-{len(opened)}.db",
-            retry=RetryConfig(min_backoff_seconds=0.05, max_backoff_seconds=0.2, max_attempts=500),
-            settings=EmbeddedQueueConfig(concurrency=DISPATCHERS),
-            order_wait_seconds=ORDER_WAIT_SECONDS,
-        )
-        queue.start(worker_url=url, auth_token=SECRET)
-        opened.append((queue, url))
+        mounted.append(url)
+        queue = _queue(request.param, url, tmp_path / f"queue-{len(mounted)}.db", closing)
         ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=WebhookConfig())
         return Ordered(base, ingress, url)
 
     yield _make
-    for queue, url in opened:
-        queue.close()
+    for close in closing:
+        close()
+    for url in mounted:
         switchboard.unmount(url)
+
+
+def _queue(kind: str, worker_url: str, path: Path, closing: list[Callable[[], None]]) -> Queue:
+    if kind == "embedded":
+        embedded = SqliteQueue(
+            path,
+            retry=RetryConfig(min_backoff_seconds=0.05, max_backoff_seconds=0.2, max_attempts=500),
+            settings=EmbeddedQueueConfig(concurrency=DISPATCHERS),
+        )
+        embedded.start(worker_url=worker_url, auth_token=SECRET)
+        closing.append(embedded.close)
+        return embedded
+    recorder = CloudTasksRecorder()
+    recorder.start()
+    dispatcher = CloudTasksDispatcher(worker_url=worker_url, token=SECRET)
+    recorder.on_created.append(dispatcher.push)
+    closing.extend([dispatcher.stop, recorder.stop])
+    return CloudTasksQueue.from_config(recorder_config(recorder, worker_url=worker_url))
 
 
 def _started(deployment: Ordered) -> RunnerRecord:
@@ -212,10 +255,10 @@ class TestOrder:
         runner = _started(deployment)
         created = datetime.now(UTC).replace(microsecond=0)
         sent = [deployment.comment(index, created_at=created) for index in range(COMMENTS)]
-        ledger = deployment.wait_settled([delivery for _, delivery in sent])
+        ledger = deployment.wait_settled([delivery for _, delivery, _ in sent])
         assert {record.outcome for record in ledger.values()} == {"dispatched"}
 
-        assert deployment.pasted(runner) == [comment for comment, _ in sent]
+        assert deployment.pasted(runner) == [comment for comment, _, _ in sent]
 
         again = list(ledger.values())
         random.Random(14).shuffle(again)
@@ -244,7 +287,7 @@ class TestOrder:
         runner = _started(deployment)
         created = datetime.now(UTC).replace(microsecond=0)
         sent = [deployment.comment(index, created_at=created) for index in range(5)]
-        healthy = [(comment, delivery) for comment, delivery in sent if delivery != "order-0002"]
+        healthy = [(c, delivery) for c, delivery, _ in sent if delivery != "order-0002"]
         deployment.wait_settled([delivery for _, delivery in healthy])
 
         assert deployment.pasted(runner) == [comment for comment, _ in healthy]
@@ -256,3 +299,35 @@ class TestOrder:
         first = min(went_ahead, key=lambda event: event.at)
         waited = (first.at - poison.received_at).total_seconds()
         assert waited >= ORDER_WAIT_SECONDS, f"went ahead after {waited:.2f} s"
+
+    def test_a_burst_sent_at_once_in_any_order_reaches_the_session_in_creation_order(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered()
+        runner = _started(deployment)
+        created = datetime.now(UTC).replace(microsecond=0)
+        made = [deployment.comment(index, created_at=created, send=False) for index in range(15)]
+        shuffled = list(made)
+        random.Random(25).shuffle(shuffled)
+        with ThreadPoolExecutor(len(shuffled)) as pool:
+            list(pool.map(lambda m: deployment.send("issue_comment", m[2], m[1]), shuffled))
+        deployment.wait_settled([delivery for _, delivery, _ in made])
+
+        assert deployment.pasted(runner) == [comment for comment, _, _ in made]
+        assert deployment.relay.events(WENT_AHEAD) == []  # waiting for one's turn is no failure
+
+    def test_a_comment_made_just_after_a_label_change_comes_after_it(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered()
+        runner = _started(deployment)
+        # GitHub's created_at has whole seconds: the comment's reads earlier than the label's
+        # receipt, as in issue 25, where the comment was pasted first.
+        second = datetime.now(UTC).replace(microsecond=0)
+        labeled = issue_payload("labeled", labels=("bug",), label="bug")
+        deployment.send("issues", labeled, "order-label")
+        time.sleep(0.3)  # the comment is made 0.3 s later
+        _, comment, _ = deployment.comment(1, created_at=second)
+        deployment.wait_settled(["order-label", comment])
+
+        assert deployment.handed(runner) == ["order-label", comment]

@@ -10,7 +10,9 @@ rate limits are obeyed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -55,6 +57,13 @@ def cursors(backend: Backend, request: pytest.FixtureRequest) -> Iterator[PollCu
         yield FirestorePollCursors(client, collection_prefix=f"{backend.name}_poll_")
 
 
+PUSHERS = 16
+"""Tasks pushed to the worker at once, as a queue's dispatchers do."""
+PUSH_DEADLINE_SECONDS = 90.0
+RETRY_SECONDS = 0.2
+"""How soon a task the worker answered 503 (its inbox held by another push) is pushed again."""
+
+
 @dataclass
 class Polling:
     """A poller over the relay's state, and the queue between the two."""
@@ -90,25 +99,38 @@ class Polling:
         return self.poller
 
     def poll(self) -> RepositoryPoll:
-        """A second later (what the test did on GitHub is past), poll once, then hand every
-        new task to the worker, in order, as the queue does."""
+        """A second later (what the test did on GitHub is past), poll once, then push every
+        new task to the worker at once, retrying a 503 soon, as a queue does: the worker's
+        inbox, not the order of the pushes, keeps their order."""
         self.clock.advance(1)
         [report] = self.poller.run()
         fresh = [(name, body) for name, body in self.queue.held().items() if name not in self.sent]
         envelopes = sorted(
             ((Envelope.model_validate_json(body), name, body) for name, body in fresh), key=_key
         )
-        for envelope, name, body in envelopes:
+        with ThreadPoolExecutor(max_workers=PUSHERS) as pushers:
+            outcomes = list(pushers.map(lambda item: self._push(item[2]), envelopes))
+        for (envelope, name, _), outcome in zip(envelopes, outcomes, strict=True):
+            self.sent.add(name)
+            self.settled[envelope.delivery_id] = outcome
+        return report
+
+    def _push(self, body: bytes) -> str:
+        """The worker's outcome for one task, pushed until it answers 200."""
+        deadline = time.monotonic() + PUSH_DEADLINE_SECONDS
+        while True:
             answer = requests.post(
                 self.relay.url,
                 data=body,
                 headers={"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"},
                 timeout=30,
             )
-            assert answer.status_code == 200, answer.text
-            self.sent.add(name)
-            self.settled[envelope.delivery_id] = answer.json()["outcome"]
-        return report
+            if answer.status_code == 200:
+                outcome: str = answer.json()["outcome"]
+                return outcome
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() < deadline, f"still {answer.status_code}: {answer.text}"
+            time.sleep(RETRY_SECONDS)
 
 
 def _key(item: tuple[Envelope, str, bytes]) -> str:

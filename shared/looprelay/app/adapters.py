@@ -205,7 +205,6 @@ def open_local_queue(config: Config, *, data_dir: Path) -> SqliteQueue:
         _existing(data_dir) / QUEUE_FILE,
         retry=config.queue.retry,
         settings=config.queue.embedded,
-        order_wait_seconds=config.routing.order_wait_seconds,
     )
 
 

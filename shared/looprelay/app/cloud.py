@@ -60,6 +60,8 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
     Raises ``ConfigError`` when ``worker.oidc`` is unset: in the cloud only the queue's
     identity may call the worker.
     """
+    from datetime import timedelta
+
     from looprelay.app.adapters import (
         github_client,
         open_store,
@@ -86,6 +88,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         clock=clock,
         handler=router,
         allowed_events=config.webhook.allowed_events(),
+        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         handler_budget_seconds=handler_budget(config.queue.cloudtasks.dispatch_deadline_seconds),
     )
 

@@ -116,7 +116,9 @@ class LocalApp:
 
     def start(self, *, host: str, port: int) -> None:
         """Start dispatching queued tasks (left from a previous run included) to this
-        application's ``/worker`` at ``host:port``, the address the server bound."""
+        application's ``/worker`` at ``host:port``, the address the server bound. The
+        inbox leases a killed run left are freed first, as its leased tasks are."""
+        self._stores.store.free_inboxes()
         self.queue.start(
             worker_url=f"http://{url_host(_ANY_ADDRESS.get(host, host))}:{port}{WORKER_PATH}",
             auth_token=self._worker_token,
@@ -312,6 +314,7 @@ def _open_local(
         clock=clock,
         handler=router,
         allowed_events=config.webhook.allowed_events(),
+        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
     polling, cursors = _local_polling(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,7 +57,6 @@ def build_router(
         templates=TemplateSource(config.routing),
         clock=clock,
         on_dispatch=waker.notify if waker else lambda _dispatches: None,
-        order_wait=timedelta(seconds=config.routing.order_wait_seconds),
     )
 
 

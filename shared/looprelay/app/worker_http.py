@@ -7,6 +7,8 @@ body ingress did not write.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from looprelay.app.asgi import Handler
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.errors import BadDelivery, Transient, Unauthorized
@@ -27,7 +29,10 @@ def worker_handler(worker: Worker) -> Handler:
             return json_response(400, {"error": str(exc)})
         except Transient as exc:
             # The worker's own message, never its cause's: the queue retries either way.
-            return json_response(503, {"error": str(exc)})
+            busy = json_response(503, {"error": str(exc)})
+            if exc.retry_after is None:
+                return busy
+            return replace(busy, headers={"retry-after": f"{exc.retry_after:.0f}"})
         status = "already-settled" if settlement.already else "settled"
         return json_response(200, {"status": status, "outcome": settlement.outcome})
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from looprelay.core.model import DispatchRecord
     from looprelay.ports import WorkItemStore
 
-FOLLOW_POLL_SECONDS = 1.0
 _EVENT_COLUMNS = ("at", "name", "delivery_id", "work_item", "data")
 _DISPATCH_COLUMNS = (
     "dispatch_id",
@@ -210,10 +208,11 @@ def events(
 ) -> None:
     """List the structured event log: the newest --limit events, oldest first.
 
-    --follow pages by each store's own sequence, so events written in the same instant are
-    each printed once.
+    --follow pages by each store's own sequence, so events written in the same instant, or
+    by writers racing one another, are each printed once (``service.follow``).
     """
     from looprelay.app.adapters import open_store
+    from looprelay.service.follow import follow as follow_log
 
     store = open_store(load(config_path), data_dir=data_path(data_dir))
     listing = partial(store.list_events, delivery_id=delivery, work_item=work_item, name=name)
@@ -229,14 +228,9 @@ def events(
         if not follow:
             return
     try:
-        while True:
-            batch = listing(after=cursor, since=start, limit=limit)
+        for batch in follow_log(partial(listing, since=start, limit=limit), cursor=cursor):
             emit(batch, as_json, _EVENT_COLUMNS, headers=not printed)
-            printed = printed or bool(batch)
-            if batch:
-                cursor = batch[-1].cursor
-            else:
-                time.sleep(FOLLOW_POLL_SECONDS)
+            printed = True
     except KeyboardInterrupt:
         return  # Ctrl-C is how one stops following: not an error
 

@@ -421,9 +421,10 @@ class RoutingConfig(_Section):
         default=5.0,
         ge=0,
         le=600,
-        description="How long a delivery that keeps failing holds back the later ones of its "
-        "issue or pull request (they are handled in the order GitHub created the comments); "
-        "after it they go ahead and the event `delivery.went_ahead` says so.",
+        description="How long deliveries whose handler keeps failing hold back the others of "
+        "their issue or pull request, counted from the first failure (waiting for one's turn "
+        "is no failure); after it the others go ahead and the event `delivery.went_ahead` "
+        "names what they went ahead of.",
     )
     control: ControlConfig = Field(default_factory=ControlConfig, description="Commands.")
     interaction: InteractionConfig = Field(

@@ -68,6 +68,9 @@ class Comment(_Value):
     body: str = ""
     author: Actor | None = None
     review_state: str | None = None
+    created_at: datetime | None = None
+    """When it was made (a review's ``submitted_at``): orders a burst of new comments among
+    themselves (``core.order.arrange``)."""
     marked: bool = False
     """The whole body carried the loop-prevention marker. A session ends its comments with it,
     and the cap on ``body`` can cut that end off."""
@@ -127,19 +130,17 @@ class Envelope(_Value):
     truncated: list[str] = Field(default_factory=list)
     order_key: str = ""
     """Where this delivery stands in its issue's or pull request's order (``core.order``):
-    a new comment's ``created_at`` and id, else the moment the webhook received it. Empty in
-    a task queued before keys existed: such a delivery waits for nothing."""
+    the moment the webhook received it, whatever the event. Empty in a task queued before
+    keys existed: such a delivery is handled in no particular order."""
 
 
 CREATING_ACTIONS = frozenset({"created", "submitted"})
-"""Actions that make a comment or review: its own ``created_at`` orders it."""
+"""Actions that make a comment or review: only such a comment is reordered by its own time."""
 
 
-def order_key(at: datetime, tiebreak: int = 0) -> str:
-    """Return the sortable text key of something that happened ``at`` (aware), ``tiebreak``
-    (a comment id: GitHub's ``created_at`` has whole seconds) ordering equal times."""
-    moment = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return f"{moment}/{max(tiebreak, 0):020d}"
+def order_key(at: datetime) -> str:
+    """Return the sortable text key of a delivery received ``at`` (aware), to the µs."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def project_envelope(
@@ -182,21 +183,8 @@ def project_envelope(
         repositories_added=_repo_names(payload.get("repositories_added")),
         repositories_removed=_repo_names(payload.get("repositories_removed")),
         truncated=cut,
-        order_key=_order_key(payload, comment_source, received_at),
+        order_key=order_key(received_at) if received_at is not None else "",
     )
-
-
-def _order_key(
-    payload: Mapping[str, Any], comment: Mapping[str, Any], received_at: datetime | None
-) -> str:
-    """A new comment's (or review's) creation time and id; else the moment of receipt."""
-    created = comment.get("created_at") or comment.get("submitted_at")
-    comment_id = _int(comment, "id")
-    if _str(payload, "action") in CREATING_ACTIONS and comment_id is not None:
-        when = parse_moment(created)
-        if when is not None:
-            return order_key(when, comment_id)
-    return order_key(received_at) if received_at is not None else ""
 
 
 def parse_moment(value: Any) -> datetime | None:
@@ -318,6 +306,7 @@ def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> 
         marked=isinstance(body, str) and is_marked(body),
         author=_actor(_dict(obj, "user")),
         review_state=_str(obj, "state") if is_review else None,
+        created_at=parse_moment(obj.get("created_at") or obj.get("submitted_at")),
     )
 
 

@@ -335,3 +335,26 @@ class DispatchRecord(BaseModel):
     """Where progress reactions go: ``issue`` comment or ``review`` comment."""
     installation_id: int | None = None
     """The GitHub App installation to act as when reporting progress."""
+
+
+class InboxRecord(BaseModel):
+    """The state of one order group's inbox (``core.order``): who holds its short lease and
+    what the drain has learned. The deliveries themselves are the group's unsettled ledger
+    records; this record only says who may hand them off, and how far it got."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group: str
+    holder: str = ""
+    """The worker attempt draining it now; empty: nobody."""
+    until: datetime | None = None
+    """When the holder's lease lapses unless kept; then anyone may take it."""
+    knocks: int = 0
+    """Counts the takes refused while it was held: a holder releases only if none came since
+    it last looked, so a delivery appended meanwhile is never left undrained."""
+    drained_key: str = ""
+    """The largest order key handed off: a delivery with a smaller one arrived late."""
+    stuck: str = ""
+    """The delivery whose handler failed at the head of the inbox, if any."""
+    stuck_since: datetime | None = None
+    """When ``stuck`` first failed: after ``routing.orderWaitSeconds`` the others go ahead."""

@@ -24,7 +24,6 @@ from pydantic_core import from_json
 from looprelay.adapters.clock import SystemClock
 from looprelay.config.model import WebhookConfig
 from looprelay.core.envelope import Envelope, project_envelope
-from looprelay.core.order import order_group
 from looprelay.core.signature import verify_signature
 from looprelay.core.tasknames import delivery_task_name
 from looprelay.errors import BadDelivery, ConfigError, Permanent, Transient
@@ -246,12 +245,7 @@ def admit_payload(
     envelope, body = _project(event, delivery_id, payload, config, received_at)
     # A name of its own: the task of an earlier attempt may have died with its name still
     # reserved; a true duplicate is settled once by the worker's ledger.
-    task = Task(
-        name=delivery_task_name(delivery_id, attempt=attempt),
-        body=body,
-        group=order_group(envelope),
-        order_key=envelope.order_key,
-    )
+    task = Task(name=delivery_task_name(delivery_id, attempt=attempt), body=body)
     return Admission(
         task=task, delivery_id=delivery_id, event=event, action=envelope.action, status=status
     )

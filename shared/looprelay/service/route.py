@@ -12,7 +12,6 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 
 from looprelay.config.routing import TemplateSource
 from looprelay.core.answers import ANSWER_KIND, ANSWER_REACTION
@@ -29,7 +28,6 @@ from looprelay.core.model import (
     EventRecord,
     WorkItemRecord,
 )
-from looprelay.core.order import ORDER_LOOKBACK, Earlier, judge_order
 from looprelay.core.plan import RoutingPolicy
 from looprelay.core.policy import pin_to_record
 from looprelay.core.sameevent import SAME_EVENT, EventIdentity, applied_before, event_identity
@@ -47,11 +45,6 @@ MAX_SAVE_ROUNDS = 8
 """Decide-and-save rounds on one contended work item before the queue is asked to retry."""
 """Runner label (``workspace=true``) an operator sets to say a runner can give a pull request
 its own checkout, besides the workspace root the runner itself reports (``RunnerRecord``)."""
-DEFAULT_ORDER_WAIT = timedelta(seconds=5)
-"""``routing.orderWaitSeconds``' default: how long an unsettled earlier delivery holds a later
-one of its issue or pull request back."""
-WENT_AHEAD = "delivery.went_ahead"
-"""Event: a delivery went ahead of earlier ones of its group that stayed unsettled too long."""
 
 
 class Router:
@@ -68,9 +61,7 @@ class Router:
         templates: TemplateSource,
         clock: Clock,
         on_dispatch: Callable[[Sequence[DispatchRecord]], None] = lambda _dispatches: None,
-        order_wait: timedelta = DEFAULT_ORDER_WAIT,
     ) -> None:
-        self._order_wait = order_wait
         self._store = store
         self._items = work_items
         self._runners = runners
@@ -81,9 +72,8 @@ class Router:
         self._on_dispatch = on_dispatch
 
     def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
-        """Handle one delivery; raises ``Transient`` when the store or GitHub must be retried,
-        or while an earlier delivery of its issue or pull request is still being handled."""
-        self._keep_order(record)
+        """Handle one delivery (handed off in its group's order by ``service.inbox``); raises
+        ``Transient`` when the store or GitHub must be retried."""
         pinned = self._pin(envelope)
         identity = event_identity(envelope)
         for _ in range(MAX_SAVE_ROUNDS):
@@ -108,49 +98,6 @@ class Router:
         if decision.work_item is not None:
             self._tell_github(envelope, decision.work_item, decision)
         return Outcome(decision.outcome, decision.detail)
-
-    def _keep_order(self, record: DeliveryRecord) -> None:
-        """Wait (``Transient``: the queue tries again shortly) while an earlier-keyed delivery
-        of the same group has begun and is not settled, so two workers never decide a later
-        comment first; one unsettled for ``order_wait`` holds nothing back any more, and going
-        ahead of it is recorded. A queue that keeps order itself never gets here held."""
-        if not record.order_group or not record.order_key:
-            return
-        now = self._clock.now()
-        earlier = self._store.list_unsettled_before(
-            group=record.order_group, order_key=record.order_key, since=now - ORDER_LOOKBACK
-        )
-        verdict = judge_order(
-            [Earlier(e.delivery_id, e.received_at) for e in earlier],
-            now=now,
-            bound=self._order_wait,
-        )
-        if verdict.wait_for:
-            raise Transient(
-                f"waiting for the earlier delivery {verdict.wait_for[0]} of "
-                f"{record.order_group} to settle first"
-            )
-        if verdict.skipped:
-            log.warning(
-                "went ahead of %d earlier unsettled deliveries of %s after %.1f s",
-                len(verdict.skipped),
-                record.order_group,
-                self._order_wait.total_seconds(),
-                extra={"delivery_id": record.delivery_id},
-            )
-            self._store.append_event(
-                EventRecord(
-                    name=WENT_AHEAD,
-                    at=now,
-                    delivery_id=record.delivery_id,
-                    severity="WARNING",
-                    data={
-                        "group": record.order_group,
-                        "ahead_of": list(verdict.skipped),
-                        "order_wait_seconds": self._order_wait.total_seconds(),
-                    },
-                )
-            )
 
     def _pin(self, envelope: Envelope) -> dict[str, int]:
         """The first-sight pin of the actor's login, made now if this event is its first

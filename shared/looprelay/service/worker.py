@@ -8,6 +8,9 @@ settling runs it again; (4) ``settle_delivery`` is a compare-and-set, so only on
 the outcome. A ``Transient`` error is raised (the queue retries) and leaves the record open;
 anything else is permanent: the delivery is settled ``failed`` (a dead letter to replay) and
 the queue is told it is done so it stops retrying.
+
+A delivery of an issue or pull request is not handled by the attempt that brought it but
+handed off from its group's inbox, in order (``service.inbox``): the queue need keep none.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 from collections.abc import Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
 from pydantic import ValidationError
@@ -34,6 +38,7 @@ from looprelay.core.order import order_group
 from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
+from looprelay.service.inbox import DEFAULT_ORDER_WAIT, Inbox, went_ahead_event
 
 log = logging.getLogger("looprelay.service.worker")
 
@@ -92,13 +97,16 @@ class Worker:
         handler: DeliveryHandler = record_only,
         allowed_events: Collection[str] | None = None,
         handler_budget_seconds: float | None = None,
+        order_wait: timedelta = DEFAULT_ORDER_WAIT,
     ) -> None:
         """``allowed_events`` (``webhook.events``): a delivery of any other event, and a
         ping, is settled without the handler (``ignored:event``, ``pong``); None routes all.
         ``handler_budget_seconds`` (``handler_budget`` of the queue's dispatch deadline)
         bounds the handler's outbound calls (``deadlines``): one that cannot finish in time
         is ``Transient`` and the queue retries the task, instead of sending a second attempt
-        while this one still runs."""
+        while this one still runs. ``order_wait``
+        (``routing.orderWaitSeconds``) bounds how long failing deliveries hold the others of
+        their group back."""
         self._allowed = None if allowed_events is None else frozenset(allowed_events)
         self._store = store
         self._auth = authenticator
@@ -106,6 +114,14 @@ class Worker:
         self._handler = handler
         self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
+        self._order_wait = order_wait
+        self._inbox = Inbox(
+            store=store,
+            clock=clock,
+            hand_off=self._hand_off,
+            drain_seconds=handler_budget_seconds,
+            order_wait=order_wait,
+        )
 
     def settle(self, headers: Mapping[str, str], body: bytes) -> Settlement:
         """Settle the delivery of one queue task: ``headers`` (lower-case names) prove the
@@ -131,7 +147,7 @@ class Worker:
                 exc,
                 extra={"delivery_id": envelope.delivery_id},
             )
-            raise Transient("transient failure; retry") from exc
+            raise Transient("transient failure; retry", retry_after=exc.retry_after) from exc
 
     def _authenticate(self, headers: Mapping[str, str]) -> None:
         try:
@@ -174,6 +190,38 @@ class Worker:
                 extra={"delivery_id": delivery_id},
             )
             return Settlement(record.outcome, already=True)
+        if not record.order_group or not record.order_key:
+            return self._settle(envelope, record, retries=retries)
+        self._inbox.deliver(record)
+        stored = self._store.get_delivery(delivery_id)
+        if stored is None or not stored.settled:
+            raise Transient(f"delivery {delivery_id} waits in its inbox for its turn")
+        return Settlement(stored.outcome)
+
+    def _hand_off(
+        self, envelope: Envelope, record: DeliveryRecord, ahead_of: tuple[str, ...]
+    ) -> None:
+        """The inbox's hand-off: settle ``record``, and say what it went ahead of."""
+        settlement = self._settle(envelope, record, retries=None)
+        if ahead_of and not settlement.already:
+            log.warning(
+                "went ahead of %d failing deliveries of %s",
+                len(ahead_of),
+                record.order_group,
+                extra={"delivery_id": record.delivery_id},
+            )
+            self._store.append_event(
+                went_ahead_event(
+                    record, ahead_of, at=self._clock.now(), order_wait=self._order_wait
+                )
+            )
+
+    def _settle(
+        self, envelope: Envelope, record: DeliveryRecord, *, retries: str | None
+    ) -> Settlement:
+        """Run the handler and settle ``record`` with its outcome; raises ``Transient`` (the
+        record left open) when the handler must be retried."""
+        delivery_id = record.delivery_id
         outcome = self._run_handler(envelope, record)
         now = self._clock.now()
         settled = EventRecord(

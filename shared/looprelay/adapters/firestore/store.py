@@ -1,10 +1,12 @@
 """The cloud store: the delivery ledger and the event log in Firestore, behind ``Store``.
 
-Layout: ``{prefix}deliveries/{delivery_id}``, ``{prefix}events/{auto id}`` and
-``{prefix}user_pins/{login}``. Every ledger and event document carries ``expires_at`` (write
-time + retention) for a Firestore TTL policy on that field; a pin has none, so it stays.
-Composite indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc); events
-(``delivery_id``, ``work_item`` or ``name``, then ``sort_key``).
+Layout: ``{prefix}deliveries/{delivery_id}``, ``{prefix}events/{auto id}``,
+``{prefix}inboxes/{id}`` (``adapters.firestore.inbox``) and ``{prefix}user_pins/{login}``.
+Every ledger and event document carries ``expires_at`` (write time + retention) for a
+Firestore TTL policy on that field; a pin and an inbox have none, so they stay. Composite
+indexes: deliveries (``outcome`` or ``outcome_kind``, ``received_at`` desc; ``order_group``,
+``outcome``, ``order_key``); events (``delivery_id``, ``work_item`` or ``name``, then
+``sort_key``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import translated
+from looprelay.adapters.firestore.inbox import FirestoreInboxes
 from looprelay.config.model import FirestoreConfig
 from looprelay.core import model
-from looprelay.core.model import DeliveryRecord, EventRecord
+from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.errors import ConfigError, Transient
 
 MAX_CAS_ROUNDS = 25
@@ -43,6 +46,10 @@ _RETRYABLE = (
 )
 _RETRY = Retry(if_exception_type(*_RETRYABLE), maximum=2.0, timeout=CALL_BUDGET_SECONDS)
 _Change = Callable[[DeliveryRecord], dict[str, Any] | None]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+FOLLOW_OVERLAP = timedelta(seconds=5)
+"""How far before a follower's cursor ``list_events(after=...)`` looks again for commits that
+landed late: far longer than one write takes to commit."""
 
 
 def _dt(value: datetime) -> datetime:
@@ -77,6 +84,7 @@ class FirestoreStore:
         self._deliveries = client.collection(f"{collection_prefix}deliveries")
         self._events = client.collection(f"{collection_prefix}events")
         self._pins = client.collection(f"{collection_prefix}user_pins")
+        self._inboxes = FirestoreInboxes(client, collection_prefix=collection_prefix)
         self._retention = timedelta(days=retention_days)
         self._seq_lock = threading.Lock()
         self._seq = 0
@@ -198,23 +206,36 @@ class FirestoreStore:
             data = self._deliveries.document(delivery_id).get(retry=_RETRY).to_dict()
         return None if data is None else _delivery(data)
 
-    def list_unsettled_before(
-        self, *, group: str, order_key: str, since: datetime, limit: int = 10
-    ) -> list[DeliveryRecord]:
-        """See ``Store.list_unsettled_before``: one query on the index ``order_group``,
-        ``outcome``, ``order_key`` descending, the nearest earlier keys first (an old stuck
-        record never hides a recent one); the time bound is applied to what it returns (one
-        range per query). Raises ``Transient`` when Firestore is unavailable."""
+    def list_inbox(self, group: str, *, from_key: str, limit: int = 50) -> list[DeliveryRecord]:
+        """See ``Store.list_inbox``: one query on the index ``order_group``, ``outcome``,
+        ``order_key``. Raises ``Transient`` when Firestore is unavailable."""
         query = (
             self._deliveries.where(filter=FieldFilter("order_group", "==", group))
             .where(filter=FieldFilter("outcome", "==", model.RECEIVED))
-            .where(filter=FieldFilter("order_key", "<", order_key))
-            .order_by("order_key", direction=firestore.Query.DESCENDING)
+            .where(filter=FieldFilter("order_key", ">=", from_key))
+            .order_by("order_key")
         )
-        with translated("list unsettled deliveries"):
+        with translated("list an inbox"):
             snapshots = list(query.limit(limit).stream(retry=_RETRY))
-        found = [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
-        return [record for record in found if record.received_at >= since]
+        return [_delivery(snapshot.to_dict() or {}) for snapshot in snapshots]
+
+    def take_inbox(
+        self, group: str, *, holder: str, now: datetime, until: datetime
+    ) -> InboxRecord | None:
+        """See ``Store.take_inbox`` (``adapters.firestore.inbox``)."""
+        return self._inboxes.take(group, holder=holder, now=now, until=until)
+
+    def keep_inbox(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
+        """See ``Store.keep_inbox``."""
+        return self._inboxes.keep(inbox, until=until)
+
+    def release_inbox(self, inbox: InboxRecord) -> bool:
+        """See ``Store.release_inbox``."""
+        return self._inboxes.release(inbox)
+
+    def free_inboxes(self) -> int:
+        """See ``Store.free_inboxes`` (``adapters.firestore.inbox``)."""
+        return self._inboxes.free_all()
 
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
@@ -243,6 +264,8 @@ class FirestoreStore:
             # JSON text, as in SQLite: same round trip, and Firestore rejects nested arrays.
             "data": json.dumps(event.data, default=str),
             "sort_key": f"{seq:020d}{secrets.token_hex(4)}",
+            # The commit time, set by the server: what a follower pages by (``list_events``).
+            "written_at": firestore.SERVER_TIMESTAMP,
             "expires_at": self._expires_at(),
         }
 
@@ -259,24 +282,50 @@ class FirestoreStore:
     ) -> list[EventRecord]:
         """See ``Store.list_events``; raises ``Transient`` when Firestore is unavailable.
 
-        The cursor is the event's ``sort_key``: its write time in ns (made strictly increasing
-        per process) and random bits, so it is unique and sorts in the order written.
+        An event's cursor is its commit time in ns (``written_at``, set by the server) and its
+        document id. A writer's commit can land a moment after a later-stamped one a follower
+        has read already, so ``after`` is answered with up to ``limit`` events committed after
+        it and every one committed in the ``FOLLOW_OVERLAP`` before it: a follower drops the
+        cursors it has seen (``service.follow``). Other listings order by ``sort_key``, the
+        writer's clock, and never skip anything since they take no cursor.
         """
-        direction = firestore.Query.DESCENDING if newest else firestore.Query.ASCENDING
-        query = self._events.order_by("sort_key", direction=direction)
         equal = {"delivery_id": delivery_id, "work_item": work_item, "name": name}
+        query: Any = self._events  # a collection is a query of all its documents
         for field, value in equal.items():
             if value is not None:
                 query = query.where(filter=FieldFilter(field, "==", value))
         if after is not None:
-            query = query.where(filter=FieldFilter("sort_key", ">", after))
+            return self._events_after(query, after, since=since, limit=limit)
         if since is not None:
             since_ns = int(since.timestamp()) * 1_000_000_000 + since.microsecond * 1_000
             query = query.where(filter=FieldFilter("sort_key", ">=", f"{since_ns:020d}"))
+        direction = firestore.Query.DESCENDING if newest else firestore.Query.ASCENDING
         with translated("list events"):
-            snapshots = list(query.limit(limit).stream(retry=_RETRY))
-        found = [_event(snapshot.to_dict() or {}) for snapshot in snapshots]
+            snapshots = list(
+                query.order_by("sort_key", direction=direction).limit(limit).stream(retry=_RETRY)
+            )
+        found = [_event(snapshot) for snapshot in snapshots]
         return found[::-1] if newest else found
+
+    def _events_after(
+        self, query: Any, after: str, *, since: datetime | None, limit: int
+    ) -> list[EventRecord]:
+        # One range per query: ``since`` is applied to what the queries find.
+        written = _written_at_of(after)
+        by_time = query.order_by("written_at")
+        page = by_time.where(filter=FieldFilter("written_at", ">", written)).limit(limit)
+        # Newest first: a late commit lands just before the cursor, not at the window's start.
+        overlap = (
+            query.where(filter=FieldFilter("written_at", ">=", written - FOLLOW_OVERLAP))
+            .where(filter=FieldFilter("written_at", "<=", written))
+            .order_by("written_at", direction=firestore.Query.DESCENDING)
+            .limit(limit)
+        )
+        with translated("list events"):
+            snapshots = [*overlap.stream(retry=_RETRY), *page.stream(retry=_RETRY)]
+        found = {event.cursor: event for event in map(_event, snapshots)}
+        ordered = [found[cursor] for cursor in sorted(found)]
+        return [event for event in ordered if since is None or event.at >= since]
 
     def pin_user_id(self, login: str, *, user_id: int, at: datetime) -> tuple[int, bool]:
         """See ``Store.pin_user_id``; ``create()`` makes exactly one caller the one that pins.
@@ -306,13 +355,24 @@ def _delivery(data: dict[str, Any]) -> DeliveryRecord:
     return DeliveryRecord.model_validate({**data, **times})
 
 
-def _event(data: dict[str, Any]) -> EventRecord:
-    # Unknown keys (sort_key, expires_at) are ignored by the model.
+def _event(snapshot: Any) -> EventRecord:
+    # Unknown keys (sort_key, written_at, expires_at) are ignored by the model.
+    data = snapshot.to_dict() or {}
+    written = data.get("written_at")
+    # An event written before commit times were kept has only its writer's sort key.
+    cursor = data.get("sort_key", "") if written is None else _cursor(written, snapshot.id)
     return EventRecord.model_validate(
-        {
-            **data,
-            "at": _dt(data["at"]),
-            "data": json.loads(data["data"]),
-            "cursor": data.get("sort_key", ""),
-        }
+        {**data, "at": _dt(data["at"]), "data": json.loads(data["data"]), "cursor": cursor}
     )
+
+
+def _cursor(written: datetime, document_id: str) -> str:
+    micros = (_dt(written) - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros * 1_000:020d}/{document_id}"
+
+
+def _written_at_of(cursor: str) -> datetime:
+    nanos, slash, _document = cursor.partition("/")
+    if not slash or not nanos.isdigit():
+        raise ValueError(f"{cursor[:40]!r} is not an event cursor of this store")
+    return _EPOCH + timedelta(microseconds=int(nanos) // 1_000)

@@ -21,13 +21,12 @@ from looprelay.errors import Transient
 log = logging.getLogger("looprelay.queue")
 
 INSERT_UNLESS_TAKEN = (
-    "INSERT INTO tasks (name, body, state, eta, created_at, grp, order_key)"
-    " VALUES (?,?,'pending',?,?,?,?)"
+    "INSERT INTO tasks (name, body, state, eta, created_at)"
+    " VALUES (?,?,'pending',?,?)"
     " ON CONFLICT(name) DO UPDATE SET body = excluded.body, state = 'pending',"
     " attempts = 0, executions = 0, eta = excluded.eta,"
     " created_at = excluded.created_at, finished_at = NULL,"
-    " last_status = NULL, last_error = NULL, grp = excluded.grp,"
-    " order_key = excluded.order_key, first_tried_at = NULL"
+    " last_status = NULL, last_error = NULL"
     " WHERE tasks.state = 'done' AND tasks.finished_at < ?"
 )
 """Queue a task unless its name is taken: pending or leased, dead, or done within the dedup
@@ -36,15 +35,12 @@ window (a done task older than ``window_start`` is queued afresh)."""
 
 @dataclass(frozen=True, slots=True)
 class Enqueue:
-    """One task to make durable, the moments its dedup window is measured from, and where
-    it stands in its group's order (``core.order``)."""
+    """One task to make durable, and the moments its dedup window is measured from."""
 
     now: float
     window_start: float
     name: str
     body: bytes
-    group: str = ""
-    order_key: str = ""
 
 
 class EnqueueCommitter:
@@ -122,8 +118,6 @@ class EnqueueCommitter:
                                 item.body,
                                 item.now,
                                 item.now,
-                                item.group,
-                                item.order_key,
                                 item.window_start,
                             ),
                         ).rowcount

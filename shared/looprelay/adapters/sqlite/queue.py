@@ -5,11 +5,9 @@ headers, retries with the same backoff curve, dedup by task name, and a dead let
 last attempt. A task leased when the process died is dispatched again on restart; the worker's
 delivery ledger turns that second delivery into a no-op.
 
-Unlike Cloud Tasks it keeps order within a group (an issue or pull request, ``core.order``),
-as an SQS FIFO queue does within a message group: a task is not started while another task of
-its group is in flight, nor while an earlier-keyed one of its group waits to be tried (again).
-A task that keeps failing holds its group back only for ``order_wait_seconds`` after its first
-try; then the later ones go ahead (the worker records that it skipped it).
+Like Cloud Tasks it keeps no order: the worker's inbox hands the deliveries of an issue off
+in order whichever queue brings them (``service.inbox``), so ``looprelay up`` and the cloud
+share that one code path.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from looprelay.adapters.sqlite.queue_sql import (
     ADDED_COLUMNS,
     CLAIM,
     LEASE_MARGIN_SECONDS,
-    ORDER_INDEX,
     RELEASE_EXPIRED,
     SCHEMA,
 )
@@ -81,17 +78,13 @@ class SqliteQueue:
         settings: EmbeddedQueueConfig,
         queue_name: str = "looprelay",
         now: Callable[[], float] = time.time,
-        order_wait_seconds: float = 5.0,
     ) -> None:
         """Open the queue at ``path`` for enqueueing and listing; :meth:`start` dispatches.
 
         Opening changes no task, so the CLI may open the file while ``looprelay up`` runs.
         Enqueues are committed by a thread of the queue (``enqueue_committer``) started with
-        the first one. ``order_wait_seconds`` is how long a failing task holds back the later
-        ones of its group (``routing.orderWaitSeconds``). Raises ``Transient`` when the file
-        cannot be opened.
+        the first one. Raises ``Transient`` when the file cannot be opened.
         """
-        self._order_wait = order_wait_seconds
         self._worker_url = ""
         self._auth_token = ""
         self._retry = retry
@@ -109,7 +102,6 @@ class SqliteQueue:
         # own synced commit. Both share one connection, so they wait on one lock.
         self._books = SqliteDatabase(path, schema=SCHEMA, what="embedded queue")
         self._books.add_columns("tasks", ADDED_COLUMNS)
-        self._books.ensure_schema(ORDER_INDEX)
         self._committer = EnqueueCommitter(self._books)
 
     # -- the Queue port -------------------------------------------------------------------
@@ -136,7 +128,7 @@ class SqliteQueue:
             return refused
         now = self._now()
         window_start = now - self._settings.dedup_window_seconds
-        item = Enqueue(now, window_start, task.name, task.body, task.group, task.order_key)
+        item = Enqueue(now, window_start, task.name, task.body)
         landed = self._committer.submit(item)
         landed.add_done_callback(self._landed)  # first, so dispatchers hear before callers
         return landed
@@ -212,8 +204,8 @@ class SqliteQueue:
     def retry_dead(self, name: str) -> bool:
         """Put a dead task back in line for another full set of attempts."""
         changed = self._write(
-            "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?,"
-            " first_tried_at = NULL WHERE name = ? AND state = 'dead'",
+            "UPDATE tasks SET state = 'pending', attempts = 0, executions = 0, eta = ?"
+            " WHERE name = ? AND state = 'dead'",
             (self._now(), name),
         )
         self._arrived()
@@ -268,22 +260,18 @@ class SqliteQueue:
         expires = now + 2 * self._settings.dispatch_deadline_seconds + LEASE_MARGIN_SECONDS
         with self._books.transaction(synced=False) as db:
             db.execute(RELEASE_EXPIRED, {"now": now})
-            rows = db.execute(
-                CLAIM, {"now": now, "wait": self._order_wait, "expires": expires}
-            ).fetchall()
+            rows = db.execute(CLAIM, {"now": now, "expires": expires}).fetchall()
         return _Claimed(*rows[0]) if rows else None
 
     def _seconds_until_due(self) -> float:
-        """How long until a task may become claimable without an arrival or a finish (each
-        of which wakes a dispatcher): the next retry falling due, or the next failing task
-        whose hold on its group runs out."""
+        """How long until a task may become claimable without an arrival (which wakes a
+        dispatcher): the next retry falling due, or the next lease running out."""
         now = self._now()
         [row] = self._books.rows(
             "SELECT MIN(at) FROM (SELECT eta AS at FROM tasks WHERE state = 'pending'"
-            " AND eta > :now UNION ALL SELECT first_tried_at + :wait FROM tasks"
-            " WHERE state = 'pending' AND first_tried_at + :wait > :now UNION ALL"
+            " AND eta > :now UNION ALL"
             " SELECT lease_expires FROM tasks WHERE state = 'leased' AND lease_expires > :now)",
-            {"now": now, "wait": self._order_wait},
+            {"now": now},
         )
         due: float | None = row[0]
         if due is None:
@@ -336,9 +324,8 @@ class SqliteQueue:
             " WHERE name = ? AND state = 'leased' AND lease_expires = ?",
             (self._now(), status, claimed.name, claimed.lease_expires),
         )
-        # No dispatcher is woken: this one claims next itself (``_dispatch_loop``), which
-        # starts the next task of the group if one waits; waking another only added a claim
-        # that found nothing, a write transaction per task.
+        # No dispatcher is woken: this one claims next itself (``_dispatch_loop``); waking
+        # another only added a claim that found nothing, a write transaction per task.
 
     def _fail(
         self,
@@ -378,7 +365,6 @@ class SqliteQueue:
                 claimed.lease_expires,
             ),
         )
-        self._arrived()  # the next task of its group may start if this one stopped holding it
         level = logging.ERROR if dead else logging.WARNING
         log.log(
             level,

@@ -1,6 +1,7 @@
 """The embedded store: one SQLite file in WAL mode, behind the ``Store`` port.
 
-Tables: ``deliveries`` (the ledger), ``events`` (the log) and ``user_pins`` (login -> user id).
+Tables: ``deliveries`` (the ledger), ``inboxes`` (who drains each order group's unsettled
+deliveries), ``events`` (the log) and ``user_pins`` (login -> user id).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import sqlite3
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from looprelay.adapters.sqlite.database import (
     SqliteDatabase,
@@ -22,6 +24,7 @@ from looprelay.core.model import (
     RECEIVED,
     DeliveryRecord,
     EventRecord,
+    InboxRecord,
     is_valid_outcome,
 )
 
@@ -49,6 +52,15 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at, seq);
 CREATE INDEX IF NOT EXISTS events_by_delivery ON events (delivery_id);
+CREATE TABLE IF NOT EXISTS inboxes (
+    grp TEXT PRIMARY KEY,
+    holder TEXT NOT NULL DEFAULT '',
+    until TEXT,
+    knocks INTEGER NOT NULL DEFAULT 0,
+    drained_key TEXT NOT NULL DEFAULT '',
+    stuck TEXT NOT NULL DEFAULT '',
+    stuck_since TEXT
+);
 CREATE TABLE IF NOT EXISTS user_pins (
     login TEXT PRIMARY KEY,
     user_id INTEGER NOT NULL,
@@ -57,6 +69,9 @@ CREATE TABLE IF NOT EXISTS user_pins (
 """
 
 
+_INBOX_ROW = (
+    "SELECT grp, holder, until, knocks, drained_key, stuck, stuck_since FROM inboxes WHERE grp = ?"
+)
 _ORDER_COLUMNS = {
     "order_group": "TEXT NOT NULL DEFAULT ''",
     "order_key": "TEXT NOT NULL DEFAULT ''",
@@ -159,16 +174,60 @@ class SqliteStore:
         rows = self._db.rows("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,))
         return _delivery(rows[0]) if rows else None
 
-    def list_unsettled_before(
-        self, *, group: str, order_key: str, since: datetime, limit: int = 10
-    ) -> list[DeliveryRecord]:
-        """See ``Store.list_unsettled_before``."""
+    def list_inbox(self, group: str, *, from_key: str, limit: int = 50) -> list[DeliveryRecord]:
+        """See ``Store.list_inbox``."""
         rows = self._db.rows(
-            "SELECT * FROM deliveries WHERE order_group = ? AND outcome = ? AND order_key < ?"
-            " AND received_at >= ? ORDER BY order_key DESC LIMIT ?",
-            (group, RECEIVED, order_key, utc_text(since), limit),
+            "SELECT * FROM deliveries WHERE order_group = ? AND outcome = ?"
+            " AND order_key >= ? ORDER BY order_key, delivery_id LIMIT ?",
+            (group, RECEIVED, from_key, limit),
         )
         return [_delivery(row) for row in rows]
+
+    def take_inbox(
+        self, group: str, *, holder: str, now: datetime, until: datetime
+    ) -> InboxRecord | None:
+        """See ``Store.take_inbox``: one write transaction decides."""
+        # Unsynced: a lease lost in a power cut only lets the next taker in sooner.
+        with self._db.transaction(synced=False) as db:
+            db.execute("INSERT OR IGNORE INTO inboxes (grp) VALUES (?)", (group,))
+            current = _inbox(db.execute(_INBOX_ROW, (group,)).fetchone())
+            free = not current.holder or current.until is None or current.until < now
+            if not (free or current.holder == holder):
+                db.execute("UPDATE inboxes SET knocks = knocks + 1 WHERE grp = ?", (group,))
+                return None
+            db.execute(
+                "UPDATE inboxes SET holder = ?, until = ? WHERE grp = ?",
+                (holder, utc_text(until), group),
+            )
+        return current.model_copy(update={"holder": holder, "until": until})
+
+    def keep_inbox(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
+        """See ``Store.keep_inbox``."""
+        with self._db.transaction(synced=False) as db:
+            changed = db.execute(
+                "UPDATE inboxes SET until = ?, drained_key = ?, stuck = ?, stuck_since = ?"
+                " WHERE grp = ? AND holder = ?",
+                (utc_text(until), *_inbox_state(inbox), inbox.group, inbox.holder),
+            ).rowcount
+            row = db.execute(_INBOX_ROW, (inbox.group,)).fetchone()
+        return _inbox(row) if changed else None
+
+    def release_inbox(self, inbox: InboxRecord) -> bool:
+        """See ``Store.release_inbox``."""
+        with self._db.transaction(synced=False) as db:
+            changed = db.execute(
+                "UPDATE inboxes SET holder = '', until = NULL, drained_key = ?, stuck = ?,"
+                " stuck_since = ? WHERE grp = ? AND holder = ? AND knocks = ?",
+                (*_inbox_state(inbox), inbox.group, inbox.holder, inbox.knocks),
+            ).rowcount
+        return bool(changed)
+
+    def free_inboxes(self) -> int:
+        """See ``Store.free_inboxes``."""
+        with self._db.transaction(synced=False) as db:
+            return db.execute(
+                "UPDATE inboxes SET holder = '', until = NULL WHERE holder != ''"
+            ).rowcount
 
     def list_deliveries(
         self, *, outcome: str | None = None, limit: int = 100
@@ -274,6 +333,24 @@ def _delivery(row: sqlite3.Row) -> DeliveryRecord:
         order_group=row["order_group"],
         order_key=row["order_key"],
     )
+
+
+def _inbox(row: tuple[Any, ...]) -> InboxRecord:
+    group, holder, until, knocks, drained_key, stuck, stuck_since = row
+    return InboxRecord(
+        group=group,
+        holder=holder,
+        until=None if until is None else parse_utc_text(until),
+        knocks=knocks,
+        drained_key=drained_key,
+        stuck=stuck,
+        stuck_since=None if stuck_since is None else parse_utc_text(stuck_since),
+    )
+
+
+def _inbox_state(inbox: InboxRecord) -> tuple[str, str, str | None]:
+    since = inbox.stuck_since
+    return inbox.drained_key, inbox.stuck, None if since is None else utc_text(since)
 
 
 def _seq_of(cursor: str) -> int:
