@@ -194,7 +194,7 @@ class Applier:
             again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
             self.terminal.spawn(name, cwd=cwd, argv=again, env=env)
         self._remember(d, session_id, prepared.checkout)
-        self._boot(name, d.prompt)
+        self._boot(name, d.prompt, confirm=harnesses.get(d.harness).confirm_submit)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
@@ -206,7 +206,7 @@ class Applier:
             events=tuple(note.to_record() for note in notes),
         )
 
-    def _boot(self, name: str, prompt: str) -> None:
+    def _boot(self, name: str, prompt: str, *, confirm: bool = False) -> None:
         """Paste the boot prompt into the harness just started in ``name`` (the paste waits
         until it reads its terminal), then probe it for ``spawn_probe_seconds``: a harness that
         exits before or just after is never reported as running.
@@ -215,7 +215,7 @@ class Applier:
         harness's own words: not onboarded, a bad flag), and ``RunnerError`` as paste does.
         """
         try:
-            self.terminal.paste(name, prompt)
+            self.terminal.paste(name, prompt, confirm=confirm)
         except RunnerError as exc:
             if exc.reason != HARNESS_FAILED:
                 raise

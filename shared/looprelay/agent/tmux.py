@@ -104,8 +104,6 @@ class TmuxTerminal:
         self._timeout = command_timeout_seconds
         self._drawn_panes: set[tuple[str, int]] = set()
         self._screens: dict[tuple[str, int], tuple[str, float, float]] = {}
-        self._submitted_panes: set[tuple[str, int]] = set()
-        """Panes whose harness has taken an Enter: later pastes are not watched for it."""
         """A pane's last screen, when it was captured, and since when it has not changed."""
         """Panes (id, process) whose harness has drawn its screen: a later paste into one
         needs no screen capture to know it is ready."""
@@ -230,22 +228,18 @@ class TmuxTerminal:
             ) from exc
 
     def _submit(self, pane: Pane, text: str, *, confirm: bool) -> None:
-        """Send Enter; on a pane's first paste (every paste with ``confirm``), until its screen
-        shows the Enter was taken.
+        """Send Enter; with ``confirm`` (a harness that may drop it), until its screen shows
+        the Enter was taken.
 
-        A TUI may draw its input box before it acts on Enter: Gemini CLI shows the pasted text
-        there and drops the Enter for seconds more while it starts (its footer still changing).
-        So the first submit into a pane waits for the screen to settle and, when the screen
-        shows the text's first line (an input box echoing it), sends Enter again each
+        Gemini CLI, for one, shows the pasted text in its input box and drops an Enter for
+        seconds while it starts, and reads an Enter that reaches it within 40 ms of a paste as
+        a newline (its guard against pasted commands), which a loaded machine makes likely
+        whatever the gap sent. So, with ``confirm``, the screen is let settle and, when it
+        shows the text's first line (the input box echoing it), Enter is sent again each
         ``SUBMIT_WATCH_SECONDS`` that line stays on the same rows, up to
-        ``ready_wait_seconds``. A harness that shows no echo (a long paste folded, a program
-        drawing nothing) gets one Enter. An extra Enter on an empty input box does nothing in
-        the harnesses hosted here. Gemini CLI also reads an Enter that reaches it within 40 ms of
-        a paste as a newline (its guard against pasted commands), which a loaded machine makes
-        likely whatever the gap sent: its pastes are all confirmed.
+        ``ready_wait_seconds``; a screen that shows no echo gets one Enter.
         """
-        seen = (pane.pane_id, pane.pid)
-        if seen in self._submitted_panes and not confirm:
+        if not confirm:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
             return
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
@@ -258,7 +252,6 @@ class TmuxTerminal:
                 break
             if time.monotonic() >= deadline:
                 break
-        self._submitted_panes.add(seen)
 
     def _screen(self, pane: Pane) -> str:
         return "\n".join(self._query("capture-pane", "-p", "-t", pane.pane_id) or [])
