@@ -10,14 +10,12 @@ rate limits are obeyed.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import base64
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import pytest
-import requests
 
 from looprelay.adapters.clock import SystemClock
 from looprelay.adapters.firestore.poll_cursors import FirestorePollCursors
@@ -26,11 +24,14 @@ from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.sqlite.poll_cursors import SqlitePollCursors
 from looprelay.config.model import PollConfig, WebhookConfig
 from looprelay.core.envelope import Envelope
+from looprelay.core.model import RECEIVED
 from looprelay.core.poll import LISTINGS
 from looprelay.ports import PollCursors
 from looprelay.service.poller import Poller, RepositoryPoll
+from tests.cloudtasks_dispatcher import CloudTasksDispatcher
 from tests.embedded_queue_harness import EmbeddedQueueHarness
 from tests.fake_github_poll import user
+from tests.fake_harness import wait_until
 from tests.rigs import SteppingClock
 from tests.routing.conftest import (
     AUTO_LABEL,
@@ -57,11 +58,8 @@ def cursors(backend: Backend, request: pytest.FixtureRequest) -> Iterator[PollCu
         yield FirestorePollCursors(client, collection_prefix=f"{backend.name}_poll_")
 
 
-PUSHERS = 16
-"""Tasks pushed to the worker at once, as a queue's dispatchers do."""
-PUSH_DEADLINE_SECONDS = 90.0
-RETRY_SECONDS = 0.2
-"""How soon a task the worker answered 503 (its inbox held by another push) is pushed again."""
+SETTLE_SECONDS = 90.0
+"""How long the tasks of one poll may take to settle; seconds on an idle machine."""
 
 
 @dataclass
@@ -100,41 +98,38 @@ class Polling:
 
     def poll(self) -> RepositoryPoll:
         """A second later (what the test did on GitHub is past), poll once, then push every
-        new task to the worker at once, retrying a 503 soon, as a queue does: the worker's
-        inbox, not the order of the pushes, keeps their order."""
+        new task to the worker at once with Cloud Tasks' retries: the worker's inbox, not the
+        order of the pushes, keeps their order. Returns once the ledger settled them all."""
         self.clock.advance(1)
         [report] = self.poller.run()
-        fresh = [(name, body) for name, body in self.queue.held().items() if name not in self.sent]
-        envelopes = sorted(
-            ((Envelope.model_validate_json(body), name, body) for name, body in fresh), key=_key
-        )
-        with ThreadPoolExecutor(max_workers=PUSHERS) as pushers:
-            outcomes = list(pushers.map(lambda item: self._push(item[2]), envelopes))
-        for (envelope, name, _), outcome in zip(envelopes, outcomes, strict=True):
-            self.sent.add(name)
-            self.settled[envelope.delivery_id] = outcome
+        fresh = {name: body for name, body in self.queue.held().items() if name not in self.sent}
+        ids = {name: Envelope.model_validate_json(body).delivery_id for name, body in fresh.items()}
+        if not ids:
+            return report
+        dispatcher = CloudTasksDispatcher(worker_url=self.relay.url, token=SECRET)
+        try:
+            for name, body in fresh.items():
+                dispatcher.push(name, {"httpRequest": {"body": base64.b64encode(body).decode()}})
+                self.sent.add(name)
+            settled = wait_until(
+                lambda: self._outcomes(ids.values()),
+                seconds=SETTLE_SECONDS,
+                what="every polled delivery settled",
+            )
+        finally:
+            dispatcher.stop()  # a push waiting out Retry-After finds its delivery settled
+        self.settled.update(settled)
         return report
 
-    def _push(self, body: bytes) -> str:
-        """The worker's outcome for one task, pushed until it answers 200."""
-        deadline = time.monotonic() + PUSH_DEADLINE_SECONDS
-        while True:
-            answer = requests.post(
-                self.relay.url,
-                data=body,
-                headers={"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"},
-                timeout=30,
-            )
-            if answer.status_code == 200:
-                outcome: str = answer.json()["outcome"]
-                return outcome
-            assert answer.status_code == 503, answer.text
-            assert time.monotonic() < deadline, f"still {answer.status_code}: {answer.text}"
-            time.sleep(RETRY_SECONDS)
-
-
-def _key(item: tuple[Envelope, str, bytes]) -> str:
-    return item[0].order_key
+    def _outcomes(self, delivery_ids: Iterable[str]) -> dict[str, str] | None:
+        """Each delivery's outcome in the ledger, or None while one is unsettled."""
+        outcomes = {}
+        for delivery_id in delivery_ids:
+            record = self.relay.backend.store.get_delivery(delivery_id)
+            if record is None or record.outcome == RECEIVED:
+                return None
+            outcomes[delivery_id] = record.outcome
+        return outcomes
 
 
 @pytest.fixture
