@@ -10,7 +10,6 @@ import signal
 import socket
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -20,6 +19,7 @@ import requests
 
 from looprelay.cli.sender import comment_payload
 from tests.fake_github import INSTALLATION_ID, FakeGitHub
+from tests.fake_harness import wait_until
 from tests.samples import AUTO_LABEL
 from tests.test_up import LOOPRELAY, ROOT, UpProcess, _wait_settled
 
@@ -164,10 +164,8 @@ def test_one_command_and_one_click_reach_a_routed_signed_delivery(
         [row] = _wait_settled(data, 1, timeout=WAIT)
         assert (row["delivery_id"], row["outcome"]) == ("first", "dispatched"), row
         # The App's own installation token posted the checklist: the App's key works.
-        deadline = time.monotonic() + WAIT
-        while not fake_github.on(5) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [c.author for c in fake_github.on(5)] == [fake_github.app_login]
+        posted = wait_until(lambda: fake_github.on(5), seconds=WAIT, what="the checklist")
+        assert [c.author for c in posted] == [fake_github.app_login]
     finally:
         up.stop()
 

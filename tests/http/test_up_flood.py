@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ import pytest
 from looprelay.app.watchdog import Watchdog
 from looprelay.cli.sender import post_delivery
 from looprelay.datadir import WEBHOOK_SECRET_FILE, read_secret
+from tests.fake_harness import wait_until
 from tests.samples import payload_bytes
 from tests.test_up import UpProcess, cli
 
@@ -109,23 +110,27 @@ def test_up_serves_signed_deliveries_through_a_flood_of_slow_heads_past_the_watc
     try:
         ends = time.monotonic() + FLOOD_SECONDS
         while time.monotonic() < ends:
+            dropped = flood.replaced
             acked.append(_deliver(up.webhook_url, secret))
             assert up.proc.poll() is None, up.stderr_path.read_text()[-2000:]
-            time.sleep(0.5)
+            # The next one goes in once the server has dropped another head: the flood is
+            # still pressing on it, whatever the machine's speed.
+            wait_until(_dropped_since(flood, dropped), seconds=DEADLINE, what="a head dropped")
     finally:
         flood.stop()
     assert flood.replaced >= FLOOD, "the server should have dropped the flood's oldest heads"
     assert up.proc.poll() is None, up.stderr_path.read_text()[-2000:]
     assert "did not run its health check" not in up.stderr_path.read_text()
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        listed = cli("deliveries", "--data", str(up.data_dir), "--json", "--limit", "100000")
-        settled = {
-            row["delivery_id"]
-            for row in map(json.loads, listed.stdout.splitlines())
-            if row["outcome"] != "received"
-        }
-        if set(acked) <= settled or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert set(acked) <= settled
+    wait_until(lambda: set(acked) <= _settled(up), seconds=DEADLINE, what="every delivery settled")
+
+
+def _dropped_since(flood: Flood, seen: int) -> Callable[[], bool]:
+    """A check that the server has dropped a head of ``flood`` since it had dropped ``seen``."""
+    return lambda: flood.replaced > seen
+
+
+def _settled(up: UpProcess) -> set[str]:
+    """The deliveries ``deliveries --json`` lists with an outcome past ``received``."""
+    listed = cli("deliveries", "--data", str(up.data_dir), "--json", "--limit", "100000")
+    rows = map(json.loads, listed.stdout.splitlines())
+    return {row["delivery_id"] for row in rows if row["outcome"] != "received"}

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import random
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -325,9 +324,8 @@ class TestOrder:
         # receipt, as in issue 25, where the comment was pasted first.
         second = datetime.now(UTC).replace(microsecond=0)
         labeled = issue_payload("labeled", labels=("bug",), label="bug")
-        deployment.send("issues", labeled, "order-label")
-        time.sleep(0.3)  # the comment is made 0.3 s later
-        _, comment, _ = deployment.comment(1, created_at=second)
+        deployment.send("issues", labeled, "order-label")  # received: ingress answered 202
+        _, comment, _ = deployment.comment(1, created_at=second)  # made and received after it
         deployment.wait_settled(["order-label", comment])
 
         assert deployment.handed(runner) == ["order-label", comment]
