@@ -85,8 +85,9 @@ def service_install(
 
     run = runner_group.get_command(click.get_current_context(), "run")
     assert run is not None
-    with run.make_context("looprelay runner run", list(run_args), resilient_parsing=False):
-        pass  # a mistake in RUN_ARGS is a usage error now, not a service failing at boot
+    # Parsed as `runner run` would: a mistake in RUN_ARGS is a usage error now (raised
+    # here), not a service failing at boot.
+    run.make_context("looprelay runner run", list(run_args)).close()
     service = _service_file(kind, name, directory, run_args)
     service.path.parent.mkdir(parents=True, exist_ok=True)
     existed = service.path.exists()

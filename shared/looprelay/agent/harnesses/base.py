@@ -10,6 +10,7 @@ turn reads it on stdin. A session id reaches argv only as a canonical UUID.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ def required_id(session_id: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class Harness:
+class Harness(ABC):
     """One coding-agent CLI: what it is called, where it reads things, how it is run.
 
     ``binary`` is looked up on ``PATH``; ``hostable`` says it can live in a tmux pane;
@@ -84,16 +85,16 @@ class Harness:
             reason="harness-unsupported",
         )
 
+    @abstractmethod
     def headless_argv(
         self, binary: str, *, session_id: str | None, resume: bool, extra: Sequence[str]
     ) -> list[str]:
         """The argv of one headless turn, which reads its prompt on stdin. ``session_id`` is
         None only for a first turn of a harness that names its own sessions."""
-        raise NotImplementedError
 
+    @abstractmethod
     def parse_turn(self, *, exit_code: int, stdout: str, stderr: str) -> Turn:
         """What one headless turn came to, from its exit code and output. Never raises."""
-        raise NotImplementedError
 
     def prepare(
         self,
