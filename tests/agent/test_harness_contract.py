@@ -74,6 +74,10 @@ def hosted(
     git_repos: GitRepos,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Turns]:
+    # An agent a CI system runs (a GitHub Actions job) has these; a hosted harness must not
+    # take them for a sign that nobody is at its terminal.
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
     yield from _turns(request.param, terminal, tmp_path, git_repos, monkeypatch)
 
 

@@ -61,6 +61,25 @@ class TestSpawn:
         assert second["env"]["TMUX_PANE"] != first["env"]["TMUX_PANE"]  # tmux's own, per pane
         assert not cmdlines_holding("second-value")  # names on command lines, never values
 
+    def test_a_variable_the_harness_must_not_inherit_is_cleared_for_its_session_only(
+        self,
+        terminal: TmuxTerminal,
+        fake_harness: FakeHarness,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        monkeypatch.setenv("CI", "true")  # the agent runs in a CI job; the server starts with it
+        trees = {name: tmp_path / name for name in ("loop-first", "loop-second")}
+        for tree in trees.values():
+            tree.mkdir()
+        argv = [fake_harness.claude]
+        terminal.spawn("loop-first", cwd=trees["loop-first"], argv=argv, unset=("CI",))
+        terminal.spawn("loop-second", cwd=trees["loop-second"], argv=argv)
+        by_tree = {Path(start["cwd"]).name: start for start in fake_harness.wait_ready(2)}
+        assert "CI" not in by_tree["loop-first"]["env"]
+        assert by_tree["loop-second"]["env"]["CI"] == "true"
+        assert os.environ["CI"] == "true", "the agent's own environment is left as it was"
+
     def test_a_sessions_own_variables_reach_only_it_never_a_command_line(
         self, terminal: TmuxTerminal, fake_harness: FakeHarness, tmp_path: Path
     ) -> None:

@@ -186,15 +186,15 @@ class Applier:
         self._remember(d, session_id, prepared.checkout)
         if state is True:
             self.terminal.kill(name)
-        env = self._identity(d)
-        self.terminal.spawn(name, cwd=cwd, argv=argv, env=env)
+        env, kind = self._identity(d), harnesses.get(d.harness)
+        self.terminal.spawn(name, cwd=cwd, argv=argv, env=env, unset=kind.hosted_unset)
         if resumed and self.terminal.wait_dead(name, self.resume_probe_seconds):
             session_id, reason, resumed = fresh, "resume-failed", False
             self.terminal.kill(name)
             again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
-            self.terminal.spawn(name, cwd=cwd, argv=again, env=env)
+            self.terminal.spawn(name, cwd=cwd, argv=again, env=env, unset=kind.hosted_unset)
         self._remember(d, session_id, prepared.checkout)
-        self._boot(name, d.prompt, confirm=harnesses.get(d.harness).confirm_submit)
+        self._boot(name, d.prompt, confirm=kind.confirm_submit)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,

@@ -18,7 +18,7 @@ import signal
 import tempfile
 import termios
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,10 +127,17 @@ class TmuxTerminal:
         return self._first_pane(name)
 
     def spawn(
-        self, name: str, *, cwd: Path, argv: list[str], env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        *,
+        cwd: Path,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        unset: Collection[str] = (),
     ) -> None:
         """Start session ``name`` in ``cwd`` running ``argv`` directly (no shell), its
-        environment the agent's plus ``env`` (the session's identity, ``agent.session_env``).
+        environment the agent's plus ``env`` (the session's identity, ``agent.session_env``),
+        less the variables ``unset`` names (``Harness.hosted_unset``).
 
         ``argv`` never holds a prompt (it is world-readable in ``/proc``): the caller pastes the
         boot prompt once the harness is up (:meth:`paste` waits for that).
@@ -154,7 +161,7 @@ class TmuxTerminal:
         if not cwd.is_dir():
             raise RunnerError(f"{cwd} is not a directory", reason="checkout-missing")
         extra = dict(env or {})
-        listed = self._env_names() | set(extra)
+        listed = self._env_names() | set(extra) | set(unset)
         names = " ".join(sorted(n for n in listed if _ENV_NAME.fullmatch(n)))
         # A server this call starts takes its client's environment as its global one: the
         # session's own variables (its token) must stay the session's, not every later one's.
@@ -166,7 +173,7 @@ class TmuxTerminal:
             *("set-option", "-gw", "remain-on-exit", "on", ";", "new-session", "-d"),
             *("-s", name, "-c", str(cwd).replace("#", "##"), "--"),
             *(_literal(arg) for arg in argv),
-            env=os.environ | extra if extra else None,
+            env=_client_env(extra, unset) if extra or unset else None,
         )
 
     def _env_names(self) -> set[str]:
@@ -465,6 +472,12 @@ def _exited(name: str) -> RunnerError:
         f"pasted (its pane shows why)",
         reason=HARNESS_FAILED,
     )
+
+
+def _client_env(extra: Mapping[str, str], unset: Collection[str]) -> dict[str, str]:
+    """The tmux client's environment for a spawn: the agent's plus ``extra``, without ``unset``
+    (a name ``update-environment`` lists that the client lacks is cleared in the session)."""
+    return {k: v for k, v in (os.environ | dict(extra)).items() if k not in unset}
 
 
 def _literal(arg: str) -> str:

@@ -10,8 +10,9 @@ with the prompt on stdin (a piped stdin makes it non-interactive). It prints one
 Hosted, an Enter that reaches it within 40 ms of a paste is read as a newline (its guard
 against pasted commands), so its pastes are watched until it took the Enter
 (``confirm_submit``). ``--skip-trust`` trusts the tree for that run only, after an untrusted
-tree's ``.gemini`` was made the base's. The loop's skill goes to ``.agents/skills``, which
-Gemini CLI reads.
+tree's ``.gemini`` was made the base's. A hosted session is not given the agent's ``CI`` or
+``GITHUB_ACTIONS`` (``hosted_unset``): either makes it headless. The loop's skill goes to
+``.agents/skills``, which Gemini CLI reads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from collections.abc import Sequence
 
 from looprelay.agent.harnesses.base import AGENT_SKILLS, Harness, is_session_id, required_id
 from looprelay.agent.harnesses.output import JsonObject, Turn, finish, last_object, text
+
+CI_MARKERS = ("CI", "GITHUB_ACTIONS")
+"""Either set to ``true`` makes Gemini CLI headless whatever its terminal; an agent run by a CI
+system (a GitHub Actions job, say) has them, and its hosted sessions would exit at once."""
 
 OWNED_FLAGS = frozenset(
     {
@@ -80,4 +85,5 @@ GEMINI = Gemini(
     config_names=("GEMINI.md", "AGENTS.md"),
     owned_flags=OWNED_FLAGS,
     confirm_submit=True,
+    hosted_unset=CI_MARKERS,
 )
