@@ -185,6 +185,21 @@ def test_a_label_added_again_later_is_another_event() -> None:
     assert applied_before(event_identity(_project("issues", "guid-6", again)), applied) is None
 
 
+def test_two_pull_requests_opened_in_the_same_second_are_two_events() -> None:
+    # Both close one issue, so one work item applies both: the second must not be dropped.
+    data, _ = _webhook("pull_request.opened")
+    other = data | {"number": 6, "pull_request": data["pull_request"] | {"number": 6}}
+    first = event_identity(_project("pull_request", "guid-8", data))
+    second = event_identity(_project("pull_request", "guid-9", other))
+    assert first is not None and second is not None and first.at == second.at
+    applied = [
+        AppliedDelivery(delivery_id="guid-8", outcome="ok", event_key=first.key, event_at=first.at)
+    ]
+
+    assert applied_before(first, applied) == applied[0]
+    assert applied_before(second, applied) is None
+
+
 def test_an_edited_comment_has_no_identity_to_share() -> None:
     data = payload("issue_comment.edited")
     assert event_identity(_project("issue_comment", "guid-7", data)) is None

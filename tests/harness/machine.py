@@ -269,7 +269,8 @@ class Deployment:
 
     def open_pull_request(self, number: int, *, closes: int, fork: str | None = None) -> str:
         """Make PR ``number`` (from ``fork`` or a branch) in the offline GitHub and deliver its
-        ``opened`` event; returns its head commit."""
+        ``opened`` event, recorded before this returns (a fork's approval handled first would
+        find no head to approve); returns its head commit."""
         head = self.machine.repos.add_pull_request(REPO, number, fork=fork)
         data = pull_request_opened(
             number,
@@ -278,7 +279,7 @@ class Deployment:
             head_repository=fork or REPOSITORY,
             installation=self.installation,
         )
-        self.stack.send("pull_request", data)
+        self.stack.wait_settled([self.stack.send("pull_request", data)])
         return head
 
     def start(self, number: int) -> UserMessage:
@@ -306,8 +307,10 @@ class Deployment:
         return [json.loads(line) for line in listed.stdout.splitlines()]
 
     def explain(self) -> str:
-        """What to read when a wait gives up: the dispatches and each runner's output."""
-        parts = [f"dispatches: {self.cli('dispatches', '--all').stdout}"]
+        """What to read when a wait gives up: the newest events, the dispatches and each
+        runner's output."""
+        parts = [f"events: {self.cli('events', '--limit', '30').stdout}"]
+        parts += [f"dispatches: {self.cli('dispatches', '--all').stdout}"]
         parts += [f"runner {r.name}: {r.output()}\n{r.screens()}" for r in self.runners]
         return "\n".join(parts)
 

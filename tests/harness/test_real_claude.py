@@ -131,15 +131,7 @@ class TestPullRequestSession:
         ("number", "fork"),
         [
             (5, None),
-            pytest.param(
-                6,
-                FORK,
-                # Known regression of session 9's merges, open in issue 28's closing note: the
-                # approved fork's sandboxed Claude is spawned but its transcript never shows the
-                # prompt. tests/harness/test_hostile_fork.py still runs approved fork sessions
-                # in bubblewrap with the real Claude and passes.
-                marks=pytest.mark.xfail(reason="sandboxed fork PR session: see closing note"),
-            ),
+            (6, FORK),
         ],
         ids=["branch", "fork"],
     )

@@ -7,10 +7,12 @@ is not applied again (``ignored:same-event``).
 The identity:
 
 - a new comment, review comment or review: its kind and GitHub id (``issue-comment:123``);
-- a label added or removed: the label, the action, and the moment of the change (the issue's or
-  pull request's ``updated_at`` in the webhook payload; the issue event's ``created_at`` in a
-  poll), equal within ``SAME_MOMENT``, as GitHub's times have whole seconds;
-- an open, close or reopen: the action and the moment, the same way.
+- a label added or removed: the issue or pull request's number, the label, the action, and the
+  moment of the change (the issue's or pull request's ``updated_at`` in the webhook payload; the
+  issue event's ``created_at`` in a poll), equal within ``SAME_MOMENT``, as GitHub's times have
+  whole seconds;
+- an open, close or reopen: the number, the action and the moment, the same way. The number
+  matters: one work item's issue and its pull requests can change state in the same second.
 
 Anything else has none and is never taken for another delivery. A work item remembers its last
 ``MAX_APPLIED`` deliveries: a webhook delivery and the poll of it arrive within a poll interval
@@ -55,12 +57,13 @@ def event_identity(envelope: Envelope) -> EventIdentity | None:
         new = action in CREATING_ACTIONS and envelope.comment is not None
         comment_id = envelope.comment.id if envelope.comment else 0
         return EventIdentity(f"{_COMMENT_KINDS[envelope.event]}:{comment_id}") if new else None
-    at = _changed_at(envelope) if envelope.event in LIFECYCLE_EVENTS else None
-    if at is None:
+    changed = _changed(envelope) if envelope.event in LIFECYCLE_EVENTS else None
+    if changed is None:
         return None
+    number, at = changed
     if action in _LABEL_ACTIONS and envelope.label:
-        return EventIdentity(f"{action}:{envelope.label}", at)
-    return EventIdentity(action, at) if action in _STATE_ACTIONS else None
+        return EventIdentity(f"#{number}:{action}:{envelope.label}", at)
+    return EventIdentity(f"#{number}:{action}", at) if action in _STATE_ACTIONS else None
 
 
 def applied_before(
@@ -81,7 +84,11 @@ def _same_moment(one: datetime | None, other: datetime | None) -> bool:
     return abs(one - other) <= SAME_MOMENT
 
 
-def _changed_at(envelope: Envelope) -> datetime | None:
-    if envelope.pull_request is not None:
-        return envelope.pull_request.updated_at
-    return envelope.issue.updated_at if envelope.issue is not None else None
+def _changed(envelope: Envelope) -> tuple[int, datetime] | None:
+    """The number of the issue or pull request that changed, and when; None without a time.
+    Issues and pull requests share one numbering, so the webhook's ``pull_request`` and the
+    poll's issue event name one pull request alike."""
+    subject = envelope.pull_request if envelope.pull_request is not None else envelope.issue
+    if subject is None or subject.updated_at is None:
+        return None
+    return subject.number, subject.updated_at
