@@ -342,10 +342,12 @@ class LeaseDesk:
             detail=body.detail[:MAX_KEPT_DETAIL_CHARS],
         ):
             raise Conflict(LEASE_PASSED_ON)
-        self._progress.record(dispatch, runner, body, final_status=status, announce=announce)
+        # The slot is freed before the GitHub notices go out: those may take seconds, and the
+        # runner's capacity should not wait on them.
         freed = frees_on_settle(dispatch, status)
         if freed:
             self._items.release_session(runner.runner_id, endpoint=dispatch.endpoint)
+        self._progress.record(dispatch, runner, body, final_status=status, announce=announce)
         self._ring_after_result(dispatch, runner, freed_slot=freed)
         return status
 
