@@ -297,8 +297,8 @@ def relay(stores: Stores, fake_github: FakeGitHub) -> Iterator[Relay]:
     clock, waker = SteppingClock(), DispatchWaker()
     fake_github.tokens[GITHUB_TOKEN] = APP_LOGIN
     fake_github.repositories.add(REPOSITORY)
-    # Two attempts: a pooled keep-alive connection can be found closed, which a retry covers
-    # in production too (four attempts there).
+    # Two attempts, as production retries too (four there): CI once saw a call to the fake end
+    # in a dropped connection (RemoteDisconnected; its cause was not found).
     github = GitHubRest(api_url=fake_github.url, auth=TokenAuth(GITHUB_TOKEN), max_attempts=2)
     progress = Progress(
         work_items=stores.work_items,

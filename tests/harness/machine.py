@@ -269,8 +269,8 @@ class Deployment:
 
     def open_pull_request(self, number: int, *, closes: int, fork: str | None = None) -> str:
         """Make PR ``number`` (from ``fork`` or a branch) in the offline GitHub and deliver its
-        ``opened`` event, recorded before this returns (a fork's approval handled first would
-        find no head to approve); returns its head commit."""
+        ``opened`` event, recorded before this returns (as a person comments on a pull request
+        they have seen); returns its head commit."""
         head = self.machine.repos.add_pull_request(REPO, number, fork=fork)
         data = pull_request_opened(
             number,
