@@ -88,6 +88,12 @@ if (HERE / "exit-once").exists():
     sys.exit(3)
 import termios, tty
 
+if (HERE / "start-hold").exists():
+    # Started, but its terminal not read yet (the spawn's boot prompt waits) until released.
+    for _ in range(600):
+        if (HERE / "release").exists():
+            break
+        time.sleep(0.05)
 tty.setraw(0)
 sys.stdout.write("\x1b[?2004h")  # enable bracketed paste, as claude's TUI does
 sys.stdout.flush()

@@ -143,6 +143,8 @@ class Relay:
     """Answer as a server that predates the heartbeat's failover fields: 400 for them."""
     _server: AppServer | None = None
     _in_flight: int = 0
+    heartbeats: int = 0
+    """Heartbeats answered so far."""
     _calls: threading.Condition = field(default_factory=threading.Condition)
     _blocking: Blocking = field(default_factory=Blocking)
     _served: AsyncHandler = field(init=False)
@@ -195,7 +197,10 @@ class Relay:
                 return json_response(400, {"error": error})
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
-            return await self._served(request)
+            response = await self._served(request)
+            if request.path == API_PREFIX + "heartbeat":
+                self.heartbeats += 1
+            return response
         # A stall holds a pool thread, not the loop: other calls go on meanwhile.
         if not stall.after_lease and stall.take() and not await self._blocking.run(stall.hold):
             return json_response(503, {"error": "dropped by the test"})
@@ -763,6 +768,41 @@ class TestFailover:
         assert (taken.status, taken.lease_holder) == ("succeeded", old.runner_id)
         _assert_slots_are_live_harnesses(relay, fake_harness, old.runner_id, new.runner_id)
 
+    def test_a_heartbeat_while_it_takes_over_a_session_does_not_stop_it(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        fake_harness: FakeHarness,
+        terminal: TmuxTerminal,
+    ) -> None:
+        away = relay.register("old-box")  # hosts #1's session, then is never heard from
+        relay.clock.advance(CONFIG.lost_after_seconds + 1)
+        fake_harness.mark("start-hold")  # the new harness starts; its boot prompt waits
+        new = start_agent("new-box")
+        relay.seed(
+            1,
+            relay.dispatch(1, 2, kind="deliver", prompt="after failover", runner_id=away.runner_id),
+            session_status="live",
+            session_runner=away.runner_id,
+        )
+        [start] = wait_until(fake_harness.starts, seconds=DEADLINE)
+        # Heartbeats while the spawn is in hand name the session, which the server still
+        # records on old-box: the second begins after the first's answer was acted on.
+        seen = relay.heartbeats
+        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        fake_harness.mark("release")
+        [taken] = relay.wait_settled("dp-1-2")
+        assert (taken.status, taken.result, taken.lease_holder) == (
+            "succeeded",
+            "spawned",
+            new.runner_id,
+        )
+        seen = relay.heartbeats
+        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        assert terminal.pane_dead(taken.session_name) is False and _alive(start["pid"])
+        assert relay.events("session.released") == []
+        assert _state(relay, 1) == "live"
+
 
 class TestWedgedTmux:
     def test_a_tmux_server_that_stops_answering_fails_the_dispatch_and_the_agent_goes_on(
@@ -1054,12 +1094,15 @@ class TestHarnessLiveness:
         relay.seed(1, relay.dispatch(1))
         relay.wait_settled("dp-1-1")
         terminal.kill_server()
+        # One heartbeat records the exit, then frees the slot: two writes, waited on together.
         wait_until(
-            lambda: _state(relay, 1).startswith("exited"),
+            lambda: (
+                _state(relay, 1).startswith("exited")
+                and relay.stores.work_items.held_sessions(agent.runner_id) == {}
+            ),
             seconds=DEADLINE,
-            what="the session shown exited",
+            what="the session shown exited and its slot freed",
         )
-        assert relay.stores.work_items.held_sessions(agent.runner_id) == {}
         wait_until(lambda: not _live_harnesses(fake_harness), seconds=DEADLINE)
         _assert_slots_are_live_harnesses(relay, fake_harness, agent.runner_id)
         # What the router writes for the next event on an exited session: a resuming spawn.

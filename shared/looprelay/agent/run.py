@@ -194,22 +194,27 @@ class Agent:
         ``Unauthorized`` as the client does.
         """
         with self._truth:
-            hints = self._send_heartbeat(restarted=restarted)
+            in_hand = set(self._in_hand.values())
+            hints = self._send_heartbeat(restarted=restarted, in_hand=in_hand)
         self.heartbeat_seconds = float(hints.get("heartbeat_seconds", self.heartbeat_seconds))
         if hints.get("released_leases"):
             log.info(
                 "the server offers again the %s lease(s) this runner's previous process held",
                 hints["released_leases"],
             )
-        if self._let_go(hints.get("moved") or []) and follow_up:
+        # A session being applied here as the heartbeat went out may be one this runner is
+        # taking over: until its result is in, the server records it on the runner it left.
+        # The next heartbeat, sent after the result, asks again.
+        moved = [m for m in hints.get("moved") or [] if m.get("session_name") not in in_hand]
+        if self._let_go(moved) and follow_up:
             self._beat(follow_up=False)
 
-    def _send_heartbeat(self, *, restarted: bool) -> dict[str, Any]:
+    def _send_heartbeat(self, *, restarted: bool, in_hand: set[str]) -> dict[str, Any]:
         status = dict(self.describe())
         hosted = look(
             self.applier.terminal,
             self.applier.ledger.all_sessions()[:MAX_HELD_SESSIONS],
-            in_hand=set(self._in_hand.values()),
+            in_hand=in_hand,
         )
         self.state.update(hosted={h.session.session_name: h.shown() for h in hosted})
         # What runs, not what the ledger remembers: the server's `runners list` shows it.
