@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
+import threading
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -227,12 +229,22 @@ def events(
         cursor, printed = (batch[-1].cursor if batch else None), bool(batch)
         if not follow:
             return
+    # Ctrl-C is how one stops following, not an error. It only sets a flag, looked at
+    # between reads: an interrupt raised inside a store call or a lock could leave the
+    # process unable to exit.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
     try:
-        for batch in follow_log(partial(listing, since=start, limit=limit), cursor=cursor):
+        batches = follow_log(
+            partial(listing, since=start, limit=limit), cursor=cursor, sleep=interrupted.wait
+        )
+        for batch in batches:
             emit(batch, as_json, _EVENT_COLUMNS, headers=not printed)
             printed = True
-    except KeyboardInterrupt:
-        return  # Ctrl-C is how one stops following: not an error
+            if interrupted.is_set():
+                return
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.group("queue")

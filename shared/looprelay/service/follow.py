@@ -31,10 +31,11 @@ def follow(
     *,
     cursor: str | None,
     poll_seconds: float = FOLLOW_POLL_SECONDS,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> Iterator[list[EventRecord]]:
     """Yield the events written after ``cursor`` (None: from the start), batch by batch, each
-    event once, in the order the store lists them; never ends (the caller stops iterating).
+    event once, in the order the store lists them; ends when a ``sleep`` returns true (as a
+    set ``threading.Event``'s ``wait`` does), else when the caller stops iterating.
     Raises what ``listing`` raises."""
     seen: set[str] = set()
     order: deque[str] = deque()
@@ -51,5 +52,5 @@ def follow(
             cursor = newest if cursor is None else max(cursor, newest)
         if fresh:
             yield fresh
-        else:
-            sleep(poll_seconds)
+        elif sleep(poll_seconds):
+            return
