@@ -351,7 +351,8 @@ class TestEventLog:
 def _followed(store: Store, *, limit: int) -> list[str]:
     """The names ``events --follow`` prints from the start of the log, until it is caught up
     (its first wait for more ends the follow)."""
+    listing = partial(store.list_events, limit=limit)
     names: list[str] = []
-    for batch in follow(partial(store.list_events, limit=limit), cursor=None, sleep=lambda _s: True):
+    for batch in follow(listing, cursor=None, sleep=lambda _seconds: True):
         names += [event.name for event in batch]
     return names
