@@ -145,6 +145,8 @@ class Relay:
     _in_flight: int = 0
     heartbeats: int = 0
     """Heartbeats answered so far."""
+    held_said: list[dict[str, str]] = field(default_factory=list)
+    """What each heartbeat answered said its runner hosts: endpoint -> harness state."""
     _calls: threading.Condition = field(default_factory=threading.Condition)
     _blocking: Blocking = field(default_factory=Blocking)
     _served: AsyncHandler = field(init=False)
@@ -198,7 +200,9 @@ class Relay:
         stall = self.stall
         if stall is None or request.path != API_PREFIX + stall.endpoint:
             response = await self._served(request)
-            if request.path == API_PREFIX + "heartbeat":
+            if request.path == API_PREFIX + "heartbeat" and response.status == 200:
+                held = json.loads(request.body or b"{}").get("held", [])
+                self.held_said.append({h["endpoint"]: h.get("harness", "") for h in held})
                 self.heartbeats += 1
             return response
         # A stall holds a pool thread, not the loop: other calls go on meanwhile.
@@ -1082,6 +1086,12 @@ class TestHarnessLiveness:
             explain=box.session_states,
         )
         assert states[_ref(1)].startswith("exited (since ")
+        # The exit is told once: later heartbeats name only what runs.
+        seen = relay.heartbeats
+        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        assert relay.held_said[-1] == {_ref(2): "running"}
+        assert sum(said.get(_ref(1)) == "exited" for said in relay.held_said) == 1
+        assert _state(relay, 1).startswith("exited")
 
     def test_a_killed_tmux_server_shows_the_session_exited_and_a_respawn_brings_it_back(
         self,

@@ -227,7 +227,10 @@ class TestRespawn:
         fake_harness.mark("exit-once")
         rig.applier.apply(make_dispatch())
         wait_until(lambda: rig.terminal.pane_dead(SESSION))
-        result = rig.applier.apply(make_dispatch(kind="deliver", seq=2, prompt="-v next event"))
+        later = make_dispatch(
+            kind="deliver", seq=2, prompt="-v next event", boot_prompt="the spawn prompt"
+        )
+        result = rig.applier.apply(later)
         assert (result.status, result.resumed, result.session_id, result.reason) == (
             "spawned",
             True,
@@ -238,12 +241,15 @@ class TestRespawn:
         assert start["argv"] == ["--resume", SESSION_ID, "--model", "opus"]
         wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("-v next event"))
 
-    def test_an_unresumable_conversation_falls_back_to_a_fresh_session(
+    def test_an_unresumable_conversation_falls_back_to_a_fresh_session_booted_whole(
         self, rig: Rig, fake_harness: FakeHarness
     ) -> None:
         fake_harness.mark("resume-fails")
         rig.applier.resume_probe_seconds = 5.0  # the fake must have time to die on a slow box
-        result = rig.applier.apply(make_dispatch(kind="deliver", prompt="hello"))
+        # The fresh harness knows nothing: it gets the spawn prompt with the event, not the
+        # event alone.
+        deliver = make_dispatch(kind="deliver", prompt="hello", boot_prompt="context; hello")
+        result = rig.applier.apply(deliver)
         assert (result.status, result.resumed, result.session_id, result.reason) == (
             "spawned",
             False,
@@ -252,7 +258,7 @@ class TestRespawn:
         )
         (start,) = fake_harness.wait_ready()
         assert start["argv"] == ["--session-id", FRESH_ID, "--model", "opus"]
-        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("hello"))
+        wait_until(lambda: fake_harness.received(start["pid"]) == _bracketed("context; hello"))
         local = rig.ledger.session(SESSION)
         assert local is not None and local.session_id == FRESH_ID
 

@@ -215,6 +215,8 @@ class TestPlanSend:
         deliver = _plan(_session()).send(endpoint=REF)
         assert spawn.prompt.startswith(f"# You are starting work on {REF}")
         assert deliver.prompt.startswith(f"# New activity on {REF}")
+        # What a fresh harness gets should the runner find the session's gone and unresumable.
+        assert deliver.boot_prompt == spawn.prompt and spawn.boot_prompt == ""
         for prompt in (spawn.prompt, deliver.prompt):
             assert prompt.count(DIRECTIVE_WORK_ITEM) == 1
             assert f"{UNTRUSTED_BEGIN} {BOUNDARY}" in prompt

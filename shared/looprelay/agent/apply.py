@@ -194,7 +194,9 @@ class Applier:
             again = self._contain(d, argv_for(session_id=fresh, resume=False), cwd, [])
             self.terminal.spawn(name, cwd=cwd, argv=again, env=env, unset=kind.hosted_unset)
         self._remember(d, session_id, prepared.checkout)
-        self._boot(name, d.prompt, confirm=kind.confirm_submit)
+        # A fresh harness knows nothing of the work item: a deliver's event alone is not enough.
+        boot = d.prompt if resumed or not d.boot_prompt else d.boot_prompt
+        self._boot(name, boot, confirm=kind.confirm_submit)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,

@@ -16,6 +16,7 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,9 @@ class Agent:
     """This machine's name, for the status page ("": not said)."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
+    _told_exited: set[tuple[str, datetime | None]] = field(default_factory=set, init=False)
+    """Harness exits (session, when) a heartbeat the server answered named: not named again
+    (the server keeps what it was told, and a heartbeat that names none reads less)."""
     _plain_heartbeats: bool = field(default=False, init=False)
     """The server refused the failover and identity fields (it is older): heartbeats and
     polls go without them."""
@@ -220,10 +224,15 @@ class Agent:
         # What runs, not what the ledger remembers: the server's `runners list` shows it.
         status["sessions"] = sum(1 for h in hosted if h.harness == "running")
         released, self._released = self._released, []
+        # An exit is named by its session and moment: a respawn that dies later is news.
+        exited = {(h.session.session_name, h.exited_at) for h in hosted if h.harness == "exited"}
+        told = [h for h in hosted if (h.session.session_name, h.exited_at) not in self._told_exited]
         if not self._plain_heartbeats:
-            status |= self._failover_fields(restarted=restarted, released=released, held=hosted)
+            status |= self._failover_fields(restarted=restarted, released=released, held=told)
         try:
-            return self.client.heartbeat(status)
+            answer = self.client.heartbeat(status)
+            self._told_exited = exited
+            return answer
         except BadRequest as exc:
             if self._plain_heartbeats:
                 raise
@@ -341,6 +350,8 @@ class Agent:
         self._report(dispatch, result)
         with self._truth:
             self._in_hand.pop(dispatch.dispatch_id, None)
+            # Whatever becomes of its harness now is news, even an exit like the last told.
+            self._told_exited = {t for t in self._told_exited if t[0] != dispatch.session_name}
         self.state.update(release=dispatch.dispatch_id, count=result.status, note="polling")
 
     def _log_result(self, dispatch: Dispatch, result: ApplyResult) -> None:

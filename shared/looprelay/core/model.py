@@ -309,6 +309,9 @@ class DispatchRecord(BaseModel):
     runner_kind: str = "tmux"
     interaction: str = "work-item"
     prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    boot_prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    """For a deliver: what a fresh harness starts with when the session's harness is gone and
+    its conversation cannot be resumed (the spawn prompt with this event); "": the prompt."""
     labels: dict[str, str] = Field(default_factory=dict)
     resume: bool = False
     """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""
@@ -335,6 +338,11 @@ class DispatchRecord(BaseModel):
     """Where progress reactions go: ``issue`` comment or ``review`` comment."""
     installation_id: int | None = None
     """The GitHub App installation to act as when reporting progress."""
+
+    def slim(self) -> DispatchRecord:
+        """This dispatch without its texts (prompts up to 60,000 characters each, result,
+        detail): what scheduling keeps of it in memory."""
+        return self.model_copy(update={"prompt": "", "boot_prompt": "", "result": "", "detail": ""})
 
 
 class InboxRecord(BaseModel):

@@ -172,7 +172,10 @@ class Plan:
                 # A person's comment reaching it answers the question it asked.
                 self._set_session(session.model_copy(update={"awaiting_input_at": None}))
             prompt = self._prompt(session, spawn=False, notice=notice)
-            return self._add("deliver", session, prompt)
+            # Should the runner find the harness gone and its conversation lost, a fresh one
+            # starts from the spawn prompt with this event, as a spawn would.
+            boot = self._prompt(session, spawn=True, notice=notice)
+            return self._add("deliver", session, prompt, boot_prompt=boot)
         seq = self.item.next_seq
         resume = session is not None and session.status in RESUMABLE_STATUSES
         fresh = SessionRecord(
@@ -221,6 +224,7 @@ class Plan:
         session: SessionRecord,
         prompt: str,
         *,
+        boot_prompt: str = "",
         resume: bool = False,
         closing: bool = False,
     ) -> DispatchRecord:
@@ -239,6 +243,7 @@ class Plan:
             runner_kind=session.runner_kind,
             interaction=session.interaction,
             prompt=prompt,
+            boot_prompt=boot_prompt,
             resume=resume,
             closing=closing,
             head=session.head,

@@ -169,7 +169,7 @@ class DispatchWaker:
         """``dispatches`` may be leasable now (None: anything may have changed), or a slot was
         freed on ``runners``: wake the waiting polls that might take one."""
         opened = Opened(
-            None if dispatches is None else tuple(_slim(d) for d in dispatches),
+            None if dispatches is None else tuple(d.slim() for d in dispatches),
             frozenset(runners),
         )
         self._ring(opened)
@@ -279,12 +279,6 @@ class DispatchWaker:
         if missed > len(self._recent):
             return True
         return any(_share(wants, self._recent[-back]) for back in range(1, missed + 1))
-
-
-def _slim(dispatch: DispatchRecord) -> DispatchRecord:
-    # The waker keeps what scheduling needs of its recent rings, not their prompts (up to
-    # 60,000 characters each).
-    return dispatch.model_copy(update={"prompt": "", "result": "", "detail": ""})
 
 
 def _wake_all(waiters: list[asyncio.Future[Opened]], opened: Opened) -> None:

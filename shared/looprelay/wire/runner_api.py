@@ -167,7 +167,8 @@ class HeartbeatBody(_Body):
     held: list[HeldSession] = Field(
         default_factory=list,
         max_length=MAX_HELD_SESSIONS,
-        description="The sessions the runner hosts; the answer names those that moved away.",
+        description="The sessions the runner hosts; the answer names those that moved away. "
+        "A harness exit is named once, on the first heartbeat the server answers after it.",
     )
     held_all: bool = Field(
         default=False,
@@ -358,6 +359,9 @@ class Dispatch(BaseModel):
     runner_kind: str = "tmux"
     interaction: str = "work-item"
     prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    boot_prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    """For a deliver: what a fresh harness starts with when the session's harness is gone and
+    its conversation cannot be resumed; "": the prompt. An older agent ignores it."""
     labels: dict[str, str] = Field(default_factory=dict)
     resume: bool = False
     """For a spawn: resume the conversation ``session_id`` names (a respawn), else start it."""

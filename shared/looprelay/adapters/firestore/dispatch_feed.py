@@ -80,7 +80,5 @@ class FirestoreDispatchFeed(ListenerBacked[DispatchRecord]):
 
 
 def _slim(data: dict[str, Any]) -> DispatchRecord:
-    # What scheduling needs, without the prompt and result texts (up to 60,000 characters
-    # each): the lease reads the whole document again anyway.
-    record = dispatch_from_document(data)
-    return record.model_copy(update={"prompt": "", "result": "", "detail": ""})
+    # What scheduling needs: the lease reads the whole document again anyway.
+    return dispatch_from_document(data).slim()
