@@ -222,7 +222,10 @@ class WorkItemStore(Protocol):
     ) -> bool:
         """Write ``record`` (its version becomes ``expected_version + 1``) and create
         ``dispatches``, all or nothing, if the stored version is still ``expected_version``
-        (0: the work item must not exist yet). A dispatch whose id exists is left as it is.
+        (0: the work item must not exist yet). A dispatch whose id exists is left as it is,
+        unless it is ``held`` (``core.model.DISPATCH_HELD``): then the one given replaces it
+        (a resume makes it ``pending``, a stop settles it). Only the router writes held
+        dispatches, under the work item's version, so no other writer races that replacement.
 
         Returns False on a version conflict (reload, decide again). Raises ``Transient``.
         """

@@ -6,6 +6,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 from looprelay.core.model import (
+    DISPATCH_OPEN,
     CommandLog,
     DispatchRecord,
     GraphRecord,
@@ -199,6 +200,31 @@ class TestDispatches:
         )
         stored = work_item_store.get_dispatch("a")
         assert stored is not None and stored.prompt == "prompt 1 ✓"
+
+    def test_a_held_dispatch_is_replaced_by_the_save_that_resumes_it(
+        self, work_item_store: WorkItemStore
+    ) -> None:
+        held = [_dispatch(f"h{n}", n, status="held") for n in (1, 2)]
+        work_item_store.save_work_item(_item(), expected_version=0, dispatches=held)
+        # Held: neither open nor a head, so no runner is offered it.
+        assert work_item_store.list_dispatch_heads(statuses=DISPATCH_OPEN) == []
+        assert [d.dispatch_id for d in work_item_store.list_dispatches(statuses=["held"])] == [
+            "h1",
+            "h2",
+        ]
+        released = [d.model_copy(update={"status": "pending"}) for d in held]
+        assert work_item_store.save_work_item(_item(), expected_version=1, dispatches=released)
+        [head] = work_item_store.list_dispatch_heads(statuses=DISPATCH_OPEN)
+        assert head.dispatch_id == "h1"
+        leased = work_item_store.lease_dispatch(
+            "h1", runner_id="r1", now=T0, until=T0 + timedelta(minutes=1)
+        )
+        assert leased is not None and leased.status == "leased"
+        # No longer held: a later save leaves it as it is.
+        again = [d.model_copy(update={"status": "failed"}) for d in held]
+        assert work_item_store.save_work_item(_item(), expected_version=2, dispatches=again)
+        statuses = {d.dispatch_id: d.status for d in work_item_store.list_dispatches()}
+        assert statuses == {"h1": "leased", "h2": "pending"}
 
     def test_filters(self, work_item_store: WorkItemStore) -> None:
         other = "github:octo/demo#8"

@@ -19,6 +19,7 @@ from looprelay.config.templates import (
     SPAWN_PROMPT,
     bundled_template,
 )
+from looprelay.core.answers import HELD, PAUSED, PAUSED_FULL
 from looprelay.core.checklist import Phase, parse_checklist, render_checklist
 from looprelay.core.control import Keywords
 from looprelay.core.decide import USER_ID_MISMATCH, decide
@@ -27,7 +28,7 @@ from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.interaction import ModeResolution
 from looprelay.core.markers import mark
 from looprelay.core.model import CommandLog, GraphRecord, SessionRecord, WorkItemRecord
-from looprelay.core.plan import RoutingPolicy, Templates
+from looprelay.core.plan import MAX_HELD_EVENTS, PausedEvents, RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
 from looprelay.core.prsessions import REASON_NO_SEPARATE_CHECKOUT, tmux_session_name
 from looprelay.core.workitems import parse_ref, work_items
@@ -184,16 +185,79 @@ class TestAnAuthorizedComment:
             (),
         )
 
-    def test_a_comment_on_a_paused_session_is_held_back(self) -> None:
+    def test_a_comment_on_a_paused_session_is_held_and_answered_so(self) -> None:
         situation = _situation(_comment("One more thing"), _item("paused", _session()))
 
         decision = _decide(situation)
+
+        assert (decision.outcome, decision.detail) == ("dispatched", f"held deliver {REF}")
+        [held] = decision.dispatches
+        assert (held.kind, held.status, held.seq) == ("deliver", "held", 3)
+        assert [(c.kind, c.body) for c in decision.comments] == [("answer", HELD)]
+        assert "dispatch.held" in _note_names(decision)
+
+    def test_with_paused_events_drop_a_comment_on_a_paused_session_is_dropped(self) -> None:
+        situation = _situation(_comment("One more thing"), _item("paused", _session()))
+        policy = replace(POLICY, paused_events=PausedEvents.DROP)
+
+        decision = _decide(situation, policy)
 
         assert (decision.outcome, decision.detail, decision.dispatches) == (
             "ignored",
             "session-paused",
             (),
         )
+        assert [c.body for c in decision.comments] == [PAUSED]
+
+    def test_a_resume_offers_what_was_held_in_order_before_itself(self) -> None:
+        held = tuple(
+            _decide(
+                _situation(_comment(text), _item("paused", _session(), next_seq=seq))
+            ).dispatches[0]
+            for seq, text in ((3, "first"), (4, "second"))
+        )
+        item = _item("paused", _session(), next_seq=5)
+
+        decision = _decide(_situation(_comment("the-loop resume"), item, held=held))
+
+        line = [(d.kind, d.seq, d.status) for d in decision.dispatches]
+        assert line == [
+            ("deliver", 3, "pending"),
+            ("deliver", 4, "pending"),
+            ("resume", 5, "pending"),
+        ]
+        assert decision.work_item is not None and decision.work_item.control == "started"
+
+    def test_a_stop_while_paused_drops_what_was_held(self) -> None:
+        paused = _item("paused", _session())
+        held = _decide(_situation(_comment("first"), paused)).dispatches
+        item = _item("paused", _session(), next_seq=4)
+
+        decision = _decide(_situation(_comment("the-loop stop"), item, held=held))
+
+        dropped, terminate = decision.dispatches
+        assert (dropped.status, dropped.result, dropped.seq) == ("failed", "dropped", 3)
+        assert (terminate.kind, terminate.status) == ("terminate", "pending")
+        assert "dispatch.dropped" in _note_names(decision)
+
+    def test_past_the_held_bound_a_paused_comment_is_dropped_and_answered(self) -> None:
+        one = _decide(_situation(_comment("first"), _item("paused", _session()))).dispatches[0]
+        held = tuple(
+            one.model_copy(update={"dispatch_id": f"h{n}", "seq": n})
+            for n in range(MAX_HELD_EVENTS)
+        )
+        situation = _situation(
+            _comment("one too many"), _item("paused", _session(), next_seq=99), held=held
+        )
+
+        decision = _decide(situation)
+
+        assert (decision.outcome, decision.detail, decision.dispatches) == (
+            "ignored",
+            "session-paused-full",
+            (),
+        )
+        assert [c.body for c in decision.comments] == [PAUSED_FULL]
 
     def test_the_label_arms_the_item_and_waits_for_a_start(self) -> None:
         def label(data: dict[str, Any]) -> None:

@@ -792,22 +792,61 @@ class TestExitedSession:
 
 
 class TestPause:
-    def test_a_pause_holds_events_and_a_resume_lets_them_through(self, relay: MakeRelay) -> None:
-        """Scenario 19. Adaptation: "dropped (session-paused), not replayed" = settled
-        ``ignored`` with detail ``session-paused`` and no dispatch, then or later."""
+    def test_a_pause_holds_events_and_a_resume_delivers_them_in_order(
+        self, relay: MakeRelay
+    ) -> None:
+        """Scenario 19, with the predecessor's drop fixed (issue 27): what comes while paused
+        is kept, offered to no runner, and delivered after the resume, in order, before
+        anything later."""
         deployment = relay()
         deployment.start()
         pause = deployment.comment("the-loop pause")
-        held = deployment.comment("Are you there?")
+        first = deployment.comment("Are you there?")
+        second = deployment.comment("And one more thing.")
+        assert _kinds(deployment, pause.delivery_id) == [("pause", ISSUE)]
+        for held in (first, second):
+            assert deployment.ledger(held.delivery_id).detail == f"held deliver {ISSUE}"
+            [dispatch] = deployment.dispatches(1, delivery_id=held.delivery_id)
+            assert dispatch.status == "held"
         resume = deployment.comment("the-loop resume")
         after = deployment.comment("Carry on, please.")
 
-        assert _kinds(deployment, pause.delivery_id) == [("pause", ISSUE)]
-        assert deployment.ledger(held.delivery_id).detail == "session-paused"
         assert _kinds(deployment, resume.delivery_id) == [("resume", ISSUE)]
-        assert _kinds(deployment, after.delivery_id) == [("deliver", ISSUE)]
-        delivered = [d.delivery_id for d in deployment.dispatches(1) if d.kind == "deliver"]
-        assert held.delivery_id not in delivered
+        line = [
+            (d.delivery_id, d.kind, d.status)
+            for d in deployment.dispatches(1)
+            if d.delivery_id in {first.delivery_id, second.delivery_id, after.delivery_id}
+            or d.kind == "resume"
+        ]
+        assert line == [
+            (first.delivery_id, "deliver", "pending"),
+            (second.delivery_id, "deliver", "pending"),
+            (resume.delivery_id, "resume", "pending"),
+            (after.delivery_id, "deliver", "pending"),
+        ]
+
+    def test_with_paused_events_drop_a_paused_comment_is_dropped(self, relay: MakeRelay) -> None:
+        """``routing.pausedEvents: drop``: the predecessor's behaviour, answered on GitHub."""
+        deployment = relay(paused_events="drop")
+        deployment.start()
+        deployment.comment("the-loop pause")
+        dropped = deployment.comment("Are you there?")
+        deployment.comment("the-loop resume")
+
+        assert deployment.ledger(dropped.delivery_id).detail == "session-paused"
+        assert deployment.dispatches(1, delivery_id=dropped.delivery_id) == []
+
+    def test_a_stop_while_paused_drops_what_was_held(self, relay: MakeRelay) -> None:
+        deployment = relay()
+        deployment.start()
+        deployment.comment("the-loop pause")
+        held = deployment.comment("Are you there?")
+        stop = deployment.comment("the-loop stop")
+
+        [dropped] = deployment.dispatches(1, delivery_id=held.delivery_id)
+        assert (dropped.status, dropped.result) == ("failed", "dropped")
+        assert ("terminate", ISSUE) in _kinds(deployment, stop.delivery_id)
+        assert deployment.events("dispatch.dropped", delivery_id=stop.delivery_id)
 
     def test_a_paused_session_is_resumed_not_replaced_by_a_start(self, relay: MakeRelay) -> None:
         """Scenario 19: a start on a paused item resumes its session; no second spawn."""

@@ -160,8 +160,14 @@ class Applier:
         name, pane = d.session_name, self.terminal.pane(d.session_name)
         state = None if pane is None else pane.dead
         if state is False:  # scenario 36: a live occupant gets the paste
-            confirm = harnesses.get(d.harness).confirm_submit
-            self.terminal.paste(name, d.prompt, listed=pane, confirm=confirm)
+            kind = harnesses.get(d.harness)
+            self.terminal.paste(
+                name,
+                d.prompt,
+                listed=pane,
+                confirm=kind.confirm_submit,
+                placeholder=kind.paste_placeholder,
+            )
             local = self.ledger.session(name)
             sid = local.session_id if local else stored_id
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")
@@ -196,7 +202,7 @@ class Applier:
         self._remember(d, session_id, prepared.checkout)
         # A fresh harness knows nothing of the work item: a deliver's event alone is not enough.
         boot = d.prompt if resumed or not d.boot_prompt else d.boot_prompt
-        self._boot(name, boot, confirm=kind.confirm_submit)
+        self._boot(name, boot, kind)
         detail = f"spawned in {cwd}" + ("; started fresh" if reason else "")
         return ApplyResult(
             SPAWNED,
@@ -208,7 +214,7 @@ class Applier:
             events=tuple(note.to_record() for note in notes),
         )
 
-    def _boot(self, name: str, prompt: str, *, confirm: bool = False) -> None:
+    def _boot(self, name: str, prompt: str, kind: harnesses.Harness) -> None:
         """Paste the boot prompt into the harness just started in ``name`` (the paste waits
         until it reads its terminal), then probe it for ``spawn_probe_seconds``: a harness that
         exits before or just after is never reported as running.
@@ -217,7 +223,9 @@ class Applier:
         harness's own words: not onboarded, a bad flag), and ``RunnerError`` as paste does.
         """
         try:
-            self.terminal.paste(name, prompt, confirm=confirm)
+            self.terminal.paste(
+                name, prompt, confirm=kind.confirm_submit, placeholder=kind.paste_placeholder
+            )
         except RunnerError as exc:
             if exc.reason != HARNESS_FAILED:
                 raise

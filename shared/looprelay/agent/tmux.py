@@ -184,7 +184,13 @@ class TmuxTerminal:
         return (set(os.environ) | server) - _TMUX_OWN
 
     def paste(
-        self, name: str, text: str, *, listed: Pane | None = None, confirm: bool = False
+        self,
+        name: str,
+        text: str,
+        *,
+        listed: Pane | None = None,
+        confirm: bool = False,
+        placeholder: str = "",
     ) -> None:
         """Paste ``text`` into the harness pane of ``name`` (``listed``, when the caller has
         just listed it) as one bracketed paste, then submit.
@@ -228,13 +234,13 @@ class TmuxTerminal:
         if _EXITED in said:
             raise _exited(name)
         try:
-            self._submit(pane, clean, confirm=confirm)
+            self._submit(pane, clean, confirm=confirm, placeholder=placeholder)
         except RunnerError as exc:
             raise RunnerError(
                 f"pasted into {name} but not submitted: {exc}", reason="submit-failed"
             ) from exc
 
-    def _submit(self, pane: Pane, text: str, *, confirm: bool) -> None:
+    def _submit(self, pane: Pane, text: str, *, confirm: bool, placeholder: str) -> None:
         """Send Enter; with ``confirm`` (a harness that may drop it), until its screen shows
         the Enter was taken.
 
@@ -242,16 +248,19 @@ class TmuxTerminal:
         seconds while it starts, and reads an Enter that reaches it within 40 ms of a paste as
         a newline (its guard against pasted commands), which a loaded machine makes likely
         whatever the gap sent. So, with ``confirm``, the screen is let settle and, when it
-        shows the text's first line (the input box echoing it), Enter is sent again each
-        ``SUBMIT_WATCH_SECONDS`` that line stays on the same rows, up to
-        ``ready_wait_seconds``; a screen that shows no echo gets one Enter.
+        shows the text's first line (the input box echoing it), or else ``placeholder``
+        (what a harness shows for a long paste, as Claude's ``[Pasted text #1 +45 lines]``),
+        Enter is sent again each ``SUBMIT_WATCH_SECONDS`` that line stays on the same rows,
+        up to ``ready_wait_seconds``; a screen that shows no echo gets one Enter.
         """
         if not confirm:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
             return
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        probe = first[:SUBMIT_PROBE_CHARS]
-        rows = _rows_with(self._settled_screen(pane), probe)
+        probe, screen = first[:SUBMIT_PROBE_CHARS], self._settled_screen(pane)
+        rows = _rows_with(screen, probe)
+        if not rows and placeholder:
+            probe, rows = placeholder, _rows_with(screen, placeholder)
         deadline = time.monotonic() + self._ready_wait_seconds
         while True:
             self._run("send-keys", "-t", pane.pane_id, "Enter")

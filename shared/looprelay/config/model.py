@@ -402,6 +402,19 @@ class RoutingConfig(_Section):
         "(people in `authorizedUsers`; a close by anyone else is refused and the session keeps "
         "running) or `anyone` (anyone's close ends it, only an authorized one cleans up).",
     )
+    paused_events: Literal["hold", "drop"] = Field(
+        default="hold",
+        description="What becomes of a comment or event for a paused work item: `hold` keeps "
+        "it (its comment is answered so) and delivers it, in order, after `the-loop resume` "
+        "(a stop, cleanup or close drops what is held; past 50 held, more are dropped); `drop` "
+        "drops it, and its comment is answered that it will not reach the session.",
+    )
+    answer_strangers: bool = Field(
+        default=False,
+        description="Whether a comment by someone not in `authorizedUsers`, on a work item "
+        "looprelay tracks, gets a marked answer saying it was not acted on. Off by default: "
+        "looprelay does not talk to strangers.",
+    )
     bot_logins: list[str] = Field(
         default_factory=list,
         description="Logins of looprelay's own App bot (e.g. `looprelay[bot]`); their events "

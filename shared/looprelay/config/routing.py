@@ -19,7 +19,7 @@ from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
 from looprelay.core.forks import ForkSessions
 from looprelay.core.interaction import resolve_mode
-from looprelay.core.plan import RoutingPolicy, Templates
+from looprelay.core.plan import PausedEvents, RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
 from looprelay.core.prsessions import resolve_session_per_pr
 from looprelay.core.render import TemplateError, check_prompt_template
@@ -65,6 +65,8 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
             close_ends_session=CloseEndsSession(config.close_ends_session),
             pr_session_wait=timedelta(seconds=config.pr_session_wait_seconds),
             fork_sessions=ForkSessions(config.fork_sessions),
+            paused_events=PausedEvents(config.paused_events),
+            answer_strangers=config.answer_strangers,
         )
     except ValueError as exc:
         raise ConfigError(f"routing: {exc}") from exc

@@ -13,6 +13,14 @@ ANSWER_REACTION = "confused"
 """The reaction put on the comment that got an answer (👀 is for one that went through)."""
 
 PAUSED = "paused: this comment will not reach the session; `the-loop resume` first"
+HELD = "paused: this comment is kept and reaches the session after `the-loop resume`"
+PAUSED_FULL = (
+    "paused, with as many comments kept as looprelay holds: this one will not reach the "
+    "session; `the-loop resume` first"
+)
+NOT_AUTHORIZED = (
+    "not authorized: looprelay acts only on people its operator listed; ask a maintainer"
+)
 ALREADY_STARTED = "already started: the session is running; write to it in a comment"
 
 
@@ -24,6 +32,8 @@ def answer_for(detail: str, *, label: str) -> str | None:
     """
     if detail == "session-paused":
         return PAUSED
+    if detail == "session-paused-full":
+        return PAUSED_FULL
     if detail == "already-started":
         return ALREADY_STARTED
     if detail == "not-armed":

@@ -16,7 +16,7 @@ unlisted wrote, goes nowhere; nor does a listed login that now carries another u
 
 from __future__ import annotations
 
-from looprelay.core.answers import ANSWER_KIND, answer_for
+from looprelay.core.answers import ANSWER_KIND, HELD, NOT_AUTHORIZED, answer_for
 from looprelay.core.control import (
     Action,
     Command,
@@ -33,12 +33,21 @@ from looprelay.core.decision import CommentPost, Decision, Note, Situation
 from looprelay.core.forks import FORK_NOTICE, approve, record_head, tree_head
 from looprelay.core.gate import checklist_body, freeze_graph
 from looprelay.core.model import (
+    DISPATCH_HELD,
     MAX_COMMANDS,
     MAX_LINKED_PULL_REQUESTS,
     CommandLog,
+    DispatchRecord,
     WorkItemRecord,
 )
-from looprelay.core.plan import LIVE_STATUSES, Plan, RoutingPolicy, Templates
+from looprelay.core.plan import (
+    LIVE_STATUSES,
+    MAX_HELD_EVENTS,
+    PausedEvents,
+    Plan,
+    RoutingPolicy,
+    Templates,
+)
 from looprelay.core.policy import (
     LIFECYCLE_EVENTS,
     Authorization,
@@ -76,7 +85,13 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
     if situation.target is None:
         return _ignored("no-work-item")
     plan = Plan(
-        _linked(situation), envelope, policy, templates, situation.now, situation.session_seed
+        _linked(situation),
+        envelope,
+        policy,
+        templates,
+        situation.now,
+        situation.session_seed,
+        held=situation.held,
     )
     reading = read_command(envelope, keywords=policy.keywords, authorization=authorization)
     if reading.verdict is Verdict.AMBIGUOUS:
@@ -103,8 +118,9 @@ def decide(  # noqa: PLR0911 - one guard per rule, in the documented order
 def _answered(decision: Decision, situation: Situation, policy: RoutingPolicy) -> Decision:
     """``decision`` with the marked answer its comment's author gets when nothing went through
     (paused, not armed, already started): the person on GitHub sees why, not only the ledger."""
-    text = answer_for(decision.detail, label=policy.auto_execute_label)
-    if situation.envelope.comment is None or decision.dispatches or text is None:
+    held = any(d.status == DISPATCH_HELD for d in decision.dispatches)
+    text = HELD if held else answer_for(decision.detail, label=policy.auto_execute_label)
+    if situation.envelope.comment is None or text is None or (decision.dispatches and not held):
         return decision
     return Decision(
         decision.outcome,
@@ -138,7 +154,10 @@ def _refused(situation: Situation, policy: RoutingPolicy, authorization: Authori
     if envelope.event in LIFECYCLE_EVENTS and envelope.action == "closed":
         detail += "; routing.closeEndsSession is authorized, so the session keeps running"
     note = Note("routing.dropped", {"reason": "unauthorized-actor", "actor": login})
-    return Decision("refused:unauthorized-actor", detail, notes=(note,))
+    # Silent by default: a stranger learns nothing of how the repository is driven.
+    answer = policy.answer_strangers and envelope.comment is not None
+    comments = (CommentPost(ANSWER_KIND, NOT_AUTHORIZED),) if answer else ()
+    return Decision("refused:unauthorized-actor", detail, comments=comments, notes=(note,))
 
 
 def _with_heads(decision: Decision, situation: Situation) -> Decision:
@@ -154,7 +173,13 @@ def _with_heads(decision: Decision, situation: Situation) -> Decision:
     if heads == item.pull_request_heads:
         return decision
     updated = item.model_copy(update={"pull_request_heads": heads, "updated_at": situation.now})
-    return Decision(decision.outcome, decision.detail, updated, notes=decision.notes)
+    return Decision(
+        decision.outcome,
+        decision.detail,
+        updated,
+        comments=decision.comments,
+        notes=decision.notes,
+    )
 
 
 def _event_pr_ref(situation: Situation) -> str | None:
@@ -358,8 +383,13 @@ def _close(plan: Plan, situation: Situation, authorization: Authorization) -> De
 def _route(plan: Plan, situation: Situation) -> Decision:
     state = ControlState(plan.item.control)
     if state is ControlState.PAUSED:
-        return _finish(plan, [], [], idle_detail="session-paused")
-    if state is not ControlState.STARTED:
+        if plan.policy.paused_events is PausedEvents.DROP:
+            return _finish(plan, [], [], idle_detail="session-paused")
+        if len(plan.held) >= MAX_HELD_EVENTS:
+            full = Note("routing.dropped", {"reason": "held-full", "held": len(plan.held)})
+            return _finish(plan, [], [full], idle_detail="session-paused-full")
+        plan.holding = True
+    elif state is not ControlState.STARTED:
         return _finish(plan, [], [], idle_detail="not-started")
     notes: list[Note] = []
     _route_into(plan, situation, notes)
@@ -422,7 +452,7 @@ def _finish(
     for dispatch in dispatches:
         notes.append(
             Note(
-                "dispatch.queued",
+                _NOTED.get(dispatch.status, "dispatch.queued"),
                 {
                     "dispatch_id": dispatch.dispatch_id,
                     "kind": dispatch.kind,
@@ -432,7 +462,7 @@ def _finish(
                 },
             )
         )
-    detail = ", ".join(f"{d.kind} {d.endpoint}" for d in dispatches) or idle_detail
+    detail = ", ".join(_said(d) for d in dispatches) or idle_detail
     return Decision(
         "dispatched" if dispatches else "ignored",
         detail,
@@ -441,6 +471,16 @@ def _finish(
         tuple(comments),
         tuple(notes),
     )
+
+
+_NOTED = {DISPATCH_HELD: "dispatch.held", "failed": "dispatch.dropped"}
+"""The event a decision's dispatch is logged as, by its status (else ``dispatch.queued``)."""
+
+
+def _said(dispatch: DispatchRecord) -> str:
+    """A dispatch as the ledger's detail names it: ``deliver github:o/r#1``, ``held ...``."""
+    status = "" if dispatch.status == "pending" else f"{dispatch.status} "
+    return f"{status}{dispatch.kind} {dispatch.endpoint}"
 
 
 def _with_notes(decision: Decision, *notes: Note) -> Decision:

@@ -28,6 +28,8 @@ class Situation:
     pinned_ids: Mapping[str, int] = field(default_factory=dict)
     """The stored first-sight pin of the actor's login (lower case -> user id), when the
     login is listed alone in ``routing.authorizedUsers``."""
+    held: tuple[DispatchRecord, ...] = ()
+    """The work item's held dispatches, oldest first (loaded only while it is paused)."""
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,10 @@ class WorkItemRecord(BaseModel):
 DISPATCH_KINDS = ("spawn", "deliver", "terminate", "pause", "resume", "cleanup")
 DISPATCH_OPEN = ("pending", "leased")
 """Statuses of a dispatch that is not settled yet; it blocks later ones of its work item."""
+DISPATCH_HELD = "held"
+"""The status of an event's dispatch routed while its work item is paused: kept, offered to
+no runner, and made ``pending`` in ``seq`` order by ``the-loop resume`` (settled ``failed``,
+result ``dropped``, by a stop, cleanup or close instead)."""
 DISPATCH_EXPIRED = "expired"
 """The ``result`` of a dispatch settled ``failed`` because no live runner served its
 repository in time (``runners.unservedExpirySeconds``); an operator can replay it."""
@@ -323,7 +327,8 @@ class DispatchRecord(BaseModel):
     runner_id: str | None = None
     """The runner that must apply it (session affinity), or None for any eligible runner."""
     status: str = "pending"
-    """``pending``, ``leased``, ``succeeded`` or ``failed``."""
+    """``pending``, ``leased``, ``succeeded`` or ``failed``; ``held`` while its work item is
+    paused."""
     lease_holder: str | None = None
     lease_expires_at: datetime | None = None
     attempts: int = 0

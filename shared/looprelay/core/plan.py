@@ -11,6 +11,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
@@ -19,6 +20,7 @@ from looprelay.core.excerpt import render_excerpt, wrap_untrusted
 from looprelay.core.forks import ForkSessions
 from looprelay.core.interaction import ModeResolution
 from looprelay.core.model import (
+    DISPATCH_HELD,
     MAX_SESSIONS,
     DispatchRecord,
     GraphRecord,
@@ -43,6 +45,20 @@ ENDED_STATUSES = frozenset({"terminated", "cleaned"})
 """Sessions in these may be pruned from a full work item (a lost one may still be resumed)."""
 
 
+class PausedEvents(StrEnum):
+    """``routing.pausedEvents``: what becomes of an event routed while its work item is paused."""
+
+    HOLD = "hold"
+    """Kept as a held dispatch, delivered in order after ``the-loop resume``."""
+    DROP = "drop"
+    """Dropped; its comment is answered that it will not reach the session."""
+
+
+MAX_HELD_EVENTS = 50
+"""Held dispatches a paused work item keeps; an event past them is dropped and answered so."""
+HELD_DROPPED = "held while the work item was paused, then dropped by a stop, cleanup or close"
+
+
 @dataclass(frozen=True)
 class RoutingPolicy:
     """The operator's routing configuration, resolved into core values."""
@@ -63,6 +79,10 @@ class RoutingPolicy:
     the work item's session instead."""
     fork_sessions: ForkSessions = ForkSessions.APPROVAL
     """Whether a fork's pull request may get a session of its own once its head is approved."""
+    paused_events: PausedEvents = PausedEvents.HOLD
+    """What becomes of an event for a paused work item: held until resumed, or dropped."""
+    answer_strangers: bool = False
+    """Whether a comment by someone not in ``authorizedUsers`` gets a marked answer."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +167,11 @@ class Plan:
     templates: Templates
     now: datetime
     session_seed: str
+    held: tuple[DispatchRecord, ...] = ()
+    """The work item's held dispatches (it is paused), oldest first: a resume offers them, a
+    stop or cleanup drops them."""
+    holding: bool = False
+    """The work item is paused: the dispatches this decision routes are held."""
     dispatches: list[DispatchRecord] = field(default_factory=list)
 
     def send(
@@ -201,13 +226,30 @@ class Plan:
     ) -> None:
         """Send a ``kind`` control dispatch to every session in ``statuses``, which then
         take the status ``becomes``; ``closing`` says the work item closed."""
+        if kind == "resume":
+            self._settle_held("pending")  # before the resume: they are older, lower seq
+        elif kind in ("terminate", "cleanup"):
+            self._settle_held("failed")
         for session in list(self.item.sessions.values()):
             if session.status in statuses:
                 self._add(kind, session, "", closing=closing)
                 self._set_session(session.model_copy(update={"status": becomes}))
 
+    def _settle_held(self, status: str, *, endpoint: str | None = None) -> None:
+        """Offer the held dispatches (``pending``, in their ``seq`` order) or drop them
+        (``failed``, result ``dropped``): all, or those of ``endpoint``."""
+        settled = [h for h in self.held if endpoint in (None, h.endpoint)]
+        for held in settled:
+            change: dict[str, object] = {"status": status, "updated_at": self.now}
+            if status == "failed":
+                change |= {"result": "dropped", "detail": HELD_DROPPED}
+            self.dispatches.append(held.model_copy(update=change))
+        self.held = tuple(h for h in self.held if h not in settled)
+
     def end_session(self, endpoint: str) -> None:
         """Terminate the live session of one endpoint, if there is one."""
+        if not self.holding:  # held, the terminate follows what was held for it, in order
+            self._settle_held("failed", endpoint=endpoint)
         session = self.item.sessions.get(endpoint)
         if session is not None and session.status in LIVE_STATUSES:
             self._add("terminate", session, "")
@@ -248,6 +290,7 @@ class Plan:
             closing=closing,
             head=session.head,
             runner_id=session.runner_id,
+            status=DISPATCH_HELD if self.holding else "pending",
             created_at=self.now,
             installation_id=self.envelope.installation_id,
             comment_id=comment.id

@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from looprelay.config.routing import TemplateSource
 from looprelay.core.answers import ANSWER_KIND, ANSWER_REACTION
-from looprelay.core.control import Command, find_commands
+from looprelay.core.control import Command, ControlState, find_commands
 from looprelay.core.decide import USER_ID_MISMATCH, decide
 from looprelay.core.decision import CommentPost, Decision, Situation
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import (
+    DISPATCH_HELD,
     MAX_APPLIED,
     MAX_DETAIL_CHARS,
     AppliedDelivery,
@@ -97,6 +98,9 @@ class Router:
             self._on_dispatch(decision.dispatches)
         if decision.work_item is not None:
             self._tell_github(envelope, decision.work_item, decision)
+        elif decision.comments and situation.work_item is not None:
+            # A refusal answered (routing.answerStrangers) writes nothing to the work item.
+            self._tell_github(envelope, situation.work_item, decision)
         return Outcome(decision.outcome, decision.detail)
 
     def _pin(self, envelope: Envelope) -> dict[str, int]:
@@ -150,7 +154,15 @@ class Router:
             recorded_checklist_body=self._checklist_body(envelope, item),
             pr_checkout_available=self._pr_checkouts(item),
             pinned_ids=pinned,
+            held=self._held(item),
         )
+
+    def _held(self, item: WorkItemRecord | None) -> tuple[DispatchRecord, ...]:
+        """The held dispatches of ``item``, read only while it is paused (none else)."""
+        if item is None or item.control != ControlState.PAUSED:
+            return ()
+        held = self._items.list_dispatches(statuses=(DISPATCH_HELD,), work_item=item.ref)
+        return tuple(sorted(held, key=lambda d: d.seq))
 
     def _target(
         self,
@@ -279,7 +291,10 @@ class Router:
         for post in decision.comments:
             effect(lambda post=post: self._post(envelope, item, post))  # type: ignore[misc]
         comment = envelope.comment
-        first = decision.dispatches[0] if decision.dispatches else None
+        # This event's own first dispatch: a resume also carries older held ones.
+        first = next(
+            (d for d in decision.dispatches if d.delivery_id == envelope.delivery_id), None
+        )
         # A review's body takes no reaction (GitHub reacts to comments only).
         answered = envelope.event != "pull_request_review" and any(
             post.kind == ANSWER_KIND for post in decision.comments
@@ -292,7 +307,8 @@ class Router:
                     repository=item.repository,
                     comment_id=comment.id,
                     comment_kind=(first.comment_kind if first else None) or kind,
-                    content=ANSWER_REACTION if answered else "eyes",
+                    # A held comment is answered, yet it will go through: 👀.
+                    content=ANSWER_REACTION if answered and first is None else "eyes",
                 )
             )
 

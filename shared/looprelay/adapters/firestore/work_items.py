@@ -28,7 +28,7 @@ from looprelay.adapters.firestore.common import (
     utc,
 )
 from looprelay.config.model import FirestoreConfig
-from looprelay.core.model import DISPATCH_EXPIRED, DispatchRecord, WorkItemRecord
+from looprelay.core.model import DISPATCH_EXPIRED, DISPATCH_HELD, DispatchRecord, WorkItemRecord
 from looprelay.errors import Transient
 from looprelay.ports import SessionSlot
 
@@ -137,8 +137,14 @@ class FirestoreWorkItemStore:
                     batch.update(item, document, option=option)
                 else:
                     batch.create(item, document)
-                for key in self._missing(refs):
+                missing, held = self._missing_and_held(refs)
+                for key in missing:
                     batch.create(refs[key], _dispatch_document(wanted[key]))
+                for key, updated_at in held.items():
+                    # Replaced as read: only a router, under this work item's version,
+                    # writes a held dispatch.
+                    option = self._client.write_option(last_update_time=updated_at)
+                    batch.update(refs[key], _dispatch_document(wanted[key]), option=option)
                 try:
                     batch.commit()
                 except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound):
@@ -146,11 +152,19 @@ class FirestoreWorkItemStore:
                 return True
         raise Transient(f"work item {record.ref} contended {MAX_CAS_ROUNDS} times; retry later")
 
-    def _missing(self, refs: dict[str, firestore.DocumentReference]) -> list[str]:
-        # The dispatch ids among ``refs`` whose documents do not exist yet.
-        snapshots = self._client.get_all(list(refs.values())) if refs else []
+    def _missing_and_held(
+        self, refs: dict[str, firestore.DocumentReference]
+    ) -> tuple[list[str], dict[str, Any]]:
+        # The dispatch ids among ``refs`` whose documents do not exist yet, and those held
+        # (replaced by the save), with the update time each was read at.
+        snapshots = list(self._client.get_all(list(refs.values()))) if refs else []
         existing = {snapshot.id for snapshot in snapshots if snapshot.exists}
-        return [key for key in refs if key not in existing]
+        held = {
+            snapshot.id: snapshot.update_time
+            for snapshot in snapshots
+            if snapshot.exists and (snapshot.to_dict() or {}).get("status") == DISPATCH_HELD
+        }
+        return [key for key in refs if key not in existing], held
 
     def get_dispatch(self, dispatch_id: str) -> DispatchRecord | None:
         """See ``WorkItemStore.get_dispatch``; raises ``Transient`` when unavailable."""

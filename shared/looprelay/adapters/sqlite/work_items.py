@@ -135,9 +135,13 @@ class SqliteWorkItemStore:
                 [(pr_ref, stored.ref) for pr_ref in stored.pull_requests],
             )
             db.executemany(
-                "INSERT OR IGNORE INTO dispatches (dispatch_id, work_item, seq, status, created_at,"
-                " lease_holder, lease_expires_at, doc, endpoint) VALUES (?,?,?,?,?,?,?,?,?)",
-                [_dispatch_row(dispatch) for dispatch in dispatches],
+                "INSERT INTO dispatches (dispatch_id, work_item, seq, status, created_at,"
+                " lease_holder, lease_expires_at, doc, endpoint) VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (dispatch_id) DO UPDATE SET status = excluded.status,"
+                " lease_holder = excluded.lease_holder,"
+                " lease_expires_at = excluded.lease_expires_at, doc = excluded.doc"
+                " WHERE dispatches.status = 'held'",  # core.model.DISPATCH_HELD
+                [_dispatch_row(dispatch) for dispatch in _first_of_each_id(dispatches)],
             )
         return True
 
@@ -333,6 +337,13 @@ class SqliteWorkItemStore:
                 ),
             )
         return record
+
+
+def _first_of_each_id(dispatches: Sequence[DispatchRecord]) -> list[DispatchRecord]:
+    first: dict[str, DispatchRecord] = {}
+    for dispatch in dispatches:
+        first.setdefault(dispatch.dispatch_id, dispatch)
+    return list(first.values())
 
 
 def _dispatch_row(dispatch: DispatchRecord) -> tuple[Any, ...]:

@@ -58,7 +58,9 @@ class Harness(ABC):
     ``config_paths`` / ``config_names`` the repository paths it reads as configuration (at the
     root / at any depth), which an untrusted tree gets from the base; ``owned_flags`` the flags
     the agent sets itself, refused in ``--harness-arg``; ``confirm_submit`` that a paste's
-    Enter may be read as a newline, so every paste is watched until the harness took it;
+    Enter may be dropped or read as a newline, so every paste is watched until the harness
+    took it, by its first line or by ``paste_placeholder``, what the input box shows instead
+    of a long paste;
     ``hosted_unset`` the variables a hosted session must not inherit from the agent, because
     they would turn the harness away from the terminal it is hosted in.
     """
@@ -73,6 +75,7 @@ class Harness(ABC):
     config_names: tuple[str, ...] = ()
     owned_flags: frozenset[str] = frozenset()
     confirm_submit: bool = False
+    paste_placeholder: str = ""
     hosted_unset: tuple[str, ...] = ()
 
     def hosted_argv(

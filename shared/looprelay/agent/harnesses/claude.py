@@ -135,4 +135,8 @@ CLAUDE = Claude(
     config_paths=(".claude", ".claude.json", ".mcp.json"),
     config_names=(".claude", "CLAUDE.md", "CLAUDE.local.md"),
     owned_flags=OWNED_FLAGS,
+    # A Claude still drawing its first screen (seconds, sandboxed on a loaded machine) can
+    # drop the Enter after a boot prompt: CI saw one left in its input box, never submitted.
+    confirm_submit=True,
+    paste_placeholder="[Pasted text #",
 )
