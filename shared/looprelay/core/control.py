@@ -247,7 +247,8 @@ class Transition(NamedTuple):
 # ("awaiting-start"). An authorized "the-loop start": ARMED -> STARTED, SPAWN. "the-loop pause":
 # -> PAUSED, PAUSE (later events held, delivered in order on resume; or dropped, with
 # routing.pausedEvents: drop). "the-loop resume", or another start: -> STARTED, RESUME.
-# "the-loop stop": -> STOPPED, TERMINATE; the item stays armed, so a later start spawns again. The issue closes: -> IDLE (TERMINATE if a session runs), as closing clears the control
+# "the-loop stop": -> STOPPED, TERMINATE; the item stays armed, so a later start spawns again.
+# The issue closes: -> IDLE (TERMINATE if a session runs), as closing clears the control
 # record; reopening it labelled arms it again. "the-loop cleanup", from any state: -> CLEANED,
 # CLEANUP; only a new label arms it again. A start on an item never armed, a resume with nothing
 # paused, a stop with nothing running: NoOp with a reason, state unchanged.
