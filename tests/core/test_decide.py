@@ -566,6 +566,7 @@ class TestTheChecklistGate:
         (deliver,) = decision.dispatches
         assert deliver.kind == "deliver"
         assert "design-critic-review" in deliver.prompt
+        assert "## Process selection: frozen by this event" in deliver.prompt
         assert "graph.frozen" in _note_names(decision)
 
     def test_a_second_execute_keeps_the_frozen_selection(self) -> None:
@@ -587,6 +588,7 @@ class TestTheChecklistGate:
         assert decision.work_item.graph == frozen
         assert decision.comments == ()
         assert [d.kind for d in decision.dispatches] == ["deliver"]
+        assert "frozen by this event" not in decision.dispatches[0].prompt
 
     def test_execute_before_the_start_freezes_nothing(self) -> None:
         decision = _decide(_situation(_comment("the-loop execute"), _item("armed")))

@@ -25,6 +25,7 @@ from looprelay.core.interaction import DIRECTIVE_CLI, DIRECTIVE_WORK_ITEM, ModeR
 from looprelay.core.model import MAX_SESSIONS, GraphRecord, SessionRecord, WorkItemRecord
 from looprelay.core.plan import (
     LIVE_STATUSES,
+    SELECTION_FROZEN_NOW,
     Plan,
     RoutingPolicy,
     Templates,
@@ -285,6 +286,9 @@ class TestGraphContext:
         assert "Phases to run, in order: design, tasks." in text
         assert "Skipped by the operator: none." in text
         assert "Work surface: pull-request." in text
+        assert "frozen by this event" not in text
+        # The one event that froze it says so: the session waiting for it knows this is it.
+        assert graph_context(graph, frozen_now=True) == SELECTION_FROZEN_NOW + text
 
     def test_the_prompt_carries_it(self) -> None:
         graph = GraphRecord(

@@ -51,6 +51,7 @@ def freeze_graph(
         notes=list(selection.notes),
     )
     plan.item = plan.item.model_copy(update={"graph": graph})
+    plan.froze = True
     notes.append(Note("graph.frozen", graph.model_dump(mode="json")))
     source = {"reply": "reply", "recorded-comment": "checklist comment"}.get(
         graph.source, "defaults"

@@ -142,15 +142,26 @@ SELECTION_PENDING = (
 """Constant: what a session does while the phase selection is open."""
 
 
-def graph_context(graph: GraphRecord | None, *, selecting: bool = False) -> str:
-    """Describe a frozen selection for the prompt, built from the operator's tokens only, or,
-    while ``selecting`` (phases to choose and none frozen), say it is pending."""
+SELECTION_FROZEN_NOW = (
+    "## Process selection: frozen by this event\n\n"
+    "This is the message the pending selection waited for: the people on GitHub chose the "
+    "phases. From now on, work through the phases below, in order.\n\n"
+)
+"""Constant: what heads the selection in the one event that froze it."""
+
+
+def graph_context(
+    graph: GraphRecord | None, *, selecting: bool = False, frozen_now: bool = False
+) -> str:
+    """Describe a frozen selection for the prompt, built from the operator's tokens only
+    (headed as the freeze itself in the event that ``frozen_now`` made it), or, while
+    ``selecting`` (phases to choose and none frozen), say it is pending."""
     if graph is None:
         return SELECTION_PENDING if selecting else ""
     selected = ", ".join(graph.phases_selected) or "none"
     skipped = ", ".join(graph.phases_skipped) or "none"
     return (
-        "## Frozen process selection\n\n"
+        (SELECTION_FROZEN_NOW if frozen_now else "") + "## Frozen process selection\n\n"
         f"Phases to run, in order: {selected}.\nSkipped by the operator: {skipped}.\n"
         f"Work surface: {graph.surface}. Pull requests get their own session: "
         f"{graph.session_per_pr}.\n"
@@ -172,6 +183,8 @@ class Plan:
     stop or cleanup drops them."""
     holding: bool = False
     """The work item is paused: the dispatches this decision routes are held."""
+    froze: bool = False
+    """This decision froze the phase selection: its event's prompt says so."""
     dispatches: list[DispatchRecord] = field(default_factory=list)
 
     def send(
@@ -314,7 +327,9 @@ class Plan:
             repository=session.repository or self.item.repository,
             delivery_id=envelope.delivery_id,
             interaction_directive=self.policy.interaction.directive,
-            graph_context=graph_context(self.item.graph, selecting=bool(self.policy.phases)),
+            graph_context=graph_context(
+                self.item.graph, selecting=bool(self.policy.phases), frozen_now=self.froze
+            ),
             payload_excerpt=wrap_untrusted(
                 render_excerpt(envelope), boundary=self.templates.boundary
             ),
