@@ -145,7 +145,7 @@ class TestNoStarvation:
         stored = stores.work_items.get_dispatch("octo-retired-1-1")
         assert stored is not None
         assert (stored.status, stored.result) == ("failed", DISPATCH_EXPIRED)
-        assert "no live runner serves octo/retired after 3601 s" in stored.detail
+        assert "no live runner serves octo/retired with claude after 3601 s" in stored.detail
         events = stores.events.list_events(name=EXPIRED_EVENT)
         assert {e.data["dispatch_id"] for e in events} == {"octo-retired-1-1", "octo-retired-1-2"}
         served = stores.work_items.get_dispatch("octo-Served-2-1")

@@ -355,6 +355,21 @@ class RunnerStatus:
     """The agent process sending it (``core.identity``); empty from an agent that names none."""
     hostname: str = ""
     """The machine the agent runs on, for the operator's status view."""
+    harnesses: tuple[str, ...] = ()
+    """The coding-agent CLIs the agent can run; empty from an agent that names none."""
+
+    def record_fields(self) -> dict[str, Any]:
+        """The runner record's fields this status sets, as the registries store them."""
+        return {
+            "version": self.version,
+            "capacity": self.capacity,
+            "repositories": list(self.repositories),
+            "workspace": self.workspace,
+            "sessions": self.sessions,
+            "agent_id": self.agent_id,
+            "hostname": self.hostname,
+            "harnesses": list(self.harnesses),
+        }
 
 
 class RunnerRegistry(Protocol):

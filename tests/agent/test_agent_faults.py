@@ -381,7 +381,7 @@ def start_agent(
     """Start in-process agents on the test's tmux socket; all are stopped at teardown."""
     started: list[LocalAgent] = []
 
-    def start(name: str, *, capacity: int = 1) -> LocalAgent:
+    def start(name: str, *, capacity: int = 1, harnesses: tuple[str, ...] = ()) -> LocalAgent:
         state = tmp_path / f"agent-{name}"
         state.mkdir()
         ledger = Ledger(state / LEDGER_FILE)
@@ -418,6 +418,7 @@ def start_agent(
             lease_renew_seconds=2.0,
             agent_id=uuid.uuid4().hex,
             hostname="test-box",
+            harnesses=harnesses,
         )
         local = LocalAgent(
             agent, ledger, threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True)
@@ -1122,6 +1123,24 @@ class TestHarnessLiveness:
         assert (again.status, again.result) == ("succeeded", "spawned")
         assert _state(relay, 1) == "live"
         _assert_slots_are_live_harnesses(relay, fake_harness, agent.runner_id)
+
+
+class TestHarnessChoice:
+    def test_a_runner_serving_only_codex_never_leases_claude_work_and_status_says_why(
+        self, relay: Relay, start_agent: Callable[..., LocalAgent], fake_harness: FakeHarness
+    ) -> None:
+        box = start_agent("codex-box", harnesses=("codex",))
+        wait_until(lambda: relay.runner(box.runner_id).harnesses == ["codex"], seconds=DEADLINE)
+        relay.seed(1, relay.dispatch(1))  # a Claude session's spawn
+        # It polls through two heartbeats and is never given it.
+        seen = relay.heartbeats
+        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        assert relay.stored("dp-1-1").status == "pending"
+        assert fake_harness.starts() == []
+        [row] = [d for d in _view(relay)["dispatches"] if d["dispatch_id"] == "dp-1-1"]
+        assert row["waiting"] == "harness-missing:claude"
+        [runner] = _view(relay)["runners"]
+        assert runner["harnesses"] == ["codex"]
 
 
 class TestRevokedRunner:

@@ -374,6 +374,20 @@ class TestWaitingReasons:
             Waiting("zone", "repository-not-served")
         ]
 
+    def test_a_runner_serving_only_codex_is_never_given_claude_work_and_says_why(self) -> None:
+        codex_only = _runner("r-a", harnesses=["codex"])
+        claude = _dispatch("claude")
+        codex = _dispatch("codex", work_item=ITEM_B, harness="codex")
+        assert choose_dispatch([claude, codex], codex_only, live=["r-a"]) == codex
+        assert waiting_reasons([claude], [codex_only], live=["r-a"]) == [
+            Waiting("claude", "harness-missing:claude")
+        ]
+        # A runner that never said which harnesses it has (an older agent) takes any; a stop
+        # needs no harness.
+        assert choose_dispatch([claude], _runner("r-a"), live=["r-a"]) == claude
+        stop = _dispatch("stop", kind="terminate", runner_id="r-a")
+        assert choose_dispatch([stop], codex_only, live=["r-a"]) == stop
+
     def test_a_runner_that_is_not_live_is_not_asked(self) -> None:
         runners = [_runner("r-gone", repositories=["octo/other"]), _runner("r-b", capacity=0)]
         assert waiting_reasons([_dispatch("a")], runners, live=["r-b"]) == [

@@ -116,6 +116,8 @@ class Agent:
     goes out: a heartbeat never tells the server of a world older than a result it has."""
     hostname: str = ""
     """This machine's name, for the status page ("": not said)."""
+    harnesses: tuple[str, ...] = ()
+    """The harnesses whose binaries it found: the server gives it no work for others."""
     _released: list[dict[str, str]] = field(default_factory=list, init=False)
     """Sessions stopped because they moved away, to be reported on the next heartbeat."""
     _told_exited: set[tuple[str, datetime | None]] = field(default_factory=set, init=False)
@@ -251,9 +253,9 @@ class Agent:
     def _failover_fields(
         self, *, restarted: bool, released: list[dict[str, str]], held: list[Hosted]
     ) -> dict[str, object]:
-        """What a heartbeat adds for failover, this agent's identity (its host too) and what
-        it hosts (every session, even none: ``held_all``), each other field only when it has
-        something to say; a server older than these refuses them all."""
+        """What a heartbeat adds for failover, this agent's identity (its host and harnesses
+        too) and what it hosts (every session, even none: ``held_all``), each other field
+        only when it has something to say; a server older than these refuses them all."""
         fields: dict[str, object] = {"restarted": True} if restarted else {}
         if self.agent_id:
             fields["agent_id"] = self.agent_id
@@ -261,6 +263,8 @@ class Agent:
             fields["replaces"] = self.replaces
         if self.hostname:
             fields["hostname"] = self.hostname
+        if self.harnesses:
+            fields["harnesses"] = list(self.harnesses)
         fields["held"] = [hosted.to_wire() for hosted in held]
         fields["held_all"] = True
         if released:

@@ -156,6 +156,7 @@ def _assemble(
         capacity=options.capacity,
         poll_wait_seconds=options.poll_wait_seconds,
         locks=locks,
+        harnesses=tuple(sorted(binaries)),
         serving=[
             *serving_lines(options, binaries, state_dir, socket_name),
             sandbox_line(sandbox),

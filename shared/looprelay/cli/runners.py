@@ -90,6 +90,7 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
             {
                 **data,
                 "labels": ",".join(f"{k}={v}" for k, v in sorted(runner.labels.items())),
+                "harnesses": ",".join(runner.harnesses) or "any",
             }
         )
     if not as_json:
@@ -103,6 +104,7 @@ def runners_list(config_path: Path | None, data_dir: Path | None, as_json: bool)
                 "capacity",
                 "sessions",
                 "version",
+                "harnesses",
                 "labels",
                 "last_seen_at",
             ),

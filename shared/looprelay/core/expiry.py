@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from looprelay.core.model import DispatchRecord, RunnerRecord
+from looprelay.core.scheduling import runs_harness
 
 
 def serves(runner: RunnerRecord, repository: str) -> bool:
@@ -28,10 +29,14 @@ def unserved(
     now: datetime,
     after: timedelta,
 ) -> list[DispatchRecord]:
-    """Return the ``pending`` dispatches created more than ``after`` before ``now`` whose
-    repository none of ``live_runners`` serves, oldest first."""
+    """Return the ``pending`` dispatches created more than ``after`` before ``now`` that none
+    of ``live_runners`` can take (their repository, with their harness), oldest first."""
     old = (d for d in pending if d.status == "pending" and now - d.created_at > after)
-    found = [d for d in old if not any(serves(r, d.repository) for r in live_runners)]
+    found = [
+        d
+        for d in old
+        if not any(serves(r, d.repository) and runs_harness(r, d) for r in live_runners)
+    ]
     return sorted(found, key=lambda d: (d.created_at, d.seq, d.dispatch_id))
 
 
@@ -39,6 +44,7 @@ def expiry_detail(dispatch: DispatchRecord, *, now: datetime) -> str:
     """What the operator reads on an expired dispatch."""
     waited = int((now - dispatch.created_at).total_seconds())
     return (
-        f"no live runner serves {dispatch.repository} after {waited} s; once one does, "
+        f"no live runner serves {dispatch.repository} with {dispatch.harness} after {waited} s; "
+        "once one does, "
         f"`looprelay dispatches replay {dispatch.dispatch_id}`"
     )

@@ -116,6 +116,9 @@ class RunnerRecord(BaseModel):
     """The agent process serving it, as its heartbeats name it (one at a time per runner)."""
     hostname: str = ""
     """The machine its agent runs on, as its heartbeats name it."""
+    harnesses: list[str] = Field(default_factory=list, max_length=20)
+    """The coding-agent CLIs its agent can run, as its heartbeats name them; empty: not said
+    (an agent older than the field), and then any."""
 
     @property
     def revoked(self) -> bool:

@@ -67,6 +67,7 @@ def reports_new_status(runner: RunnerRecord, status: RunnerStatus) -> bool:
         sessions=runner.sessions,
         agent_id=runner.agent_id,
         hostname=runner.hostname,
+        harnesses=tuple(runner.harnesses),
     )
     return held != status
 
@@ -158,9 +159,19 @@ def why_not(
     missing = {k: v for k, v in dispatch.labels.items() if runner.labels.get(k) != v}
     if missing:
         return f"labels-missing:{','.join(sorted(missing))}"
+    if not runs_harness(runner, dispatch):
+        return f"harness-missing:{dispatch.harness}"
     if needs_own_checkout(dispatch) and not can_make_checkout(runner):
         return "no-separate-checkout"
     return "runner-at-capacity" if _needs_slot(dispatch, runner, holding) else None
+
+
+def runs_harness(runner: RunnerRecord, dispatch: DispatchRecord) -> bool:
+    """Whether ``runner`` can run the harness ``dispatch`` starts or talks to (a stop or a
+    cleanup needs none; a runner that never said which it has is taken to have any)."""
+    if dispatch.kind not in ("spawn", "deliver") or not runner.harnesses:
+        return True
+    return dispatch.harness in runner.harnesses
 
 
 def _needs_slot(

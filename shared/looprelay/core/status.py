@@ -93,6 +93,8 @@ class RunnerRow(_Row):
     repositories: list[str]
     workspace: bool
     labels: dict[str, str]
+    harnesses: list[str] = []
+    """The coding-agent CLIs its agent reported (empty: not said, any)."""
 
 
 class SessionRow(_Row):
@@ -295,6 +297,7 @@ def _runner_row(runner: RunnerRecord, state: str, held: Collection[str] | None) 
         repositories=list(runner.repositories),
         workspace=runner.workspace,
         labels=dict(runner.labels),
+        harnesses=list(runner.harnesses),
     )
 
 

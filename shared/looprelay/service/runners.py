@@ -186,6 +186,9 @@ class RunnerApi:
             sessions=body.sessions,
             agent_id=body.agent_id or runner.agent_id,
             hostname=body.hostname or runner.hostname,
+            harnesses=tuple(body.harnesses)
+            if "harnesses" in body.model_fields_set
+            else tuple(runner.harnesses),
         )
         changed = reports_new_status(runner, status)
         if not changed:

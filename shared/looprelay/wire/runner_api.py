@@ -157,6 +157,12 @@ class HeartbeatBody(_Body):
         max_length=200,
         json_schema_extra={"items": {"type": "string", "pattern": _REPOSITORY_PATTERN}},
     )
+    harnesses: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="The coding-agent CLIs the agent can run (`claude`, `codex`...): work "
+        "for another harness is never given to it. Not sent: any.",
+    )
     workspace: bool = False
     sessions: _Whole = Field(default=0, ge=0, le=10_000)
     restarted: bool = Field(

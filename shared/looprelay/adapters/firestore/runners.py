@@ -152,16 +152,7 @@ class FirestoreRunnerRegistry:
     def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """See ``RunnerRegistry.record_heartbeat``: the runner document (1 read, 1 write),
         then its liveness document."""
-        fields = {
-            "last_seen_at": at,
-            "version": status.version,
-            "capacity": status.capacity,
-            "repositories": list(status.repositories),
-            "workspace": status.workspace,
-            "sessions": status.sessions,
-            "agent_id": status.agent_id,
-            "hostname": status.hostname,
-        }
+        fields = {"last_seen_at": at, **status.record_fields()}
         if not self._change(runner_id, fields, "record a heartbeat"):
             return False
         self.record_alive(runner_id, at=at)

@@ -134,20 +134,8 @@ class SqliteRunnerRegistry:
 
     def record_heartbeat(self, runner_id: str, *, at: datetime, status: RunnerStatus) -> bool:
         """See ``RunnerRegistry.record_heartbeat``."""
-        return self._change(runner_id, last_seen_at=utc_text(at), **_status_fields(status))
+        return self._change(runner_id, last_seen_at=utc_text(at), **status.record_fields())
 
     def record_alive(self, runner_id: str, *, at: datetime) -> None:
         """See ``RunnerRegistry.record_alive``: the same update, of ``last_seen_at`` alone."""
         self._change(runner_id, announce=False, last_seen_at=utc_text(at))
-
-
-def _status_fields(status: RunnerStatus) -> dict[str, Any]:
-    return {
-        "version": status.version,
-        "capacity": status.capacity,
-        "repositories": list(status.repositories),
-        "workspace": status.workspace,
-        "sessions": status.sessions,
-        "agent_id": status.agent_id,
-        "hostname": status.hostname,
-    }
