@@ -213,6 +213,16 @@ class Relay:
             await self._blocking.run(stall.hold)
         return response
 
+    def wait_heartbeats(self, count: int) -> None:
+        """Wait until ``count`` more heartbeats are answered: the last begins after the answer
+        to the one before was acted on."""
+        seen = self.heartbeats
+        wait_until(
+            lambda: self.heartbeats >= seen + count,
+            seconds=DEADLINE,
+            what=f"{count} heartbeats",
+        )
+
     def register(self, name: str, *, capacity: int = 1) -> Credentials:
         """Register a runner over HTTP with a freshly minted token, as `runner register` does;
         ``capacity`` is the sessions it may hold."""
@@ -793,8 +803,7 @@ class TestFailover:
         [start] = wait_until(fake_harness.starts, seconds=DEADLINE)
         # Heartbeats while the spawn is in hand name the session, which the server still
         # records on old-box: the second begins after the first's answer was acted on.
-        seen = relay.heartbeats
-        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        relay.wait_heartbeats(2)
         fake_harness.mark("release")
         [taken] = relay.wait_settled("dp-1-2")
         assert (taken.status, taken.result, taken.lease_holder) == (
@@ -802,8 +811,7 @@ class TestFailover:
             "spawned",
             new.runner_id,
         )
-        seen = relay.heartbeats
-        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        relay.wait_heartbeats(2)
         assert terminal.pane_dead(taken.session_name) is False and _alive(start["pid"])
         assert relay.events("session.released") == []
         assert _state(relay, 1) == "live"
@@ -1088,8 +1096,7 @@ class TestHarnessLiveness:
         )
         assert states[_ref(1)].startswith("exited (since ")
         # The exit is told once: later heartbeats name only what runs.
-        seen = relay.heartbeats
-        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        relay.wait_heartbeats(2)
         assert relay.held_said[-1] == {_ref(2): "running"}
         assert sum(said.get(_ref(1)) == "exited" for said in relay.held_said) == 1
         assert _state(relay, 1).startswith("exited")
@@ -1133,8 +1140,7 @@ class TestHarnessChoice:
         wait_until(lambda: relay.runner(box.runner_id).harnesses == ["codex"], seconds=DEADLINE)
         relay.seed(1, relay.dispatch(1))  # a Claude session's spawn
         # It polls through two heartbeats and is never given it.
-        seen = relay.heartbeats
-        wait_until(lambda: relay.heartbeats >= seen + 2, seconds=DEADLINE, what="two heartbeats")
+        relay.wait_heartbeats(2)
         assert relay.stored("dp-1-1").status == "pending"
         assert fake_harness.starts() == []
         [row] = [d for d in _view(relay)["dispatches"] if d["dispatch_id"] == "dp-1-1"]
