@@ -24,6 +24,8 @@ from tests.anthropic_api import Recorder
 from tests.claude_cli import DEADLINE_SECONDS, ClaudeHome
 from tests.gitrepos import GitRepos, git
 
+pytestmark = pytest.mark.real_cli  # run apart from the parallel workers
+
 PR_SESSION = "loop-github-octo-repo-7"
 CANARIES = ("session-start", "prompt-submit", "mcp-server")
 

@@ -35,6 +35,8 @@ from tests.gitrepos import GitRepos, git
 from tests.harness_clis import DIALECTS, pointed_at_stand_in
 from tests.model_apis import REFUSAL, ModelApi
 
+pytestmark = pytest.mark.real_cli  # run apart from the parallel workers
+
 DEADLINE = 60.0
 """How long a hosted harness may take to send what was pasted; about 2 s when idle."""
 TURN_TIMEOUT_SECONDS = 120.0

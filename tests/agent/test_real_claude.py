@@ -30,6 +30,8 @@ from tests.claude_cli import (
 )
 from tests.fake_harness import cmdlines_holding, wait_until
 
+pytestmark = pytest.mark.real_cli  # run apart from the parallel workers
+
 PROMPT = "Work on github:octo/repo#15"
 NOT_LOGGED_IN = "Not logged in · Please run /login"
 

@@ -32,6 +32,8 @@ from tests.harness.machine import (
     session_name,
 )
 
+pytestmark = pytest.mark.real_cli  # run apart from the parallel workers
+
 NOT_LOGGED_IN = "Not logged in · Please run /login"
 
 

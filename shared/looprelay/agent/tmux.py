@@ -258,13 +258,15 @@ class TmuxTerminal:
             return
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         probe, screen = first[:SUBMIT_PROBE_CHARS], self._settled_screen(pane)
-        rows = _rows_with(screen, probe)
+        rows, gone = _rows_with(screen, probe), False
         if not rows and placeholder:
-            probe, rows = placeholder, _rows_with(screen, placeholder)
+            # A placeholder is gone once the paste is submitted (the transcript shows the text
+            # itself); rows moving say nothing then: the screen may be redrawn above it.
+            probe, rows, gone = placeholder, _rows_with(screen, placeholder), True
         deadline = time.monotonic() + self._ready_wait_seconds
         while True:
             self._run("send-keys", "-t", pane.pane_id, "Enter")
-            if not rows or self._taken(pane, rows, probe):
+            if not rows or self._taken(pane, rows, probe, gone=gone):
                 break
             if time.monotonic() >= deadline:
                 break
@@ -285,12 +287,14 @@ class TmuxTerminal:
             screen = again
         return screen
 
-    def _taken(self, pane: Pane, rows: tuple[int, ...], probe: str) -> bool:
+    def _taken(self, pane: Pane, rows: tuple[int, ...], probe: str, *, gone: bool) -> bool:
         """Tell whether, within ``SUBMIT_WATCH_SECONDS``, the rows holding ``probe`` moved
-        from ``rows``: the harness took the Enter and the text left its input box."""
+        from ``rows`` (with ``gone``: no row holds it any more): the harness took the Enter
+        and the text left its input box."""
         deadline = time.monotonic() + SUBMIT_WATCH_SECONDS
         while True:
-            if _rows_with(self._screen(pane), probe) != rows:
+            now = _rows_with(self._screen(pane), probe)
+            if (not now) if gone else (now != rows):
                 return True
             if time.monotonic() >= deadline:
                 return False
