@@ -1095,10 +1095,11 @@ class TestHarnessLiveness:
             explain=box.session_states,
         )
         assert states[_ref(1)].startswith("exited (since ")
-        # The exit is told once: later heartbeats name only what runs.
-        relay.wait_heartbeats(2)
-        assert relay.held_said[-1] == {_ref(2): "running"}
-        assert sum(said.get(_ref(1)) == "exited" for said in relay.held_said) == 1
+        # The exit is told, then no more: later heartbeats name only what runs. (Twice at
+        # most: tmux may learn when the pane died only after the first, which is news.)
+        relay.wait_heartbeats(3)
+        assert relay.held_said[-2:] == [{_ref(2): "running"}] * 2
+        assert 1 <= sum(said.get(_ref(1)) == "exited" for said in relay.held_said) <= 2
         assert _state(relay, 1).startswith("exited")
 
     def test_a_killed_tmux_server_shows_the_session_exited_and_a_respawn_brings_it_back(

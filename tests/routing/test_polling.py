@@ -58,8 +58,9 @@ def cursors(backend: Backend, request: pytest.FixtureRequest) -> Iterator[PollCu
         yield FirestorePollCursors(client, collection_prefix=f"{backend.name}_poll_")
 
 
-SETTLE_SECONDS = 90.0
-"""How long the tasks of one poll may take to settle; seconds on an idle machine."""
+SETTLE_SECONDS = 180.0
+"""How long the tasks of one poll may take to settle: seconds on an idle machine, above a
+minute for 130 comments on Firestore on a loaded one (each is drained in turn)."""
 
 
 @dataclass
@@ -199,6 +200,7 @@ def test_a_poll_with_nothing_new_is_answered_304_and_queues_nothing(polling: Pol
     assert conditional.headers["if-none-match"].startswith('"')
 
 
+@pytest.mark.timeout(2 * SETTLE_SECONDS)
 def test_every_page_is_read_and_a_restart_neither_misses_nor_repeats(polling: Polling) -> None:
     fake = polling.relay.github.poll
     fake.open_issue(1)
