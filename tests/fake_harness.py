@@ -40,6 +40,13 @@ def note(**fields):
         log.write(json.dumps(fields) + "\n")
 
 
+def wait_released(seconds=30.0):
+    # Until the test marks "release", for at most ``seconds`` however loaded the machine.
+    deadline = time.monotonic() + seconds
+    while not (HERE / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 note(
     event="start", harness=Path(sys.argv[0]).name, argv=ARGV, cwd=os.getcwd(), env=dict(os.environ)
 )
@@ -50,10 +57,7 @@ if "-p" in ARGV:
     if (HERE / "headless-hang").exists():
         time.sleep(60)
     if (HERE / "headless-hold").exists():
-        for _ in range(600):
-            if (HERE / "release").exists():
-                break
-            time.sleep(0.05)
+        wait_released()
     flags = ("--session-id", "--resume")
     sid = next((ARGV[i + 1] for i, a in enumerate(ARGV) if a in flags), None)
     sid = sid or "11111111-2222-4333-8444-555555555555"
@@ -90,10 +94,7 @@ import termios, tty
 
 if (HERE / "start-hold").exists():
     # Started, but its terminal not read yet (the spawn's boot prompt waits) until released.
-    for _ in range(600):
-        if (HERE / "release").exists():
-            break
-        time.sleep(0.05)
+    wait_released()
 tty.setraw(0)
 sys.stdout.write("\x1b[?2004h")  # enable bracketed paste, as claude's TUI does
 sys.stdout.flush()
