@@ -21,6 +21,7 @@ from looprelay.core.decision import CommentPost, Decision, Situation
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import (
     DISPATCH_HELD,
+    DISPATCH_OPEN,
     MAX_APPLIED,
     MAX_DETAIL_CHARS,
     AppliedDelivery,
@@ -94,14 +95,20 @@ class Router:
         self._record_notes(envelope, decision)
         if decision.outcome == USER_ID_MISMATCH:
             log.warning("refused: %s", decision.detail, extra={"delivery_id": envelope.delivery_id})
-        if decision.dispatches:
-            self._on_dispatch(decision.dispatches)
+        self._ring(decision.dispatches)
         if decision.work_item is not None:
             self._tell_github(envelope, decision.work_item, decision)
         elif decision.comments and situation.work_item is not None:
             # A refusal answered (routing.answerStrangers) writes nothing to the work item.
             self._tell_github(envelope, situation.work_item, decision)
         return Outcome(decision.outcome, decision.detail)
+
+    def _ring(self, dispatches: Sequence[DispatchRecord]) -> None:
+        """Tell the polls of the dispatches a runner may take now; a held or dropped one
+        wakes none."""
+        takeable = [d for d in dispatches if d.status in DISPATCH_OPEN]
+        if takeable:
+            self._on_dispatch(takeable)
 
     def _pin(self, envelope: Envelope) -> dict[str, int]:
         """The first-sight pin of the actor's login, made now if this event is its first
@@ -254,8 +261,7 @@ class Router:
         dispatches = tuple(
             found for key in applied.dispatch_ids if (found := self._items.get_dispatch(key))
         )
-        if dispatches:
-            self._on_dispatch(dispatches)
+        self._ring(dispatches)
         decision = Decision(applied.outcome, applied.detail, item, dispatches)
         self._tell_github(envelope, item, decision)
         return Outcome(applied.outcome, applied.detail)
