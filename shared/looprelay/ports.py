@@ -405,6 +405,12 @@ class RunnerRegistry(Protocol):
         ``get_runner`` returns it."""
         ...
 
+    def find_checkout_runner(self) -> str | None:
+        """The id of a runner that is not revoked and can give a pull request a checkout of
+        its own (``core.slots.can_make_checkout``), or None; in a read or two whatever the
+        fleet's size, as the router asks it per delivery."""
+        ...
+
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
         """Return when the runners of ``runner_ids`` were last heard from, by runner id, in
         one round trip: for each added with a ``last_seen_at`` or heard from through this

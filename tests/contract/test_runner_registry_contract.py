@@ -76,6 +76,20 @@ class TestRunners:
         stored = runner_registry.get_runner("r-0000000000000001")
         assert stored is not None and stored.name == "laptop"
 
+    def test_a_checkout_runner_is_found_by_workspace_or_label(
+        self, runner_registry: RunnerRegistry
+    ) -> None:
+        assert runner_registry.find_checkout_runner() is None
+        runner_registry.add_runner(_runner(ONE))
+        assert runner_registry.find_checkout_runner() is None
+        runner_registry.add_runner(_runner(TWO).model_copy(update={"workspace": True}))
+        assert runner_registry.find_checkout_runner() == TWO
+        assert runner_registry.revoke_runner(TWO, at=T0)
+        assert runner_registry.find_checkout_runner() is None
+        labelled = _runner(THREE).model_copy(update={"labels": {"workspace": "true"}})
+        runner_registry.add_runner(labelled)
+        assert runner_registry.find_checkout_runner() == THREE
+
     def test_list_is_oldest_first(self, runner_registry: RunnerRegistry) -> None:
         runner_registry.add_runner(_runner("r-0000000000000002", at=T0 + timedelta(seconds=5)))
         runner_registry.add_runner(_runner("r-0000000000000001"))

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from looprelay.core.interaction import DIRECTIVE_CLI, DIRECTIVE_WORK_ITEM
-from looprelay.core.model import GraphRecord
+from looprelay.core.model import GraphRecord, RunnerRecord
 from tests import test_ingress
 from tests.fake_github import APP_LOGIN
 from tests.routing.conftest import (
@@ -1142,6 +1142,33 @@ class TestSessionPerPr:
         deployment = relay(session_per_pr="always")
         deployment.start()
         deployment.runner_holds(workspace=False, labels={"workspace": "true"})
+        sent = deployment.send("pull_request", _same_repo_pr())
+
+        assert _kinds(deployment, sent.delivery_id) == [("spawn", PR)]
+
+
+    def test_a_pr_whose_sessions_runner_cannot_check_out_finds_one_without_listing_the_fleet(
+        self, relay: MakeRelay, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """#1's session is on a runner with no workspace; another runner has one. The PR gets
+        its own session, found by one bounded query: the router never lists every runner
+        (at 10,000 runners that was 20,000 reads a delivery)."""
+        deployment = relay(session_per_pr="always")
+        deployment.start()
+        deployment.runner_holds(workspace=False)
+        elsewhere = RunnerRecord(
+            runner_id="runner-elsewhere",
+            name="server",
+            labels={"workspace": "true"},
+            secret_hash="sha256:unused",
+            registered_at=deployment.clock.now(),
+        )
+        deployment.backend.runners.add_runner(elsewhere)
+
+        def listed(_self: object) -> list[RunnerRecord]:
+            raise AssertionError("the router listed every runner")
+
+        monkeypatch.setattr(type(deployment.backend.runners), "list_runners", listed)
         sent = deployment.send("pull_request", _same_repo_pr())
 
         assert _kinds(deployment, sent.delivery_id) == [("spawn", PR)]

@@ -223,7 +223,7 @@ class Router:
             return True  # one read: the session's own runner can, as it mostly does
         if item is None:
             return False
-        return any(can_make_checkout(r) and not r.revoked for r in self._runners.list_runners())
+        return self._runners.find_checkout_runner() is not None
 
     def _save(
         self, situation: Situation, decision: Decision, identity: EventIdentity | None

@@ -24,6 +24,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from looprelay.adapters.firestore.common import (
     conditional_update,
@@ -36,6 +37,7 @@ from looprelay.adapters.firestore.runner_changes import stamp
 from looprelay.config.model import FirestoreConfig
 from looprelay.core.model import RegistrationToken, RunnerRecord
 from looprelay.core.scheduling import with_last_seen
+from looprelay.core.slots import WORKSPACE_LABEL
 from looprelay.ports import RunnerStatus
 
 _TIME_FIELDS = ("registered_at", "last_seen_at", "revoked_at")
@@ -109,6 +111,21 @@ class FirestoreRunnerRegistry:
         seen = self._seen_of([r.runner_id for r in runners])
         merged = [with_last_seen(r, seen.get(r.runner_id)) for r in runners]
         return sorted(merged, key=lambda r: (r.registered_at, r.runner_id))
+
+    def find_checkout_runner(self) -> str | None:
+        """See ``RunnerRegistry.find_checkout_runner``: at most two queries of one document,
+        on equality filters alone (Firestore merges their single-field indexes)."""
+        live = FieldFilter("revoked_at", "==", None)
+        wants = (
+            FieldFilter("workspace", "==", True),
+            FieldFilter(f"labels.{WORKSPACE_LABEL}", "==", "true"),
+        )
+        with translated("find a runner that makes checkouts"):
+            for want in wants:
+                query = self._runners.where(filter=live).where(filter=want).limit(1)
+                if (found := next(iter(query.stream()), None)) is not None:
+                    return found.id
+        return None
 
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
         """See ``RunnerRegistry.list_last_seen``: their liveness documents alone,

@@ -16,6 +16,7 @@ from looprelay.adapters.sqlite.database import (
     utc_text,
 )
 from looprelay.core.model import RegistrationToken, RunnerRecord
+from looprelay.core.slots import WORKSPACE_LABEL
 from looprelay.ports import RunnerStatus
 
 SCHEMA = """
@@ -96,6 +97,16 @@ class SqliteRunnerRegistry:
         """See ``RunnerRegistry.list_runners``."""
         rows = self._db.rows("SELECT doc FROM runners ORDER BY registered_at, runner_id")
         return [RunnerRecord.model_validate_json(row["doc"]) for row in rows]
+
+    def find_checkout_runner(self) -> str | None:
+        """See ``RunnerRegistry.find_checkout_runner``."""
+        rows = self._db.rows(
+            "SELECT runner_id FROM runners WHERE json_extract(doc, '$.revoked_at') IS NULL"
+            " AND (json_extract(doc, '$.workspace') = 1"
+            " OR json_extract(doc, '$.labels.' || ?) = 'true') LIMIT 1",
+            (WORKSPACE_LABEL,),
+        )
+        return rows[0]["runner_id"] if rows else None
 
     def list_last_seen(self, runner_ids: Collection[str]) -> dict[str, datetime]:
         """See ``RunnerRegistry.list_last_seen``."""
