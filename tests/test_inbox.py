@@ -39,7 +39,12 @@ class TestDrainBounds:
     ) -> None:
         handed: list[str] = []
 
-        def hand_off(envelope: Envelope, record: DeliveryRecord, _ahead: tuple[str, ...]) -> None:
+        def hand_off(
+            envelope: Envelope,
+            record: DeliveryRecord,
+            _ahead: tuple[str, ...],
+            _joined: tuple[DeliveryRecord, ...],
+        ) -> None:
             time.sleep(HAND_OFF_SECONDS)
             handed.append(record.delivery_id)
             store.settle_delivery(

@@ -3,13 +3,16 @@ are put in the order GitHub created them, in the places they hold among the othe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from looprelay.core.envelope import project_envelope
+from looprelay.core.control import Keywords
+from looprelay.core.envelope import Envelope, project_envelope
 from looprelay.core.order import (
     COMMENT_WINDOW,
     MAX_COMMENT_RUN,
+    OrderRules,
     Queued,
     arrange,
     may_go_ahead,
@@ -18,6 +21,7 @@ from looprelay.core.order import (
     queued,
     ready_at,
     runs,
+    turns,
 )
 from tests.samples import payload
 
@@ -151,3 +155,103 @@ class TestOrderGroup:
             max_text_chars=1000,
         )
         assert order_group(installation) == ""
+
+
+RULES = OrderRules(review_turns=True, keywords=Keywords.from_config({}))
+
+
+def _review_part(
+    event: str, delivery_id: str, at_ms: int, *, review_id: int = 900, body: str = "fix"
+) -> Queued:
+    at = RECEIVED + timedelta(milliseconds=at_ms)
+    if event == "pull_request_review":
+        data = payload("pull_request_review.submitted")
+        data["review"]["id"] = review_id
+        data["review"]["body"] = body
+    else:
+        data = payload("pull_request_review_comment.created")
+        data["comment"]["id"] = at_ms + 1
+        data["comment"]["pull_request_review_id"] = review_id
+        data["comment"]["body"] = body
+    envelope = project_envelope(
+        event=event, delivery_id=delivery_id, payload=data, max_text_chars=1000, received_at=at
+    )
+    return queued(envelope, received_at=at, rules=RULES)
+
+
+class TestTurns:
+    def test_a_reviews_deliveries_are_one_turn_led_by_the_review(self) -> None:
+        parts = [
+            _review_part("pull_request_review_comment", "c2", 10),
+            _review_part("pull_request_review", "review", 20),
+            _review_part("pull_request_review_comment", "c1", 30),
+        ]
+        label = _event("label", 15)
+        [turn, alone] = turns(arrange([*parts, label], RULES), RULES)
+
+        assert turn.lead.delivery_id == "review"
+        assert {q.delivery_id for q in turn.joined} == {"c1", "c2"}
+        assert turn.ready_at == RECEIVED + timedelta(milliseconds=10) + RULES.turn_window
+        assert alone.parts == (label,)  # received after the review's first part
+
+    def test_a_part_naming_a_command_or_of_another_review_is_not_joined(self) -> None:
+        parts = [
+            _review_part("pull_request_review", "review", 0),
+            _review_part("pull_request_review_comment", "stop", 5, body="the-loop stop"),
+            _review_part("pull_request_review_comment", "other", 8, review_id=901),
+        ]
+        found = turns(arrange(parts, RULES), RULES)
+
+        # Three turns, each in its place of creation order (the samples' times differ).
+        assert sorted([q.delivery_id for q in turn.parts] for turn in found) == [
+            ["other"],
+            ["review"],
+            ["stop"],
+        ]
+
+    def test_without_the_rules_nothing_is_joined(self) -> None:
+        review = _review_part("pull_request_review", "review", 0)
+        comment = _review_part("pull_request_review_comment", "c1", 5)
+        plain = [replace(q, turn="") for q in (review, comment)]
+        found = turns(arrange(plain))
+        assert [len(turn.parts) for turn in found] == [1, 1]
+        assert queued(_envelope_of_comment(), received_at=RECEIVED).turn == ""
+
+    def test_a_burst_of_one_authors_comments_is_one_turn_when_asked(self) -> None:
+        bursts = replace(RULES, comment_bursts=True)
+        made = [_burst_comment(f"c{n}", n * 100, author="alice", rules=bursts) for n in range(3)]
+        other = _burst_comment("bob", 350, author="bob", rules=bursts)
+        found = turns(arrange([*made, other], bursts), bursts)
+
+        assert [[q.delivery_id for q in turn.parts] for turn in found] == [
+            ["c0", "c1", "c2"],
+            ["bob"],
+        ]
+        assert [q.turn for q in made] == ["burst:alice"] * 3
+        assert _burst_comment("x", 0, author="alice", rules=RULES).turn == ""  # off by default
+
+
+def _envelope_of_comment() -> Envelope:
+    return project_envelope(
+        event="issue_comment",
+        delivery_id="d",
+        payload=payload("issue_comment.created"),
+        max_text_chars=100,
+        received_at=RECEIVED,
+    )
+
+
+def _burst_comment(delivery_id: str, at_ms: int, *, author: str, rules: OrderRules) -> Queued:
+    at = RECEIVED + timedelta(milliseconds=at_ms)
+    data = payload("issue_comment.created")
+    data["comment"]["id"] = at_ms + 1
+    data["comment"]["created_at"] = "2026-05-01T12:00:30Z"
+    data["sender"]["login"] = author
+    envelope = project_envelope(
+        event="issue_comment",
+        delivery_id=delivery_id,
+        payload=data,
+        max_text_chars=100,
+        received_at=at,
+    )
+    return queued(envelope, received_at=at, rules=rules)

@@ -36,7 +36,7 @@ from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
 from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
-from looprelay.config.routing import TemplateSource, routing_policy
+from looprelay.config.routing import TemplateSource, order_rules, routing_policy
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord, DispatchRecord, RunnerRecord
 from looprelay.errors import Transient
@@ -62,7 +62,10 @@ from tests.routing.conftest import (
     _Switchboard,
     comment_payload,
     issue_payload,
+    review_comment_payload,
+    user,
 )
+from tests.samples import payload
 
 WEBHOOK_SECRET = b"order-webhook-secret"
 DISPATCHERS = 4
@@ -208,6 +211,7 @@ def ordered(
             clock=clock,
             handler=_poisoned(router, poison),
             order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
+            order_rules=order_rules(base.config.routing),
         )
         url = switchboard.mount(worker_handler(worker))
         mounted.append(url)
@@ -329,3 +333,73 @@ class TestOrder:
         deployment.wait_settled(["order-label", comment])
 
         assert deployment.handed(runner) == ["order-label", comment]
+
+
+REVIEW_ID = 88001
+
+
+def _review(deployment: Ordered, comments: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """A review of PR 2 with ``comments`` inline comments on the fake GitHub: each delivery's
+    event, id and payload, the review's last (as GitHub sends it, after its comments)."""
+    made = []
+    for index in range(comments):
+        body = f"inline note {index}"
+        comment_id = deployment.relay.github.add_comment(
+            body, number=2, kind="review", repository=REPO
+        )
+        data = review_comment_payload(body, comment_id=comment_id, pr_body="Closes #1")
+        data["comment"].update(
+            pull_request_review_id=REVIEW_ID, path=f"src/part_{index}.py", line=10 + index
+        )
+        made.append(("pull_request_review_comment", f"review-part-{index}", data))
+    review = payload("pull_request_review.submitted")
+    review["review"].update(id=REVIEW_ID, body="Two things before this merges.")
+    review["review"]["user"] = review["sender"] = user("Codertocat")
+    review["repository"]["full_name"] = REPO
+    review["pull_request"]["number"] = 2
+    review["pull_request"]["body"] = "Closes #1"
+    made.append(("pull_request_review", "review-body", review))
+    return made
+
+
+class TestReviewTurn:
+    def test_a_review_and_its_inline_comments_reach_the_session_as_one_turn(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered()
+        runner = _started(deployment)
+        deployment.relay.link_pull_request(2, issue=1)
+        deployment.leased(runner)  # the pull request's opening, delivered
+        made = _review(deployment, 3)
+        shuffled = list(made)
+        random.Random(28).shuffle(shuffled)
+        with ThreadPoolExecutor(len(shuffled)) as pool:
+            list(pool.map(lambda m: deployment.send(m[0], m[2], m[1]), shuffled))
+        ledger = deployment.wait_settled([delivery for _, delivery, _ in made])
+
+        [turn] = deployment.leased(runner)
+        assert turn.delivery_id == "review-body"
+        prompt = turn.prompt
+        places = [prompt.index("Two things before this merges.")]
+        places += [prompt.index(f"inline note {index}") for index in range(3)]
+        assert places == sorted(places)  # the review's body, then its comments in order
+        for index in range(3):
+            assert f'"path": "src/part_{index}.py"' in prompt
+            assert f'"line": {10 + index}' in prompt
+        begin, end = prompt.index("BEGIN UNTRUSTED"), prompt.index("END UNTRUSTED")
+        assert all(begin < place < end for place in places)
+        assert {record.outcome for record in ledger.values()} == {"dispatched"}
+        joined = [ledger[f"review-part-{index}"].detail for index in range(3)]
+        assert joined == ["one turn with delivery review-body"] * 3
+
+        again = list(ledger.values())
+        for record in again:  # every delivery again: settled, nothing more to paste
+            answer = requests.post(
+                deployment.worker_url,
+                data=record.envelope.encode(),
+                headers={"Authorization": f"Bearer {SECRET}"},
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["status"] == "already-settled"
+        assert deployment.leased(runner) == []

@@ -1146,7 +1146,6 @@ class TestSessionPerPr:
 
         assert _kinds(deployment, sent.delivery_id) == [("spawn", PR)]
 
-
     def test_a_pr_whose_sessions_runner_cannot_check_out_finds_one_without_listing_the_fleet(
         self, relay: MakeRelay, monkeypatch: pytest.MonkeyPatch
     ) -> None:

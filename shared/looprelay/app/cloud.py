@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from looprelay.config.model import Config, load_config
+from looprelay.config.routing import order_rules
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         handler=router,
         allowed_events=config.webhook.allowed_events(),
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
+        order_rules=order_rules(config.routing),
         handler_budget_seconds=handler_budget(config.queue.cloudtasks.dispatch_deadline_seconds),
     )
 

@@ -38,6 +38,7 @@ from starlette.applications import Starlette
 from looprelay.app.asgi import Blocking, Endpoint, build_asgi
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import Config
+from looprelay.config.routing import order_rules
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -315,6 +316,7 @@ def _open_local(
         handler=router,
         allowed_events=config.webhook.allowed_events(),
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
+        order_rules=order_rules(config.routing),
         handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
     )
     polling, cursors = _local_polling(

@@ -439,6 +439,40 @@ class RoutingConfig(_Section):
         "is no failure); after it the others go ahead and the event `delivery.went_ahead` "
         "names what they went ahead of.",
     )
+    comment_window_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=30,
+        description="How far apart in receipt new comments may be and still be handed off in "
+        "the order GitHub created them (a burst that arrives shuffled); a new comment waits this "
+        "long after the last of its run before it is handed off.",
+    )
+    max_comment_run_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        le=60,
+        description="How long one such run of comments may last: a steady stream is handed off "
+        "anyway.",
+    )
+    review_turns: bool = Field(
+        default=True,
+        description="A pull-request review reaches its session as one turn: the review's body "
+        "and its inline comments (with file and line), in one prompt. Each delivery is still "
+        "settled once in the ledger; a comment that names a command is handed off alone.",
+    )
+    comment_burst_turns: bool = Field(
+        default=False,
+        description="A burst of one author's new issue comments (a run, as "
+        "`commentWindowSeconds` says) reaches the session as one turn.",
+    )
+    turn_window_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=30,
+        description="How long after a turn's first delivery was received its other deliveries "
+        "may join it (GitHub sends a review's within about a second); a review waits this long "
+        "before it is handed off.",
+    )
     control: ControlConfig = Field(default_factory=ControlConfig, description="Commands.")
     interaction: InteractionConfig = Field(
         default_factory=InteractionConfig, description="Interaction mode."

@@ -74,6 +74,13 @@ class Comment(_Value):
     marked: bool = False
     """The whole body carried the loop-prevention marker. A session ends its comments with it,
     and the cap on ``body`` can cut that end off."""
+    review_id: int | None = None
+    """The review it belongs to: a review comment's ``pull_request_review_id``, a review's own
+    id. A review's deliveries reach its session as one turn (``core.order.turns``)."""
+    path: str | None = None
+    """A review comment's file."""
+    line: int | None = None
+    """A review comment's line in that file (its ``original_line`` once outdated)."""
 
 
 class PullRequest(_Value):
@@ -128,6 +135,10 @@ class Envelope(_Value):
     repositories_added: list[str] = Field(default_factory=list)
     repositories_removed: list[str] = Field(default_factory=list)
     truncated: list[str] = Field(default_factory=list)
+    joined: list[Envelope] = Field(default_factory=list)
+    """Deliveries handed off with this one as one turn (``core.order.turns``): a review's
+    inline comments, or a burst of one author's comments. Set by the inbox, never by ingress;
+    each is slimmed (``joined_part``)."""
     order_key: str = ""
     """Where this delivery stands in its issue's or pull request's order (``core.order``):
     the moment the webhook received it, whatever the event. Empty in a task queued before
@@ -185,6 +196,12 @@ def project_envelope(
         truncated=cut,
         order_key=order_key(received_at) if received_at is not None else "",
     )
+
+
+def joined_part(envelope: Envelope) -> Envelope:
+    """``envelope`` as a part of another delivery's turn: its comment and who sent it, without
+    the issue or pull request the turn's lead already names."""
+    return envelope.model_copy(update={"issue": None, "pull_request": None, "joined": []})
 
 
 def parse_moment(value: Any) -> datetime | None:
@@ -301,6 +318,9 @@ def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> 
         return None
     body = obj.get("body")
     return Comment(
+        review_id=comment_id if is_review else _int(obj, "pull_request_review_id"),
+        path=_str(obj, "path"),
+        line=_int(obj, "line") or _int(obj, "original_line"),
         id=comment_id,
         body=text(body, cap, "comment.body"),
         marked=isinstance(body, str) and is_marked(body),

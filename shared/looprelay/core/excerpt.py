@@ -6,8 +6,10 @@ argues with the agent's instructions. The excerpt keeps that text as *data*:
 - **Allow-list.** Only the fields below, read from the slim :class:`Envelope`, never the raw
   payload: event, action, repository, acting login, issue number/title/state, PR number/title/
   state/draft/merged/author and head/base ref and repository, comment or review author/state/
-  body, label, and a CI check's name/conclusion/branch/sha/PR numbers. No issue or PR body, no
-  ``sender``/``user`` objects, no URLs. ``None`` fields are left out.
+  body (a review comment's file and line too), label, and a CI check's name/conclusion/branch/
+  sha/PR numbers; a turn's joined comments (a review's inline comments) the same way, under
+  ``comments``, each capped at :data:`TEXT_MAX_CHARS` and all at :data:`JOINED_BUDGET_CHARS`.
+  No issue or PR body, no ``sender``/``user`` objects, no URLs. ``None`` fields are left out.
 - **Caps.** Free text (issue title, PR title, comment body, in that order) is cut per field at
   :data:`TEXT_MAX_CHARS` and at :data:`TEXT_BUDGET_CHARS` across all of it, each cut ending in
   :data:`TRUNCATION_NOTE` and named in ``truncated`` (which also names the envelope's own cuts).
@@ -32,6 +34,8 @@ from looprelay.core.envelope import Envelope
 
 TEXT_MAX_CHARS: Final = 3_500
 TEXT_BUDGET_CHARS: Final = 4_000
+JOINED_BUDGET_CHARS: Final = 16_000
+"""The budget of a turn's joined comments' bodies, beside the event's own."""
 TRUNCATION_NOTE: Final = " … [truncated by looprelay]"
 FREE_TEXT_FIELDS: Final = ("issue.title", "pull_request.title", "comment.body")
 _REPORTED_CUTS: Final = (*FREE_TEXT_FIELDS, "label")
@@ -57,6 +61,7 @@ def render_excerpt(envelope: Envelope) -> str:
         "issue": _issue(envelope, texts),
         "pull_request": _pull_request(envelope, texts),
         "comment": _comment(envelope, texts),
+        "comments": _joined(envelope, cut) or None,
         "label": envelope.label,
         "check": _check(envelope),
         "truncated": cut or None,
@@ -146,12 +151,40 @@ def _comment(envelope: Envelope, texts: dict[str, str]) -> _Json | None:
     comment = envelope.comment
     if comment is None:
         return None
-    # The anchors (author, state) come before the body, so a long body never pushes them off.
+    # The anchors (author, state, place) come before the body, so a long body never pushes
+    # them off.
     return {
         "author": comment.author.login if comment.author else None,
         "review_state": comment.review_state,
+        "path": comment.path,
+        "line": comment.line,
         "body": texts["comment.body"],
     }
+
+
+def _joined(envelope: Envelope, cut: list[str]) -> list[_Json]:
+    """The joined parts' comments, in the turn's order, their bodies capped; a cut one adds
+    ``comments.body`` to ``cut``."""
+    budget = JOINED_BUDGET_CHARS
+    found: list[_Json] = []
+    for part in envelope.joined:
+        comment = part.comment
+        if comment is None:
+            continue
+        keep = min(len(comment.body), TEXT_MAX_CHARS, budget)
+        budget -= keep
+        shortened = keep < len(comment.body) or "comment.body" in part.truncated
+        if shortened and "comments.body" not in cut:
+            cut.append("comments.body")
+        found.append(
+            {
+                "author": comment.author.login if comment.author else None,
+                "path": comment.path,
+                "line": comment.line,
+                "body": comment.body[:keep] + (TRUNCATION_NOTE if shortened else ""),
+            }
+        )
+    return found
 
 
 def _check(envelope: Envelope) -> _Json | None:
@@ -168,8 +201,12 @@ def _check(envelope: Envelope) -> _Json | None:
 
 
 def _present(fields: _Json) -> _Json:
-    return {
-        key: _present(value) if isinstance(value, dict) else value
-        for key, value in fields.items()
-        if value is not None
-    }
+    return {key: _present_value(value) for key, value in fields.items() if value is not None}
+
+
+def _present_value(value: object) -> object:
+    if isinstance(value, dict):
+        return _present(value)
+    if isinstance(value, list):
+        return [_present_value(item) for item in value]
+    return value

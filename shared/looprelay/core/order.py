@@ -15,6 +15,14 @@ passed since it was received: an earlier-made comment received a little later st
 first. A delivery that keeps failing (a poison delivery) holds the others back for
 ``routing.orderWaitSeconds`` from its first failure, never from its receipt: one that only
 waited for its turn is never taken for poison.
+
+Turns: a review with three inline comments comes as four deliveries (three
+``pull_request_review_comment`` and the ``pull_request_review``), received at once in any
+order. They are one turn of the session: the holder waits ``OrderRules.turn_window`` from the
+first one's receipt, then hands off the review with its comments joined to it (``turns``), in
+the place of the first. With ``OrderRules.comment_bursts``, a burst of one author's new
+comments (a run, as above) is one turn the same way. A part that is marked as the loop's own
+or names a control command is never joined: it is handed off alone, so every command is read.
 """
 
 from __future__ import annotations
@@ -23,12 +31,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from looprelay.core.control import Keywords, find_commands
 from looprelay.core.envelope import CREATING_ACTIONS, Envelope, order_key
 
 __all__ = [
     "COMMENT_WINDOW",
     "MAX_COMMENT_RUN",
     "ORDER_LOOKBACK",
+    "TURN_WINDOW",
+    "OrderRules",
     "Queued",
     "arrange",
     "may_go_ahead",
@@ -37,6 +48,7 @@ __all__ = [
     "queued",
     "ready_at",
     "runs",
+    "turns",
 ]
 
 ORDER_LOOKBACK = timedelta(hours=1)
@@ -48,6 +60,34 @@ what GitHub's sending and the queue's dispatching may spread a burst over (four 
 dispatchers on a busy machine bring 15 comments in over about a second)."""
 MAX_COMMENT_RUN = timedelta(seconds=3)
 """How long a run of comments so reordered may last: a steady stream is handed off anyway."""
+TURN_WINDOW = timedelta(seconds=2)
+"""How long after a turn's first part was received its others may join it: GitHub sends a
+review's deliveries within about a second of each other."""
+_REVIEW_EVENTS = frozenset({"pull_request_review", "pull_request_review_comment"})
+
+
+@dataclass(frozen=True)
+class OrderRules:
+    """The settings the order rule and the turns follow (``routing``'s order settings)."""
+
+    comment_window: timedelta = COMMENT_WINDOW
+    max_comment_run: timedelta = MAX_COMMENT_RUN
+    turn_window: timedelta = TURN_WINDOW
+    review_turns: bool = False
+    """A review's deliveries are one turn."""
+    comment_bursts: bool = False
+    """A run of one author's new comments is one turn."""
+    keywords: Keywords | None = None
+    """The control commands a part must not name to be joined (None: nothing is joined)."""
+
+    @property
+    def longest_wait(self) -> timedelta:
+        """The most the holder waits for a run or a turn before handing it off anyway."""
+        turning = self.review_turns or self.comment_bursts
+        return max(self.max_comment_run, self.turn_window if turning else timedelta(0))
+
+
+DEFAULT_RULES = OrderRules()
 
 
 def order_group(envelope: Envelope) -> str:
@@ -69,62 +109,145 @@ class Queued:
     received_at: datetime
     made: tuple[datetime, int] | None = None
     """A new comment's ``created_at`` and id; None for any other delivery."""
+    turn: str = ""
+    """The turn it may share with others (``turns``): ``review:ID:LOGIN`` or ``burst:LOGIN``;
+    empty when it is a turn of its own."""
+    lead: bool = False
+    """It leads its turn when there: the review itself, whose comments join it."""
 
 
-def queued(envelope: Envelope, *, received_at: datetime) -> Queued:
+def queued(
+    envelope: Envelope, *, received_at: datetime, rules: OrderRules = DEFAULT_RULES
+) -> Queued:
     """The inbox's view of ``envelope``, received by the worker at ``received_at``; never
     raises."""
     comment = envelope.comment
     made = None
     if comment is not None and comment.created_at and envelope.action in CREATING_ACTIONS:
         made = (comment.created_at, comment.id)
-    return Queued(envelope.delivery_id, envelope.order_key, received_at, made)
+    return Queued(
+        envelope.delivery_id,
+        envelope.order_key,
+        received_at,
+        made,
+        turn=_turn(envelope, rules),
+        lead=envelope.event == "pull_request_review",
+    )
 
 
-def arrange(waiting: Sequence[Queued]) -> list[Queued]:
+def _turn(envelope: Envelope, rules: OrderRules) -> str:
+    comment = envelope.comment
+    if (
+        rules.keywords is None
+        or comment is None
+        or envelope.action not in CREATING_ACTIONS
+        or comment.marked
+        or find_commands(comment.body, rules.keywords)
+    ):
+        return ""
+    author = envelope.sender.login.lower() if envelope.sender else ""
+    if rules.review_turns and envelope.event in _REVIEW_EVENTS and comment.review_id is not None:
+        return f"review:{comment.review_id}:{author}"
+    if rules.comment_bursts and envelope.event == "issue_comment" and author:
+        return f"burst:{author}"
+    return ""
+
+
+def arrange(waiting: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> list[Queued]:
     """Return ``waiting`` (one group's inbox) in hand-off order: by key (ties by delivery id),
     then each run of new comments (``runs``) put in creation order in the places the run
     holds. Never raises."""
     ordered = sorted(waiting, key=lambda q: (q.order_key, q.delivery_id))
     arranged = list(ordered)
-    for run in runs(ordered):
+    for run in runs(ordered, rules):
         made = sorted((ordered[place] for place in run), key=lambda q: q.made or ())
         for place, comment in zip(run, made, strict=True):
             arranged[place] = comment
     return arranged
 
 
-def runs(ordered: Sequence[Queued]) -> list[list[int]]:
+def runs(ordered: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> list[list[int]]:
     """The places in ``ordered`` of each run of new comments: each received within
-    ``COMMENT_WINDOW`` of the one before, all within ``MAX_COMMENT_RUN`` of the first."""
+    ``rules.comment_window`` of the one before, all within ``rules.max_comment_run`` of the
+    first."""
     found: list[list[int]] = []
     for place, q in enumerate(ordered):
         if q.made is None:
             continue
         run = found[-1] if found else []
-        if run and _continues(ordered[run[0]], ordered[run[-1]], q):
+        if run and _continues(ordered[run[0]], ordered[run[-1]], q, rules):
             run.append(place)
         else:
             found.append([place])
     return found
 
 
-def ready_at(ordered: Sequence[Queued], place: int) -> datetime:
+def ready_at(ordered: Sequence[Queued], place: int, rules: OrderRules = DEFAULT_RULES) -> datetime:
     """When ``ordered[place]`` may be handed off: anything but a new comment at once; a new
-    comment once its run has been quiet for ``COMMENT_WINDOW`` (a comment made earlier and
-    received later still goes first), at most ``MAX_COMMENT_RUN`` after the run began."""
-    for run in runs(ordered):
+    comment once its run has been quiet for ``rules.comment_window`` (a comment made earlier
+    and received later still goes first), at most ``rules.max_comment_run`` after the run
+    began."""
+    for run in runs(ordered, rules):
         if place in run:
             first, last = ordered[run[0]], ordered[run[-1]]
-            return min(last.received_at + COMMENT_WINDOW, first.received_at + MAX_COMMENT_RUN)
+            return min(
+                last.received_at + rules.comment_window, first.received_at + rules.max_comment_run
+            )
     return ordered[place].received_at
 
 
-def _continues(first: Queued, last: Queued, later: Queued) -> bool:
+def _continues(first: Queued, last: Queued, later: Queued, rules: OrderRules) -> bool:
     return (
-        later.received_at - last.received_at <= COMMENT_WINDOW
-        and later.received_at - first.received_at <= MAX_COMMENT_RUN
+        later.received_at - last.received_at <= rules.comment_window
+        and later.received_at - first.received_at <= rules.max_comment_run
     )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One hand-off: a delivery (``lead``) and those joined to it, in creation order."""
+
+    lead: Queued
+    joined: tuple[Queued, ...]
+    ready_at: datetime
+    """When it may be handed off: its parts' own readiness, and for a turn of several
+    parts ``rules.turn_window`` after the first was received."""
+
+    @property
+    def parts(self) -> tuple[Queued, ...]:
+        """The lead, then the joined."""
+        return (self.lead, *self.joined)
+
+
+def turns(arranged: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> list[Turn]:
+    """``arranged`` (``arrange``'s order) as hand-offs: each part of a review (or of one
+    author's run of comments, with ``rules.comment_bursts``) joined into one turn in the place
+    of its first part, led by the review itself when it is there. Never raises."""
+    places = {id(q): place for place, q in enumerate(arranged)}
+    by_run = {place: n for n, run in enumerate(runs(arranged, rules)) for place in run}
+    groups: dict[str, list[Queued]] = {}
+    order: list[list[Queued]] = []
+    for place, q in enumerate(arranged):
+        key = q.turn
+        if key.startswith("burst:"):
+            key = f"{key}@{by_run.get(place, place)}"  # one burst is one run
+        if not key:
+            order.append([q])
+        elif key in groups:
+            groups[key].append(q)
+        else:
+            groups[key] = [q]
+            order.append(groups[key])
+    found: list[Turn] = []
+    for parts in order:
+        lead = next((q for q in parts if q.lead), parts[0])
+        joined = tuple(q for q in parts if q is not lead)
+        ready = max(ready_at(arranged, places[id(q)], rules) for q in parts)
+        if len(parts) > 1 or parts[0].turn:
+            first = min(q.received_at for q in parts)
+            ready = max(ready, first + rules.turn_window)
+        found.append(Turn(lead, joined, ready))
+    return found
 
 
 def may_go_ahead(stuck_since: datetime | None, *, now: datetime, bound: timedelta) -> bool:

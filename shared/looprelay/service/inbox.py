@@ -26,16 +26,18 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from secrets import token_hex
 
-from looprelay.core.envelope import Envelope
+from looprelay.core.envelope import Envelope, joined_part
 from looprelay.core.model import DeliveryRecord, EventRecord, InboxRecord
 from looprelay.core.order import (
-    MAX_COMMENT_RUN,
+    DEFAULT_RULES,
     ORDER_LOOKBACK,
+    OrderRules,
+    Turn,
     arrange,
     may_go_ahead,
     order_key,
     queued,
-    ready_at,
+    turns,
 )
 from looprelay.errors import Transient
 from looprelay.ports import Clock, Store
@@ -55,9 +57,10 @@ BATCH = 50
 MAX_RELEASES = 20
 """Drains in a row one holder makes while knocks keep coming, before leaving the rest."""
 
-HandOff = Callable[[Envelope, DeliveryRecord, tuple[str, ...]], None]
-"""Handle one delivery and settle it; the ids are what it goes ahead of. Raises
-``Transient`` when its handler failed for now (the delivery stays unsettled)."""
+HandOff = Callable[[Envelope, DeliveryRecord, tuple[str, ...], tuple[DeliveryRecord, ...]], None]
+"""Handle one turn and settle it: the lead's envelope (the others' joined to it), its record,
+the ids it goes ahead of, and the records of the deliveries joined to it. Raises
+``Transient`` when its handler failed for now (the deliveries stay unsettled)."""
 
 
 class Inbox:
@@ -71,6 +74,7 @@ class Inbox:
         hand_off: HandOff,
         lease: timedelta = INBOX_LEASE,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
+        rules: OrderRules = DEFAULT_RULES,
         drain_seconds: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -83,6 +87,7 @@ class Inbox:
         self._hand_off = hand_off
         self._lease = lease
         self._order_wait = order_wait
+        self._rules = rules
         self._drain_seconds = drain_seconds
         self._sleep = sleep
 
@@ -140,34 +145,40 @@ class Inbox:
     ) -> tuple[InboxRecord, str]:
         """Hand off what the inbox holds, list after list, until ``ends`` (monotonic); return
         its state and why the drain stopped before the inbox was empty ("": it did not)."""
-        slept = 0.0  # bounded whatever the clock says
+        slept = 0.0  # since the last hand-off; bounded whatever the clock says
         while True:
             now = self._clock.now()
             since = order_key(now - ORDER_LOOKBACK)
             listed = self._store.list_inbox(inbox.group, from_key=since, limit=BATCH)
             envelopes = {r.delivery_id: Envelope.model_validate_json(r.envelope) for r in listed}
             records = {r.delivery_id: r for r in listed}
-            order = arrange(
-                [queued(envelopes[r.delivery_id], received_at=r.received_at) for r in listed]
+            arranged = arrange(
+                [
+                    queued(envelopes[r.delivery_id], received_at=r.received_at, rules=self._rules)
+                    for r in listed
+                ],
+                self._rules,
             )
             skipped: list[str] = []
             handed = 0
-            for index, place in enumerate(order):
+            longest = self._rules.longest_wait.total_seconds()
+            for turn in turns(arranged, self._rules):
                 if ends is not None and time.monotonic() >= ends:
                     return inbox, "drained for the attempt's budget; the next attempt goes on"
-                wait = (ready_at(order, index) - self._clock.now()).total_seconds()
-                if wait > 0 and slept < MAX_COMMENT_RUN.total_seconds():
-                    # A run of new comments waits until it is quiet, for one made earlier, then
-                    # the inbox is listed again: what came meanwhile may go before it.
-                    pause = min(wait, MAX_COMMENT_RUN.total_seconds() - slept)
+                wait = (turn.ready_at - self._clock.now()).total_seconds()
+                if wait > 0 and slept < longest:
+                    # A run of new comments waits until it is quiet, for one made earlier, and
+                    # a turn for its other parts; then the inbox is listed again: what came
+                    # meanwhile may go before it, or join it.
+                    pause = min(wait, longest - slept)
                     self._sleep(pause)
                     slept += pause
                     break
-                record = records[place.delivery_id]
-                inbox, ok = self._one(inbox, envelopes[place.delivery_id], record, skipped)
+                inbox, ok = self._one(inbox, turn, envelopes, records, skipped)
                 keeper.inbox = inbox
                 if ok:
                     handed += 1
+                    slept = 0.0  # each turn waits its own bounded while
                     if not skipped:
                         inbox = inbox.model_copy(update={"stuck": "", "stuck_since": None})
                     continue
@@ -175,7 +186,7 @@ class Inbox:
                     inbox.stuck_since, now=self._clock.now(), bound=self._order_wait
                 ):
                     return inbox, "a delivery keeps failing; the others wait for it"
-                skipped.append(record.delivery_id)
+                skipped.extend(part.delivery_id for part in turn.parts)
             else:
                 if not handed:
                     return inbox, ""  # empty, or only failing ones left: their retries come
@@ -183,19 +194,27 @@ class Inbox:
     def _one(
         self,
         inbox: InboxRecord,
-        envelope: Envelope,
-        record: DeliveryRecord,
+        turn: Turn,
+        envelopes: dict[str, Envelope],
+        records: dict[str, DeliveryRecord],
         skipped: list[str],
     ) -> tuple[InboxRecord, bool]:
-        """Hand ``record`` off under a renewed lease; return the inbox's state and whether it
+        """Hand ``turn`` off under a renewed lease; return the inbox's state and whether it
         was handed off (False: its handler failed for now)."""
         kept = self._renew(inbox)
         if kept is None:
             raise Transient(f"lost the inbox of {inbox.group}; its next holder drains it")
-        if record.order_key < kept.drained_key:
-            self._late(record, kept)
+        record = records[turn.lead.delivery_id]
+        joined = tuple(records[part.delivery_id] for part in turn.joined)
+        for part in (record, *joined):
+            if part.order_key < kept.drained_key:
+                self._late(part, kept)
+        envelope = envelopes[record.delivery_id]
+        if joined:
+            parts = [joined_part(envelopes[part.delivery_id]) for part in joined]
+            envelope = envelope.model_copy(update={"joined": parts})
         try:
-            self._hand_off(envelope, record, tuple(skipped))
+            self._hand_off(envelope, record, tuple(skipped), joined)
         except Transient as exc:
             log.warning(
                 "delivery failed for now; the others of %s wait: %s",
@@ -208,7 +227,7 @@ class Inbox:
             return kept.model_copy(
                 update={"stuck": record.delivery_id, "stuck_since": self._clock.now()}
             ), False
-        drained = max(kept.drained_key, record.order_key)
+        drained = max(kept.drained_key, *(part.order_key for part in (record, *joined)))
         return kept.model_copy(update={"drained_key": drained}), True
 
     def _late(self, record: DeliveryRecord, inbox: InboxRecord) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from looprelay.config.routing import TemplateSource
 from looprelay.core.answers import ANSWER_KIND, ANSWER_REACTION
@@ -87,6 +88,7 @@ class Router:
                 same = applied_before(identity, situation.work_item.applied)
                 if same is not None:
                     return _same_event(envelope, same)
+                situation = _without_applied_parts(situation, situation.work_item)
             decision = decide(situation, self._policy, self._templates.for_decision())
             if decision.work_item is None or self._save(situation, decision, identity):
                 break
@@ -238,7 +240,20 @@ class Router:
             event_key=identity.key if identity else "",
             event_at=identity.at if identity else None,
         )
-        applied = [*decision.work_item.applied, entry][-MAX_APPLIED:]
+        # A joined part is applied with its turn: a retry of it alone, or the poll of its
+        # comment, finds it here and is not pasted twice.
+        parts = [
+            entry.model_copy(
+                update={
+                    "delivery_id": part.delivery_id,
+                    "event_key": part_identity.key if part_identity else "",
+                    "event_at": part_identity.at if part_identity else None,
+                }
+            )
+            for part in situation.envelope.joined
+            for part_identity in (event_identity(part),)
+        ]
+        applied = [*decision.work_item.applied, *parts, entry][-MAX_APPLIED:]
         return self._items.save_work_item(
             decision.work_item.model_copy(update={"applied": applied}),
             expected_version=expected,
@@ -358,6 +373,21 @@ def _same_event(envelope: Envelope, same: AppliedDelivery) -> Outcome:
         extra={"delivery_id": envelope.delivery_id},
     )
     return Outcome(SAME_EVENT, f"the same event as delivery {same.delivery_id}")
+
+
+def _without_applied_parts(situation: Situation, item: WorkItemRecord) -> Situation:
+    """``situation`` without the joined parts ``item`` already applied (alone, or through the
+    poller under another delivery id)."""
+    joined = situation.envelope.joined
+    fresh = [
+        part
+        for part in joined
+        if _applied(item, part.delivery_id) is None
+        and applied_before(event_identity(part), item.applied) is None
+    ]
+    if len(fresh) == len(joined):
+        return situation
+    return replace(situation, envelope=situation.envelope.model_copy(update={"joined": fresh}))
 
 
 def _applied(item: WorkItemRecord | None, delivery_id: str) -> AppliedDelivery | None:

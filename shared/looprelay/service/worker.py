@@ -34,7 +34,7 @@ from looprelay.core.model import (
     EventRecord,
     is_valid_outcome,
 )
-from looprelay.core.order import order_group
+from looprelay.core.order import DEFAULT_RULES, OrderRules, order_group
 from looprelay.errors import BadDelivery, Transient, Unauthorized
 from looprelay.logsampling import LogSampler
 from looprelay.ports import Clock, Store, TaskAuthenticator
@@ -98,6 +98,7 @@ class Worker:
         allowed_events: Collection[str] | None = None,
         handler_budget_seconds: float | None = None,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
+        order_rules: OrderRules = DEFAULT_RULES,
     ) -> None:
         """``allowed_events`` (``webhook.events``): a delivery of any other event, and a
         ping, is settled without the handler (``ignored:event``, ``pong``); None routes all.
@@ -106,7 +107,8 @@ class Worker:
         is ``Transient`` and the queue retries the task, instead of sending a second attempt
         while this one still runs. ``order_wait``
         (``routing.orderWaitSeconds``) bounds how long failing deliveries hold the others of
-        their group back."""
+        their group back; ``order_rules`` (``routing``'s order and turn settings) say how
+        comments are ordered and which deliveries are one turn."""
         self._allowed = None if allowed_events is None else frozenset(allowed_events)
         self._store = store
         self._auth = authenticator
@@ -121,6 +123,7 @@ class Worker:
             hand_off=self._hand_off,
             drain_seconds=handler_budget_seconds,
             order_wait=order_wait,
+            rules=order_rules,
         )
 
     def settle(self, headers: Mapping[str, str], body: bytes) -> Settlement:
@@ -199,10 +202,17 @@ class Worker:
         return Settlement(stored.outcome)
 
     def _hand_off(
-        self, envelope: Envelope, record: DeliveryRecord, ahead_of: tuple[str, ...]
+        self,
+        envelope: Envelope,
+        record: DeliveryRecord,
+        ahead_of: tuple[str, ...],
+        joined: tuple[DeliveryRecord, ...],
     ) -> None:
-        """The inbox's hand-off: settle ``record``, and say what it went ahead of."""
+        """The inbox's hand-off: settle ``record`` (and with its outcome the ``joined``, whose
+        envelopes ride in ``envelope.joined``), and say what it went ahead of."""
         settlement = self._settle(envelope, record, retries=None)
+        for part in joined:
+            self._settle_joined(part, lead=record, outcome=settlement.outcome)
         if ahead_of and not settlement.already:
             log.warning(
                 "went ahead of %d failing deliveries of %s",
@@ -214,6 +224,28 @@ class Worker:
                 went_ahead_event(
                     record, ahead_of, at=self._clock.now(), order_wait=self._order_wait
                 )
+            )
+
+    def _settle_joined(
+        self, record: DeliveryRecord, *, lead: DeliveryRecord, outcome: str | None
+    ) -> None:
+        """Settle ``record``, handed off in ``lead``'s turn, with the lead's outcome."""
+        detail = f"one turn with delivery {lead.delivery_id}"
+        settled_as = outcome or "failed"
+        event = EventRecord(
+            name="delivery.settled",
+            at=self._clock.now(),
+            delivery_id=record.delivery_id,
+            data={"outcome": settled_as, "detail": detail, "attempts": record.attempts},
+        )
+        if self._store.settle_delivery(
+            record.delivery_id, outcome=settled_as, detail=detail, at=event.at, event=event
+        ):
+            log.info(
+                "delivery settled as %s in one turn with %s",
+                settled_as,
+                lead.delivery_id,
+                extra={"delivery_id": record.delivery_id},
             )
 
     def _settle(
