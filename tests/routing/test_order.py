@@ -107,6 +107,18 @@ class Ordered:
         )
         return found
 
+    def redeliver(self, record: DeliveryRecord) -> dict[str, Any]:
+        """The queue's task of ``record`` once more, straight to the worker: its answer."""
+        answer = requests.post(
+            self.worker_url,
+            data=record.envelope.encode(),
+            headers={"Authorization": f"Bearer {SECRET}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        result: dict[str, Any] = answer.json()
+        return result
+
     def send(self, event: str, data: dict[str, Any], delivery_id: str) -> None:
         """Send one signed webhook of ``event`` to ingress."""
         answer = webhook_handler(self.ingress)(_signed(data, delivery_id, event=event))
@@ -266,19 +278,8 @@ class TestOrder:
         again = list(ledger.values())
         random.Random(14).shuffle(again)
 
-        def redeliver(record: DeliveryRecord) -> dict[str, Any]:
-            answer = requests.post(
-                deployment.worker_url,
-                data=record.envelope.encode(),
-                headers={"Authorization": f"Bearer {SECRET}"},
-                timeout=30,
-            )
-            assert answer.status_code == 200, answer.text
-            result: dict[str, Any] = answer.json()
-            return result
-
         with ThreadPoolExecutor(DISPATCHERS) as pool:
-            answers = list(pool.map(redeliver, again))
+            answers = list(pool.map(deployment.redeliver, again))
         assert {answer["status"] for answer in answers} == {"already-settled"}
         assert len(deployment.relay.dispatches(1)) == 1 + COMMENTS  # the spawn and one each
         assert deployment.pasted(runner) == []
@@ -392,14 +393,6 @@ class TestReviewTurn:
         joined = [ledger[f"review-part-{index}"].detail for index in range(3)]
         assert joined == ["one turn with delivery review-body"] * 3
 
-        again = list(ledger.values())
-        for record in again:  # every delivery again: settled, nothing more to paste
-            answer = requests.post(
-                deployment.worker_url,
-                data=record.envelope.encode(),
-                headers={"Authorization": f"Bearer {SECRET}"},
-                timeout=30,
-            )
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["status"] == "already-settled"
-        assert deployment.leased(runner) == []
+        answers = [deployment.redeliver(record) for record in ledger.values()]
+        assert {answer["status"] for answer in answers} == {"already-settled"}
+        assert deployment.leased(runner) == []  # nothing more to paste
