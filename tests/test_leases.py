@@ -652,6 +652,22 @@ class TestPoll:
         assert "old-box was revoked; register it again" in response.json()["error"]
         assert desk.stored("dp-1-1").status == "pending"
 
+    def test_a_poll_waiting_when_its_runner_is_revoked_leases_nothing(self, desk: Desk) -> None:
+        """As ``up`` runs it (no runner cache): the poll was let in before the revocation,
+        and the dispatch that wakes it stays for another runner."""
+        runner = desk.runner("stolen-box")
+        with ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(desk.poll, runner, 20.0)
+            wait_until(lambda: desk.waker.waiting() == 1, what="the poll looked and waits")
+            assert desk.stores.registry.revoke_runner(runner.runner_id, at=desk.clock.now())
+            comment = desk.dispatch(1)
+            desk.seed(1, comment)
+            desk.waker.notify([comment])  # as the router rings
+            answer = poll.result(HTTP_TIMEOUT)
+        assert answer.status_code == 401, answer.text
+        assert "revoked" in answer.json()["error"]
+        assert desk.stored("dp-1-1").status == "pending"
+
     @pytest.mark.parametrize(
         ("repositories", "workspace", "labels", "offered"),
         [

@@ -220,18 +220,23 @@ class LeaseDesk:
     def _current(self, runner: RunnerRecord) -> RunnerRecord:
         """``runner`` as the store holds it now, when a change to it was told since it was
         read (the cache dropped it): read again, so a waiting poll of a runner revoked or
-        rotated meanwhile leases nothing, and one whose status changed is judged on it."""
+        rotated meanwhile leases nothing, and one whose status changed is judged on it.
+        Without a live cache, ``_confirmed`` reads it before a lease instead."""
         records = self._records
         if records is None or not records.live() or records.find(runner.runner_id):
             return runner
         mark = records.mark()
-        fresh = self._registry.get_runner(runner.runner_id)
-        if fresh is None or fresh.revoked or fresh.secret_hash != runner.secret_hash:
-            raise Unauthorized(
-                f"runner {runner.name} was revoked or its secret rotated while it polled"
-            )
+        fresh = _still_admitted(self._registry.get_runner(runner.runner_id), runner)
         records.keep(fresh, mark)
         return fresh
+
+    def _confirmed(self, runner: RunnerRecord) -> RunnerRecord:
+        """``runner`` read again before it leases, unless a live runner cache vouches for it
+        (``_current``): in ``up`` a poll let in before a revocation leases nothing, for one
+        read when there is something to lease, none while it waits."""
+        if self._records is not None and self._records.live():
+            return runner
+        return _still_admitted(self._registry.get_runner(runner.runner_id), runner)
 
     def _candidates(self, runner: RunnerRecord, now: datetime) -> list[DispatchRecord]:
         # With a live feed, the open dispatches it pushed say in memory which heads this
@@ -258,6 +263,7 @@ class LeaseDesk:
         )
         if not how_many_may_take(candidates, runner, live=live):
             return None  # each follows its session to another live runner: no slots to read
+        runner = self._confirmed(runner)
         holding = self._items.held_sessions(runner.runner_id)
         for _ in range(len(candidates)):
             pick = choose_dispatch(candidates, runner, live=live, holding=holding)
@@ -395,3 +401,13 @@ class LeaseDesk:
                 data={"dispatch_id": dispatch.dispatch_id, **data},
             )
         )
+
+
+def _still_admitted(fresh: RunnerRecord | None, polled: RunnerRecord) -> RunnerRecord:
+    """``fresh``, the registry's record of the runner whose poll let ``polled`` in;
+    ``Unauthorized`` when it has been revoked or its secret rotated since."""
+    if fresh is None or fresh.revoked or fresh.secret_hash != polled.secret_hash:
+        raise Unauthorized(
+            f"runner {polled.name} was revoked or its secret rotated while it polled"
+        )
+    return fresh
