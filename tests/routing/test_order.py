@@ -199,14 +199,14 @@ def ordered(
     switchboard: _Switchboard,
     tmp_path: Path,
 ) -> Iterator[MakeOrdered]:
-    """``ordered(poison=...)``: a deployment over ``backend`` on the real clock, its tasks
-    carried by the embedded queue (four dispatchers) or by Cloud Tasks (each task pushed at
-    once, retried after 1 s x 2^n: ``tests/cloudtasks_dispatcher.py``)."""
+    """``ordered(poison=..., **routing)``: a deployment over ``backend`` on the real clock,
+    its tasks carried by the embedded queue (four dispatchers) or by Cloud Tasks (each task
+    pushed at once, retried after 1 s x 2^n: ``tests/cloudtasks_dispatcher.py``)."""
     mounted: list[str] = []
     closing: list[Callable[[], None]] = []
 
-    def _make(poison: frozenset[str] = frozenset()) -> Ordered:
-        base = relay()
+    def _make(poison: frozenset[str] = frozenset(), **routing: Any) -> Ordered:
+        base = relay(**routing)
         clock = SystemClock()
         router = Router(
             store=backend.store,
@@ -396,3 +396,22 @@ class TestReviewTurn:
         answers = [deployment.redeliver(record) for record in ledger.values()]
         assert {answer["status"] for answer in answers} == {"already-settled"}
         assert deployment.leased(runner) == []  # nothing more to paste
+
+    def test_with_burst_turns_one_authors_burst_of_comments_is_one_turn(
+        self, ordered: MakeOrdered
+    ) -> None:
+        deployment = ordered(comment_burst_turns=True)
+        runner = _started(deployment)
+        created = datetime.now(UTC).replace(microsecond=0)
+        made = [deployment.comment(index, created_at=created, send=False) for index in range(5)]
+        shuffled = list(made)
+        random.Random(7).shuffle(shuffled)
+        with ThreadPoolExecutor(len(shuffled)) as pool:
+            list(pool.map(lambda m: deployment.send("issue_comment", m[2], m[1]), shuffled))
+        ledger = deployment.wait_settled([delivery for _, delivery, _ in made])
+
+        [turn] = deployment.leased(runner)
+        assert turn.delivery_id == made[0][1]  # led by the first made, the others in order
+        places = [turn.prompt.index(f"comment {index:02d}") for index in range(5)]
+        assert places == sorted(places)
+        assert {record.outcome for record in ledger.values()} == {"dispatched"}
