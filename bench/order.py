@@ -8,7 +8,10 @@ after 1 s x 2^n: ``tests/cloudtasks_dispatcher.py``), and the real ``Worker`` ov
 The comments are made in one GitHub second with growing ids and sent from one thread each in
 a shuffled order. Prints, per burst size, the inversions (neighbours handed off out of creation
 order) and the time from the burst's first send to the last hand-off (p50 and max over
-``--runs``), next to a lone comment's in the same run. See bench/README.md.
+``--runs``), next to a lone comment's in the same run. Then a review with ``--review``
+inline comments, its deliveries sent at once in a shuffled order, through the same rig with
+``routing``'s default order rules (review turns on): the hand-offs it took (1: one turn) and
+the time to it, against ``routing.turnWindowSeconds``. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,9 +48,11 @@ from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator  # n
 from looprelay.app.ingress_http import webhook_handler  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
 from looprelay.app.worker_http import worker_handler  # noqa: E402
-from looprelay.config.model import WebhookConfig  # noqa: E402
+from looprelay.config.model import RoutingConfig, WebhookConfig  # noqa: E402
+from looprelay.config.routing import order_rules  # noqa: E402
 from looprelay.core.envelope import Envelope  # noqa: E402
 from looprelay.core.model import DeliveryRecord  # noqa: E402
+from looprelay.core.order import DEFAULT_RULES, OrderRules  # noqa: E402
 from looprelay.core.signature import sign_body  # noqa: E402
 from looprelay.service.ingress import Ingress  # noqa: E402
 from looprelay.service.worker import Outcome, Worker  # noqa: E402
@@ -60,28 +67,32 @@ DEADLINE_SECONDS = 120.0
 
 
 class Recorder:
-    """The worker's handler: which comment was handed off when."""
+    """The worker's handler: which delivery was handed off when, with how many joined."""
 
     def __init__(self) -> None:
         self.handed: list[tuple[int, float]] = []
+        self.turns: list[tuple[str, int]] = []
         self._lock = threading.Lock()
 
     def __call__(self, envelope: Envelope, record: DeliveryRecord) -> Outcome:
         with self._lock:
             self.handed.append((envelope.comment.id if envelope.comment else 0, time.monotonic()))
+            self.turns.append((envelope.delivery_id, len(envelope.joined)))
         return Outcome("dispatched", "recorded")
 
 
-def burst(size: int, client: firestore.Client) -> tuple[int, float, int]:
-    """Send ``size`` comments at once; return (inversions, seconds to the last hand-off,
-    queue retries)."""
+@contextmanager
+def _rig(
+    client: firestore.Client, handler: Recorder, rules: OrderRules
+) -> Iterator[tuple[Callable[[Request], Any], CloudTasksDispatcher]]:
+    """Ingress (as a request handler) into the Cloud Tasks shape, to a fresh worker."""
     store = FirestoreStore(client, collection_prefix=f"b{uuid.uuid4().hex[:12]}_")
-    handler = Recorder()
     worker = Worker(
         store=store,
         authenticator=SharedSecretAuthenticator(TOKEN),
         clock=_Clock(),
         handler=handler,
+        order_rules=rules,
     )
     server = AppServer(exact={"/worker": worker_handler(worker)})
     server.start()
@@ -90,26 +101,87 @@ def burst(size: int, client: firestore.Client) -> tuple[int, float, int]:
     dispatcher = CloudTasksDispatcher(worker_url=f"{server.url}/worker", token=TOKEN)
     recorder.on_created.append(dispatcher.push)
     queue = CloudTasksQueue.from_config(recorder_config(recorder, worker_url=dispatcher.worker_url))
-    ingress = webhook_handler(Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig()))
     try:
-        made = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        requests = [_signed(_comment(1000 + n, made), f"burst-{n:03d}") for n in range(size)]
-        random.Random(size).shuffle(requests)
-        start = time.monotonic()
-        with ThreadPoolExecutor(size) as pool:
-            statuses = list(pool.map(lambda request: ingress(request).status, requests))
-        assert statuses == [202] * size, statuses
-        deadline = start + DEADLINE_SECONDS
-        while len(handler.handed) < size and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ids = [comment for comment, _ in handler.handed]
-        inversions = sum(later < earlier for earlier, later in itertools.pairwise(ids))
-        last = max((at for _, at in handler.handed), default=deadline) - start
-        return inversions + size - len(ids), last, dispatcher.retries()
+        yield (
+            webhook_handler(Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig())),
+            dispatcher,
+        )
     finally:
         dispatcher.stop()
         recorder.stop()
         server.stop()
+
+
+def _send_at_once(ingress: Callable[[Request], Any], requests: list[Request]) -> float:
+    """Send ``requests`` from one thread each; the monotonic moment the first went."""
+    start = time.monotonic()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        statuses = list(pool.map(lambda request: ingress(request).status, requests))
+    assert statuses == [202] * len(requests), statuses
+    return start
+
+
+def _wait(handler: Recorder, count: int, start: float) -> None:
+    deadline = start + DEADLINE_SECONDS
+    while len(handler.handed) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def burst(size: int, client: firestore.Client) -> tuple[int, float, int]:
+    """Send ``size`` comments at once; return (inversions, seconds to the last hand-off,
+    queue retries)."""
+    handler = Recorder()
+    with _rig(client, handler, DEFAULT_RULES) as (ingress, dispatcher):
+        made = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        requests = [_signed(_comment(1000 + n, made), f"burst-{n:03d}") for n in range(size)]
+        random.Random(size).shuffle(requests)
+        start = _send_at_once(ingress, requests)
+        _wait(handler, size, start)
+        ids = [comment for comment, _ in handler.handed]
+        inversions = sum(later < earlier for earlier, later in itertools.pairwise(ids))
+        last = max((at for _, at in handler.handed), default=start + DEADLINE_SECONDS) - start
+        return inversions + size - len(ids), last, dispatcher.retries()
+
+
+def review(comments: int, client: firestore.Client) -> tuple[int, int, float]:
+    """Send a review with ``comments`` inline comments at once; return (hand-offs, deliveries
+    joined into the first, seconds to the first hand-off)."""
+    handler = Recorder()
+    rules = order_rules(RoutingConfig())
+    with _rig(client, handler, rules) as (ingress, _dispatcher):
+        parts = [
+            _signed(_review_comment(2000 + n), f"part-{n:03d}", event=_INLINE)
+            for n in range(comments)
+        ]
+        parts.append(_signed(_review_body(), "review", event=_REVIEW))
+        random.Random(comments).shuffle(parts)
+        start = _send_at_once(ingress, parts)
+        _wait(handler, 1, start)
+        time.sleep(rules.turn_window.total_seconds() + 1)  # a second hand-off would come by now
+        first = handler.handed[0][1] - start if handler.handed else DEADLINE_SECONDS
+        joined = handler.turns[0][1] if handler.turns else 0
+        return len(handler.turns), joined, first
+
+
+_INLINE = "pull_request_review_comment"
+_REVIEW = "pull_request_review"
+
+
+def _review_comment(comment_id: int) -> dict[str, Any]:
+    payload = _fixture(_INLINE + ".created")
+    payload["comment"].update(id=comment_id, body=f"note {comment_id}", line=comment_id % 90)
+    return payload
+
+
+def _review_body() -> dict[str, Any]:
+    payload = _fixture(_REVIEW + ".submitted")
+    payload["review"]["body"] = "Two things before this merges."
+    return payload
+
+
+def _fixture(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((FIXTURE.parent / f"{name}.json").read_text("utf-8"))
+    return loaded
 
 
 class _Clock:
@@ -124,11 +196,11 @@ def _comment(comment_id: int, made: str) -> dict[str, Any]:
     return payload
 
 
-def _signed(payload: dict[str, Any], delivery_id: str) -> Request:
+def _signed(payload: dict[str, Any], delivery_id: str, *, event: str = "issue_comment") -> Request:
     body = json.dumps(payload).encode()
     headers = {
         "content-type": "application/json",
-        "x-github-event": "issue_comment",
+        "x-github-event": event,
         "x-github-delivery": delivery_id,
         "x-hub-signature-256": sign_body(body, SECRET),
         "content-length": str(len(body)),
@@ -141,6 +213,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="15,50", help="burst sizes [default: 15,50]")
     parser.add_argument("--runs", type=int, default=5, help="runs per size [default: 5]")
+    parser.add_argument(
+        "--review", type=int, default=5, help="inline comments of the review [default: 5]"
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # each held attempt logs its 503: noise here
     with _emulator() as host:
@@ -163,6 +238,16 @@ def main() -> int:
                 f"{statistics.median(r[2] for r in results):.0f}"
             )
             failed = failed or any(inversions)
+        reviews = [review(args.review, client) for _ in range(args.runs)]
+        handoffs = [r[0] for r in reviews]
+        firsts = [r[2] for r in reviews]
+        print(
+            f"a review with {args.review} inline comments at once: hand-offs {max(handoffs)} "
+            f"(max of {args.runs}; 1 is one turn), joined {min(r[1] for r in reviews)} (min), "
+            f"handed off p50 {statistics.median(firsts):.2f} s, max {max(firsts):.2f} s "
+            f"(routing.turnWindowSeconds {RoutingConfig().turn_window_seconds:.0f} s)"
+        )
+        failed = failed or any(count != 1 for count in handoffs)
     return 1 if failed else 0
 
 
