@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from secrets import token_hex
 
@@ -112,9 +113,13 @@ class Inbox:
                 retry_after=self._lease.total_seconds(),
             )
         ends = None if self._drain_seconds is None else time.monotonic() + self._drain_seconds
+        # The attempt holds a queue dispatcher while it waits for a run or a turn, and a
+        # backlog brings a group's deliveries in one by one: all its waits together are
+        # bounded, whatever the clock says, and past that it hands off what it has.
+        waits = _Waits(self._rules.longest_wait.total_seconds())
         with _Keeper(inbox, renew=self._renew, every=self._lease.total_seconds() / 3) as keeper:
             for _ in range(MAX_RELEASES):
-                inbox, stopped = self._drain(inbox, keeper, ends)
+                inbox, stopped = self._drain(inbox, keeper, ends, waits)
                 if stopped:
                     self._leave(inbox)
                     raise Transient(f"the inbox of {group}: {stopped}")
@@ -141,11 +146,11 @@ class Inbox:
                 return
 
     def _drain(
-        self, inbox: InboxRecord, keeper: _Keeper, ends: float | None
+        self, inbox: InboxRecord, keeper: _Keeper, ends: float | None, waits: _Waits
     ) -> tuple[InboxRecord, str]:
-        """Hand off what the inbox holds, list after list, until ``ends`` (monotonic); return
-        its state and why the drain stopped before the inbox was empty ("": it did not)."""
-        slept = 0.0  # since the last hand-off; bounded whatever the clock says
+        """Hand off what the inbox holds, list after list, until ``ends`` (monotonic), waiting
+        for runs and turns out of ``waits``; return its state and why the drain stopped
+        before the inbox was empty ("": it did not)."""
         while True:
             now = self._clock.now()
             since = order_key(now - ORDER_LOOKBACK)
@@ -161,24 +166,22 @@ class Inbox:
             )
             skipped: list[str] = []
             handed = 0
-            longest = self._rules.longest_wait.total_seconds()
             for turn in turns(arranged, self._rules):
                 if ends is not None and time.monotonic() >= ends:
                     return inbox, "drained for the attempt's budget; the next attempt goes on"
                 wait = (turn.ready_at - self._clock.now()).total_seconds()
-                if wait > 0 and slept < longest:
+                if wait > 0 and waits.left > 0:
                     # A run of new comments waits until it is quiet, for one made earlier, and
                     # a turn for its other parts; then the inbox is listed again: what came
                     # meanwhile may go before it, or join it.
-                    pause = min(wait, longest - slept)
+                    pause = min(wait, waits.left)
                     self._sleep(pause)
-                    slept += pause
+                    waits.left -= pause
                     break
                 inbox, ok = self._one(inbox, turn, envelopes, records, skipped)
                 keeper.inbox = inbox
                 if ok:
                     handed += 1
-                    slept = 0.0  # each turn waits its own bounded while
                     if not skipped:
                         inbox = inbox.model_copy(update={"stuck": "", "stuck_since": None})
                     continue
@@ -257,6 +260,13 @@ def went_ahead_event(
             "order_wait_seconds": order_wait.total_seconds(),
         },
     )
+
+
+@dataclass
+class _Waits:
+    """What an attempt may still spend waiting for runs and turns, in seconds."""
+
+    left: float
 
 
 class _Keeper:
