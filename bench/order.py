@@ -49,7 +49,7 @@ from looprelay.app.ingress_http import webhook_handler  # noqa: E402
 from looprelay.app.messages import Request  # noqa: E402
 from looprelay.app.worker_http import worker_handler  # noqa: E402
 from looprelay.config.model import RoutingConfig, WebhookConfig  # noqa: E402
-from looprelay.config.routing import order_rules  # noqa: E402
+from looprelay.config.order import order_rules  # noqa: E402
 from looprelay.core.envelope import Envelope  # noqa: E402
 from looprelay.core.model import DeliveryRecord  # noqa: E402
 from looprelay.core.order import DEFAULT_RULES, OrderRules  # noqa: E402

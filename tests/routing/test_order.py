@@ -36,7 +36,8 @@ from looprelay.app.ingress_http import webhook_handler
 from looprelay.app.messages import Request
 from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
-from looprelay.config.routing import TemplateSource, order_rules, routing_policy
+from looprelay.config.order import order_rules
+from looprelay.config.routing import TemplateSource, routing_policy
 from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord, DispatchRecord, RunnerRecord
 from looprelay.errors import Transient

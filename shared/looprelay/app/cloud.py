@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from looprelay.config.model import Config, load_config
-from looprelay.config.routing import order_rules
+from looprelay.config.order import order_rules
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from starlette.applications import Starlette
 from looprelay.app.asgi import Blocking, Endpoint, build_asgi
 from looprelay.app.messages import Request, Response, json_response
 from looprelay.config.model import Config
-from looprelay.config.routing import order_rules
+from looprelay.config.order import order_rules
 from looprelay.errors import ConfigError
 
 if TYPE_CHECKING:

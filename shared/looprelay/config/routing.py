@@ -19,7 +19,6 @@ from looprelay.core.checklist import Phase
 from looprelay.core.control import Keywords
 from looprelay.core.forks import ForkSessions
 from looprelay.core.interaction import resolve_mode
-from looprelay.core.order import OrderRules
 from looprelay.core.plan import PausedEvents, RoutingPolicy, Templates
 from looprelay.core.policy import AuthorizedUsers, CloseEndsSession, UserPin
 from looprelay.core.prsessions import resolve_session_per_pr
@@ -71,23 +70,6 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
         )
     except ValueError as exc:
         raise ConfigError(f"routing: {exc}") from exc
-
-
-def order_rules(config: RoutingConfig) -> OrderRules:
-    """The order and turn rules of the ``routing`` section; ``ConfigError`` when two commands
-    share a keyword."""
-    try:
-        keywords = Keywords.from_config(config.control.keywords)
-    except ValueError as exc:
-        raise ConfigError(f"routing: {exc}") from exc
-    return OrderRules(
-        comment_window=timedelta(seconds=config.comment_window_seconds),
-        max_comment_run=timedelta(seconds=config.max_comment_run_seconds),
-        turn_window=timedelta(seconds=config.turn_window_seconds),
-        review_turns=config.review_turns,
-        comment_bursts=config.comment_burst_turns,
-        keywords=keywords,
-    )
 
 
 def _core_entry(entry: str | int | AuthorizedUser) -> str | int | UserPin:
