@@ -7,6 +7,7 @@ body ingress did not write.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from looprelay.app.asgi import Handler
@@ -32,7 +33,8 @@ def worker_handler(worker: Worker) -> Handler:
             busy = json_response(503, {"error": str(exc)})
             if exc.retry_after is None:
                 return busy
-            return replace(busy, headers={"retry-after": f"{exc.retry_after:.0f}"})
+            # Whole seconds (RFC 9110), rounded up: a sooner retry would find it not ready.
+            return replace(busy, headers={"retry-after": str(math.ceil(exc.retry_after))})
         status = "already-settled" if settlement.already else "settled"
         return json_response(200, {"status": status, "outcome": settlement.outcome})
 
