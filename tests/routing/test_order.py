@@ -108,6 +108,14 @@ class Ordered:
         )
         return found
 
+    def send_at_once(self, sent: list[tuple[str, str, dict[str, Any]]], *, seed: int) -> None:
+        """Send each ``(event, delivery id, payload)`` of ``sent`` from a thread of its own,
+        all at once, in an order shuffled by ``seed``."""
+        shuffled = list(sent)
+        random.Random(seed).shuffle(shuffled)
+        with ThreadPoolExecutor(len(shuffled)) as pool:
+            list(pool.map(lambda one: self.send(one[0], one[2], one[1]), shuffled))
+
     def redeliver(self, record: DeliveryRecord) -> dict[str, Any]:
         """The queue's task of ``record`` once more, straight to the worker: its answer."""
         answer = requests.post(
@@ -312,10 +320,7 @@ class TestOrder:
         runner = _started(deployment)
         created = datetime.now(UTC).replace(microsecond=0)
         made = [deployment.comment(index, created_at=created, send=False) for index in range(15)]
-        shuffled = list(made)
-        random.Random(25).shuffle(shuffled)
-        with ThreadPoolExecutor(len(shuffled)) as pool:
-            list(pool.map(lambda m: deployment.send("issue_comment", m[2], m[1]), shuffled))
+        deployment.send_at_once([("issue_comment", d, data) for _, d, data in made], seed=25)
         deployment.wait_settled([delivery for _, delivery, _ in made])
 
         assert deployment.pasted(runner) == [comment for comment, _, _ in made]
@@ -373,10 +378,7 @@ class TestReviewTurn:
         deployment.relay.link_pull_request(2, issue=1)
         deployment.leased(runner)  # the pull request's opening, delivered
         made = _review(deployment, 3)
-        shuffled = list(made)
-        random.Random(28).shuffle(shuffled)
-        with ThreadPoolExecutor(len(shuffled)) as pool:
-            list(pool.map(lambda m: deployment.send(m[0], m[2], m[1]), shuffled))
+        deployment.send_at_once(made, seed=28)
         ledger = deployment.wait_settled([delivery for _, delivery, _ in made])
 
         [turn] = deployment.leased(runner)
@@ -405,10 +407,7 @@ class TestReviewTurn:
         runner = _started(deployment)
         created = datetime.now(UTC).replace(microsecond=0)
         made = [deployment.comment(index, created_at=created, send=False) for index in range(5)]
-        shuffled = list(made)
-        random.Random(7).shuffle(shuffled)
-        with ThreadPoolExecutor(len(shuffled)) as pool:
-            list(pool.map(lambda m: deployment.send("issue_comment", m[2], m[1]), shuffled))
+        deployment.send_at_once([("issue_comment", d, data) for _, d, data in made], seed=7)
         ledger = deployment.wait_settled([delivery for _, delivery, _ in made])
 
         [turn] = deployment.leased(runner)

@@ -318,15 +318,15 @@ def _comment(obj: Mapping[str, Any], text: _Text, cap: int, is_review: bool) -> 
         return None
     body = obj.get("body")
     return Comment(
-        review_id=comment_id if is_review else _int(obj, "pull_request_review_id"),
-        path=_str(obj, "path"),
-        line=_int(obj, "line") or _int(obj, "original_line"),
         id=comment_id,
         body=text(body, cap, "comment.body"),
         marked=isinstance(body, str) and is_marked(body),
         author=_actor(_dict(obj, "user")),
         review_state=_str(obj, "state") if is_review else None,
         created_at=parse_moment(obj.get("created_at") or obj.get("submitted_at")),
+        review_id=comment_id if is_review else _int(obj, "pull_request_review_id"),
+        path=_str(obj, "path"),
+        line=_int(obj, "line") or _int(obj, "original_line"),
     )
 
 

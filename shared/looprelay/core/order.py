@@ -223,29 +223,28 @@ def turns(arranged: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> list
     """``arranged`` (``arrange``'s order) as hand-offs: each part of a review (or of one
     author's run of comments, with ``rules.comment_bursts``) joined into one turn in the place
     of its first part, led by the review itself when it is there. Never raises."""
-    places = {id(q): place for place, q in enumerate(arranged)}
     by_run = {place: n for n, run in enumerate(runs(arranged, rules)) for place in run}
-    groups: dict[str, list[Queued]] = {}
-    order: list[list[Queued]] = []
+    groups: dict[str, list[int]] = {}
+    order: list[list[int]] = []
     for place, q in enumerate(arranged):
         key = q.turn
         if key.startswith("burst:"):
             key = f"{key}@{by_run.get(place, place)}"  # one burst is one run
         if not key:
-            order.append([q])
+            order.append([place])
         elif key in groups:
-            groups[key].append(q)
+            groups[key].append(place)
         else:
-            groups[key] = [q]
+            groups[key] = [place]
             order.append(groups[key])
     found: list[Turn] = []
-    for parts in order:
+    for places in order:
+        parts = [arranged[place] for place in places]
         lead = next((q for q in parts if q.lead), parts[0])
         joined = tuple(q for q in parts if q is not lead)
-        ready = max(ready_at(arranged, places[id(q)], rules) for q in parts)
-        if len(parts) > 1 or parts[0].turn:
-            first = min(q.received_at for q in parts)
-            ready = max(ready, first + rules.turn_window)
+        ready = max(ready_at(arranged, place, rules) for place in places)
+        if len(parts) > 1 or lead.turn:
+            ready = max(ready, min(q.received_at for q in parts) + rules.turn_window)
         found.append(Turn(lead, joined, ready))
     return found
 

@@ -242,17 +242,7 @@ class Router:
         )
         # A joined part is applied with its turn: a retry of it alone, or the poll of its
         # comment, finds it here and is not pasted twice.
-        parts = [
-            entry.model_copy(
-                update={
-                    "delivery_id": part.delivery_id,
-                    "event_key": part_identity.key if part_identity else "",
-                    "event_at": part_identity.at if part_identity else None,
-                }
-            )
-            for part in situation.envelope.joined
-            for part_identity in (event_identity(part),)
-        ]
+        parts = [_applied_part(entry, part) for part in situation.envelope.joined]
         applied = [*decision.work_item.applied, *parts, entry][-MAX_APPLIED:]
         return self._items.save_work_item(
             decision.work_item.model_copy(update={"applied": applied}),
@@ -373,6 +363,18 @@ def _same_event(envelope: Envelope, same: AppliedDelivery) -> Outcome:
         extra={"delivery_id": envelope.delivery_id},
     )
     return Outcome(SAME_EVENT, f"the same event as delivery {same.delivery_id}")
+
+
+def _applied_part(entry: AppliedDelivery, part: Envelope) -> AppliedDelivery:
+    """``entry`` (its turn's lead's) as the record of ``part``, joined to that turn."""
+    identity = event_identity(part)
+    return entry.model_copy(
+        update={
+            "delivery_id": part.delivery_id,
+            "event_key": identity.key if identity else "",
+            "event_at": identity.at if identity else None,
+        }
+    )
 
 
 def _without_applied_parts(situation: Situation, item: WorkItemRecord) -> Situation:

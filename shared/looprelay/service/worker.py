@@ -230,31 +230,21 @@ class Worker:
         self, record: DeliveryRecord, *, lead: DeliveryRecord, outcome: str | None
     ) -> None:
         """Settle ``record``, handed off in ``lead``'s turn, with the lead's outcome."""
-        detail = f"one turn with delivery {lead.delivery_id}"
-        settled_as = outcome or "failed"
-        event = EventRecord(
-            name="delivery.settled",
-            at=self._clock.now(),
-            delivery_id=record.delivery_id,
-            data={"outcome": settled_as, "detail": detail, "attempts": record.attempts},
-        )
-        if self._store.settle_delivery(
-            record.delivery_id, outcome=settled_as, detail=detail, at=event.at, event=event
-        ):
-            log.info(
-                "delivery settled as %s in one turn with %s",
-                settled_as,
-                lead.delivery_id,
-                extra={"delivery_id": record.delivery_id},
-            )
+        joined = Outcome(outcome or "failed", f"one turn with delivery {lead.delivery_id}")
+        self._record(record, joined, retries=None)
 
     def _settle(
         self, envelope: Envelope, record: DeliveryRecord, *, retries: str | None
     ) -> Settlement:
         """Run the handler and settle ``record`` with its outcome; raises ``Transient`` (the
         record left open) when the handler must be retried."""
+        return self._record(record, self._run_handler(envelope, record), retries=retries)
+
+    def _record(
+        self, record: DeliveryRecord, outcome: Outcome, *, retries: str | None
+    ) -> Settlement:
+        """Settle ``record`` with ``outcome`` in the ledger, its event in the same write."""
         delivery_id = record.delivery_id
-        outcome = self._run_handler(envelope, record)
         now = self._clock.now()
         settled = EventRecord(
             name="delivery.settled",
