@@ -87,20 +87,29 @@ def _rig(
 ) -> Iterator[tuple[Callable[[Request], Any], CloudTasksDispatcher]]:
     """Ingress (as a request handler) into the Cloud Tasks shape, to a fresh worker."""
     store = FirestoreStore(client, collection_prefix=f"b{uuid.uuid4().hex[:12]}_")
-    worker = Worker(
-        store=store,
-        authenticator=SharedSecretAuthenticator(TOKEN),
-        clock=_Clock(),
-        handler=handler,
-        order_rules=rules,
-    )
-    server = AppServer(exact={"/worker": worker_handler(worker)})
+    # The worker queues its wakes on the queue that brings it its tasks, which needs the
+    # worker's URL first: the server hands requests on to the worker made next.
+    handlers: list[Callable[[Request], Any]] = []
+
+    def to_worker(request: Request) -> Any:
+        return handlers[0](request)
+
+    server = AppServer(exact={"/worker": to_worker})
     server.start()
     recorder = CloudTasksRecorder()
     recorder.start()
     dispatcher = CloudTasksDispatcher(worker_url=f"{server.url}/worker", token=TOKEN)
     recorder.on_created.append(dispatcher.push)
     queue = CloudTasksQueue.from_config(recorder_config(recorder, worker_url=dispatcher.worker_url))
+    worker = Worker(
+        store=store,
+        authenticator=SharedSecretAuthenticator(TOKEN),
+        clock=_Clock(),
+        handler=handler,
+        order_rules=rules,
+        wakes=queue,
+    )
+    handlers.append(worker_handler(worker))
     try:
         yield (
             webhook_handler(Ingress(secrets=[SECRET], queue=queue, config=WebhookConfig())),

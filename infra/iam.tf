@@ -3,7 +3,8 @@
 # poller).
 #
 #   webhook  may enqueue on the queue, and act as "tasks" to put its OIDC token on each task
-#   worker   Firestore (this database only); the App key
+#   worker   Firestore (this database only); may enqueue its wakes, acting as "tasks"; the
+#            App key
 #   runners  Firestore (this database only); the App key
 #   sweeper  Firestore (this database only); the App key
 #   poller   Firestore (this database only); may enqueue, acting as "tasks"; the App key
@@ -69,6 +70,22 @@ resource "google_service_account_iam_member" "poller_acts_as_tasks" {
   service_account_id = google_service_account.tasks.name
   role               = "roles/iam.serviceAccountUser"
   member             = google_service_account.fn["poller"].member
+}
+
+# --- worker: enqueues the wakes of turns not ready yet (core/wake.py) -----------------------
+
+resource "google_cloud_tasks_queue_iam_member" "worker_enqueuer" {
+  project  = var.project
+  location = google_cloud_tasks_queue.deliveries.location
+  name     = google_cloud_tasks_queue.deliveries.name
+  role     = "roles/cloudtasks.enqueuer"
+  member   = google_service_account.fn["worker"].member
+}
+
+resource "google_service_account_iam_member" "worker_acts_as_tasks" {
+  service_account_id = google_service_account.tasks.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = google_service_account.fn["worker"].member
 }
 
 # --- worker, runners, sweeper, poller: Firestore --------------------------------------------

@@ -1,8 +1,9 @@
 """A dispatcher with Cloud Tasks' semantics, for the loopback recorder's tasks.
 
-Cloud Tasks pushes each task as soon as it is created, with no order among them and many at
-once, and retries a task whose answer is not 2xx after ``min_backoff x 2^n`` (n = the retries
-so far, capped at ``max_backoff``), or after the answer's ``Retry-After`` when that is longer
+Cloud Tasks pushes each task as soon as it is created (or at its ``scheduleTime``), with no
+order among them and many at once, and retries a task whose answer is not 2xx after
+``min_backoff x 2^n`` (n = the retries so far, capped at ``max_backoff``), or after the
+answer's ``Retry-After`` when that is longer
 (docs: "Configure Cloud Tasks queues", RetryConfig; "Create HTTP Target tasks"). This one does
 the same for every task the ``CloudTasksRecorder`` accepts: a thread per task, POSTing the
 task's body to the worker with the ``X-CloudTasks-*`` headers and a bearer token.
@@ -13,12 +14,14 @@ from __future__ import annotations
 import base64
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
 from looprelay.core.backoff import backoff_seconds
+from tests.cloudtasks_recorder import scheduled_for
 
 MAX_DOUBLINGS = 16
 """Cloud Tasks' default ``maxDoublings``."""
@@ -39,9 +42,11 @@ class CloudTasksDispatcher:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def push(self, name: str, task: dict[str, Any]) -> None:
-        """Start delivering ``task`` (as the recorder holds it) at once, in a thread of its own."""
+        """Start delivering ``task`` (as the recorder holds it), at once or at its
+        ``scheduleTime``, in a thread of its own."""
         body = base64.b64decode(task["httpRequest"].get("body", ""))
-        thread = threading.Thread(target=self._deliver, args=(name, body), daemon=True)
+        due = scheduled_for(task)
+        thread = threading.Thread(target=self._deliver, args=(name, body, due), daemon=True)
         with self._lock:
             self._threads.append(thread)
         thread.start()
@@ -59,7 +64,9 @@ class CloudTasksDispatcher:
         for thread in threads:
             thread.join(60)
 
-    def _deliver(self, name: str, body: bytes) -> None:
+    def _deliver(self, name: str, body: bytes, due: float | None) -> None:
+        if due is not None and self._stop.wait(max(0.0, due - time.time())):
+            return
         for retry in itertools.count():
             with self._lock:
                 self.attempts[name] = retry + 1

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -208,6 +209,16 @@ class CloudTasksQueueHarness:
     def held(self) -> dict[str, bytes]:
         """Task name -> body of every task the recorder accepted."""
         return self.recorder.held()
+
+    def due(self, name: str) -> float | None:
+        """When the task ``name`` is scheduled for (its ``scheduleTime``); None: at once."""
+        return scheduled_for(self.recorder.tasks[f"{QUEUE_PATH}/tasks/{name}"])
+
+
+def scheduled_for(task: dict[str, Any]) -> float | None:
+    """A held task's ``scheduleTime`` in epoch seconds; None when it has none (due at once)."""
+    value = task.get("scheduleTime")
+    return None if value is None else datetime.fromisoformat(value).timestamp()
 
 
 def recorder_config(recorder: CloudTasksRecorder, **overrides: Any) -> CloudTasksConfig:

@@ -20,6 +20,10 @@ class EmbeddedQueueHarness:
     def held(self) -> dict[str, bytes]:
         return {task.name: task.body for task in self.queue.list_tasks()}
 
+    def due(self, name: str) -> float | None:
+        [task] = [task for task in self.queue.list_tasks() if task.name == name]
+        return None if task.eta <= task.created_at else task.eta
+
 
 @pytest.fixture
 def embedded_queue_harness(tmp_path: Path) -> Iterator[EmbeddedQueueHarness]:

@@ -18,3 +18,7 @@ class QueueHarness(Protocol):
     def held(self) -> dict[str, bytes]:
         """Task name -> body of every task the backend accepted."""
         ...
+
+    def due(self, name: str) -> float | None:
+        """When the held task ``name`` is due, in epoch seconds; None: at once."""
+        ...

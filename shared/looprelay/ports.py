@@ -36,6 +36,8 @@ class Task:
 
     name: str
     body: bytes
+    not_before: datetime | None = None
+    """When the task is due (Cloud Tasks' ``scheduleTime``); None: at once."""
 
 
 class Clock(Protocol):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from looprelay.errors import Permanent
@@ -42,3 +45,20 @@ class TestEnqueue:
         with pytest.raises(Permanent, match="task name"):
             queue_harness.queue.enqueue(Task(name=name, body=b"{}"))
         assert queue_harness.held() == {}
+
+    def test_a_task_is_due_at_once_unless_it_names_a_later_moment(
+        self, queue_harness: QueueHarness
+    ) -> None:
+        later = datetime.now(UTC) + timedelta(seconds=90)
+        assert queue_harness.queue.enqueue(Task(name="gh-now", body=b"{}"))
+        assert queue_harness.queue.enqueue(Task(name="wk-later", body=b"{}", not_before=later))
+        now_due = queue_harness.due("gh-now")
+        assert now_due is None or now_due <= time.time()
+        assert queue_harness.due("wk-later") == pytest.approx(later.timestamp(), abs=0.001)
+
+    def test_a_moment_already_past_is_due_at_once(self, queue_harness: QueueHarness) -> None:
+        """A wake queued late (the worker was slow) runs at once, not never."""
+        past = datetime.now(UTC) - timedelta(seconds=5)
+        assert queue_harness.queue.enqueue(Task(name="wk-past", body=b"{}", not_before=past))
+        due = queue_harness.due("wk-past")
+        assert due is None or due <= time.time()

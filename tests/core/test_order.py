@@ -128,6 +128,23 @@ class TestArrange:
         lengths = [len(run) for run in runs(arrange(stream))]
         assert lengths[:-1] == [per_run] * (len(lengths) - 1) and sum(lengths) == len(stream)
 
+    def test_a_run_is_quiet_only_a_window_after_its_latest_receipt_whatever_its_keys(
+        self,
+    ) -> None:
+        # The webhook received c1 first (its key), but the queue brought it to the worker last:
+        # the run is not quiet until a window after that.
+        late = RECEIVED + timedelta(milliseconds=900)
+        c1 = Queued("c1", order_key(RECEIVED), late, (MADE, 1))
+        c2 = _comment("c2", 100, made_s=0, comment_id=2)
+        c3 = _comment("c3", 200, made_s=0, comment_id=3)
+        waiting = arrange([c3, c1, c2])
+        assert [ready_at(waiting, place) for place in range(3)] == [late + COMMENT_WINDOW] * 3
+        # A comment received within the window of c1's receipt still joins the run.
+        c4 = _comment(
+            "c4", 900 + int(COMMENT_WINDOW.total_seconds() * 1000), made_s=0, comment_id=0
+        )
+        assert [q.delivery_id for q in arrange([c3, c1, c2, c4])] == ["c4", "c1", "c2", "c3"]
+
 
 class TestGoingAhead:
     NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

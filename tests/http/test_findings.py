@@ -215,7 +215,14 @@ def test_the_queue_delivers_on_after_the_server_closed_its_idle_connections(
 ) -> None:
     # The dispatcher's keep-alive connection, idle past the server's timeout (but not past
     # its own reuse limit), is closed by the server: the next task must not fail an attempt.
+    # The first comment's wake (its hand-off once the comment window passed) is a task too:
+    # the connection is idle only once every task is done.
     _wait_done(server, server.acked[0])
+    wait_until(
+        lambda: all(t.state == "done" for t in server.stack.queue.list_tasks()),
+        seconds=DEADLINE,
+        what="every task done",
+    )
     # Idle past the server's keep-alive timeout is the scenario itself: waiting longer on a
     # loaded machine only makes the connection more idle, so this cannot flake.
     time.sleep(LIMITS.keep_alive_seconds + 1)

@@ -8,6 +8,7 @@ runs it (``tests/deployed_functions.py``).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -25,11 +26,13 @@ from pathlib import Path
 import pytest
 import requests
 
+from looprelay.core.envelope import project_envelope
 from looprelay.core.signature import sign_body
-from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config
+from looprelay.core.wake import WAKE_MARGIN
+from tests.cloudtasks_recorder import CloudTasksRecorder, recorder_config, scheduled_for
 from tests.deployed_functions import START_SECONDS, Deployed, Served, build_archive
 from tests.fake_github import APP_ID, REPOSITORY, AppKey, FakeDelivery, FakeGitHub
-from tests.samples import payload_bytes
+from tests.samples import payload, payload_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = ("webhook", "worker", "runners", "sweeper", "poller", "status")
@@ -112,6 +115,25 @@ class TestBuild:
         assert required == set(project["dependencies"])
 
 
+def _stripped_token(*, audience: str, email: str) -> str:
+    """An ID token of the queue's account as Cloud Run's IAM check hands it on: verified, its
+    signature replaced (``worker.oidc.platformVerifiesSignature``)."""
+
+    def part(value: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {
+        "iss": "https://accounts.google.com",
+        "aud": audience,
+        "email": email,
+        "email_verified": True,
+        "iat": now,
+        "exp": now + 600,
+    }
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.SIGNATURE_REMOVED_BY_GOOGLE"
+
+
 def _post(served: Served, path: str = "/", **kwargs: object) -> requests.Response:
     served.wait_until_listening()
     return requests.post(served.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
@@ -186,6 +208,49 @@ class TestFromACleanVenv:
         response = _post(served, json={"delivery_id": "d-1", "event": "issues"})
 
         assert response.status_code == 401, served.output()
+
+    def test_the_worker_queues_the_wake_of_a_lone_comment_and_answers_at_once(
+        self, serve: Callable[..., Served], tmp_path: Path, cloudtasks_recorder: CloudTasksRecorder
+    ) -> None:
+        queue = recorder_config(cloudtasks_recorder)
+        audience = "https://worker.example.test/worker"
+        oidc = {
+            "serviceAccountEmail": queue.service_account_email,
+            "audience": audience,
+            "platformVerifiesSignature": True,
+        }
+        served = serve(
+            "worker",
+            LOOPRELAY__worker__oidc=json.dumps(oidc),
+            LOOPRELAY__queue__backend="cloudtasks",
+            LOOPRELAY__queue__cloudtasks=json.dumps(queue.model_dump(by_alias=True)),
+            LOOPRELAY__store__sqlite__path=str(tmp_path / "store.db"),
+        )
+        envelope = project_envelope(
+            event="issue_comment",
+            delivery_id=str(uuid.uuid4()),
+            payload=payload("issue_comment.created"),
+            max_text_chars=10_000,
+            received_at=datetime.now(UTC),
+        )
+        token = _stripped_token(audience=audience, email=queue.service_account_email)
+
+        response = _post(
+            served,
+            data=envelope.model_dump_json(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+
+        assert response.status_code == 200, served.output()
+        answer = response.json()
+        assert answer["status"] == "waiting", answer
+        [(name, task)] = cloudtasks_recorder.tasks.items()
+        assert name.rsplit("/", 1)[-1].startswith("wk-")
+        until = datetime.fromisoformat(answer["until"])
+        assert scheduled_for(task) == pytest.approx((until + WAKE_MARGIN).timestamp(), abs=0.001)
+        assert task["httpRequest"]["oidcToken"]["serviceAccountEmail"] == (
+            queue.service_account_email
+        )
 
     def test_the_runner_api_refuses_a_request_without_credentials(
         self, serve: Callable[..., Served], tmp_path: Path

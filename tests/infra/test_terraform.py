@@ -556,6 +556,24 @@ def test_who_may_invoke_each_function() -> None:
         assert oidc["audience"] == target["uri"]
 
 
+def test_the_functions_that_queue_tasks_may_enqueue_and_sign_them_and_no_other() -> None:
+    # The worker queues wakes (core/wake.py): without both grants Cloud Tasks refuses them
+    # and every lone comment's attempt falls back to waiting out its window.
+    def functions(kind: str, role: str) -> set[str]:
+        members = {body["member"] for body in _resources(kind).values() if body["role"] == role}
+        return {m for m in members if m.startswith('${google_service_account.fn["')}
+
+    queuing = {
+        f'${{google_service_account.fn["{key}"].member}}' for key in ("webhook", "poller", "worker")
+    }
+    enqueue = functions("google_cloud_tasks_queue_iam_member", "roles/cloudtasks.enqueuer")
+    assert enqueue == queuing
+    acts = functions("google_service_account_iam_member", "roles/iam.serviceAccountUser")
+    assert acts == queuing
+    for body in _resources("google_service_account_iam_member").values():
+        assert body["service_account_id"] == "${google_service_account.tasks.name}"
+
+
 def test_the_status_page_has_a_function_of_its_own_for_operators_only() -> None:
     """Issue 22: on the sweeper (one request, one instance) a sweep held the page up and a
     page view could make a scheduled sweep be skipped."""

@@ -32,8 +32,9 @@ from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
 from looprelay.adapters.shared_secret_auth import SharedSecretAuthenticator
 from looprelay.adapters.sqlite.queue import SqliteQueue
+from looprelay.app.asgi import Handler
 from looprelay.app.ingress_http import webhook_handler
-from looprelay.app.messages import Request
+from looprelay.app.messages import Request, Response
 from looprelay.app.worker_http import worker_handler
 from looprelay.config.model import EmbeddedQueueConfig, RetryConfig, RunnersConfig, WebhookConfig
 from looprelay.config.order import order_rules
@@ -42,7 +43,7 @@ from looprelay.core.envelope import Envelope
 from looprelay.core.model import DeliveryRecord, DispatchRecord, RunnerRecord
 from looprelay.errors import Transient
 from looprelay.ports import Queue
-from looprelay.service.inbox import WENT_AHEAD
+from looprelay.service.inbox import ARRIVED_LATE, WENT_AHEAD
 from looprelay.service.ingress import Ingress
 from looprelay.service.lease_desk import LeaseDesk
 from looprelay.service.results import Progress
@@ -226,6 +227,16 @@ def ordered(
             templates=TemplateSource(base.config.routing),
             clock=clock,
         )
+        # The worker queues its wakes on the queue that brings it its tasks, which needs the
+        # worker's URL first: the mount hands requests on to the worker made next.
+        handlers: list[Handler] = []
+
+        def to_worker(request: Request) -> Response:
+            return handlers[0](request)
+
+        url = switchboard.mount(to_worker)
+        mounted.append(url)
+        queue = _queue(request.param, url, tmp_path / f"queue-{len(mounted)}.db", closing)
         worker = Worker(
             store=backend.store,
             authenticator=SharedSecretAuthenticator(SECRET),
@@ -233,10 +244,9 @@ def ordered(
             handler=_poisoned(router, poison),
             order_wait=timedelta(seconds=ORDER_WAIT_SECONDS),
             order_rules=order_rules(base.config.routing),
+            wakes=queue,
         )
-        url = switchboard.mount(worker_handler(worker))
-        mounted.append(url)
-        queue = _queue(request.param, url, tmp_path / f"queue-{len(mounted)}.db", closing)
+        handlers.append(worker_handler(worker))
         ingress = Ingress(secrets=[WEBHOOK_SECRET], queue=queue, config=WebhookConfig())
         return Ordered(base, ingress, url)
 
@@ -325,6 +335,7 @@ class TestOrder:
 
         assert deployment.pasted(runner) == [comment for comment, _, _ in made]
         assert deployment.relay.events(WENT_AHEAD) == []  # waiting for one's turn is no failure
+        assert deployment.relay.events(ARRIVED_LATE) == []  # nor is a run's creation order
 
     def test_a_comment_made_just_after_a_label_change_comes_after_it(
         self, ordered: MakeOrdered

@@ -65,6 +65,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
 
     from looprelay.app.adapters import (
         github_client,
+        open_queue,
         open_store,
         queue_authenticator,
         system_clock,
@@ -92,6 +93,7 @@ def build_worker(config: Config, environ: Mapping[str, str]) -> Worker:
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         order_rules=order_rules(config.routing),
         handler_budget_seconds=handler_budget(config.queue.cloudtasks.dispatch_deadline_seconds),
+        wakes=open_queue(config, data_dir=None) if config.queue.backend == "cloudtasks" else None,
     )
 
 

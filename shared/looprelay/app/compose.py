@@ -318,6 +318,7 @@ def _open_local(
         order_wait=timedelta(seconds=config.routing.order_wait_seconds),
         order_rules=order_rules(config.routing),
         handler_budget_seconds=handler_budget(config.queue.embedded.dispatch_deadline_seconds),
+        wakes=queue,
     )
     polling, cursors = _local_polling(
         config, environ, data_dir=data_dir, store=stores.store, queue=queue, clock=clock

@@ -168,38 +168,40 @@ def arrange(waiting: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> lis
 
 def runs(ordered: Sequence[Queued], rules: OrderRules = DEFAULT_RULES) -> list[list[int]]:
     """The places in ``ordered`` of each run of new comments: each received within
-    ``rules.comment_window`` of the one before, all within ``rules.max_comment_run`` of the
-    first."""
+    ``rules.comment_window`` of the run's latest receipt so far, all within
+    ``rules.max_comment_run`` of its earliest. Receipts, not places: the queue may bring a
+    delivery received first by the webhook to the worker last."""
     found: list[list[int]] = []
+    spans: list[tuple[datetime, datetime]] = []  # each run's earliest and latest receipt
     for place, q in enumerate(ordered):
         if q.made is None:
             continue
-        run = found[-1] if found else []
-        if run and _continues(ordered[run[0]], ordered[run[-1]], q, rules):
-            run.append(place)
+        if found and _continues(spans[-1], q.received_at, rules):
+            found[-1].append(place)
+            earliest, latest = spans[-1]
+            spans[-1] = (min(earliest, q.received_at), max(latest, q.received_at))
         else:
             found.append([place])
+            spans.append((q.received_at, q.received_at))
     return found
 
 
 def ready_at(ordered: Sequence[Queued], place: int, rules: OrderRules = DEFAULT_RULES) -> datetime:
     """When ``ordered[place]`` may be handed off: anything but a new comment at once; a new
-    comment once its run has been quiet for ``rules.comment_window`` (a comment made earlier
-    and received later still goes first), at most ``rules.max_comment_run`` after the run
-    began."""
+    comment once its run has been quiet for ``rules.comment_window`` since its latest receipt
+    (a comment made earlier and received later still goes first), at most
+    ``rules.max_comment_run`` after the run began."""
     for run in runs(ordered, rules):
         if place in run:
-            first, last = ordered[run[0]], ordered[run[-1]]
-            return min(
-                last.received_at + rules.comment_window, first.received_at + rules.max_comment_run
-            )
+            received = [ordered[member].received_at for member in run]
+            return min(max(received) + rules.comment_window, min(received) + rules.max_comment_run)
     return ordered[place].received_at
 
 
-def _continues(first: Queued, last: Queued, later: Queued, rules: OrderRules) -> bool:
+def _continues(span: tuple[datetime, datetime], received: datetime, rules: OrderRules) -> bool:
+    earliest, latest = span
     return (
-        later.received_at - last.received_at <= rules.comment_window
-        and later.received_at - first.received_at <= rules.max_comment_run
+        received - latest <= rules.comment_window and received - earliest <= rules.max_comment_run
     )
 
 

@@ -10,16 +10,18 @@ anything else is permanent: the delivery is settled ``failed`` (a dead letter to
 the queue is told it is done so it stops retrying.
 
 A delivery of an issue or pull request is not handled by the attempt that brought it but
-handed off from its group's inbox, in order (``service.inbox``): the queue need keep none.
+handed off from its group's inbox, in order (``service.inbox``): the queue need keep none. A
+turn not ready yet is left to a wake (``core.wake``), a task of the worker's own queue: the
+attempt then ends at once, its delivery waiting in the inbox for the wake.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from pydantic import ValidationError
@@ -35,10 +37,17 @@ from looprelay.core.model import (
     is_valid_outcome,
 )
 from looprelay.core.order import DEFAULT_RULES, OrderRules, order_group
-from looprelay.errors import BadDelivery, Transient, Unauthorized
+from looprelay.core.wake import WAKE_MARGIN, Wake, parse_wake, wake_body, wake_task_name
+from looprelay.errors import BadDelivery, Permanent, Transient, Unauthorized
 from looprelay.logsampling import LogSampler
-from looprelay.ports import Clock, Store, TaskAuthenticator
-from looprelay.service.inbox import DEFAULT_ORDER_WAIT, Inbox, went_ahead_event
+from looprelay.ports import Clock, Queue, Store, Task, TaskAuthenticator
+from looprelay.service.inbox import (
+    DEFAULT_ORDER_WAIT,
+    Drained,
+    Inbox,
+    InboxHeld,
+    went_ahead_event,
+)
 
 log = logging.getLogger("looprelay.service.worker")
 
@@ -62,6 +71,8 @@ class Settlement:
 
     outcome: str | None
     already: bool = False
+    waiting_until: datetime | None = None
+    """Set when the delivery (or the wake's inbox) waits for a wake queued for then."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class Worker:
         handler_budget_seconds: float | None = None,
         order_wait: timedelta = DEFAULT_ORDER_WAIT,
         order_rules: OrderRules = DEFAULT_RULES,
+        wakes: Queue | None = None,
     ) -> None:
         """``allowed_events`` (``webhook.events``): a delivery of any other event, and a
         ping, is settled without the handler (``ignored:event``, ``pong``); None routes all.
@@ -108,7 +120,9 @@ class Worker:
         while this one still runs. ``order_wait``
         (``routing.orderWaitSeconds``) bounds how long failing deliveries hold the others of
         their group back; ``order_rules`` (``routing``'s order and turn settings) say how
-        comments are ordered and which deliveries are one turn."""
+        comments are ordered and which deliveries are one turn. ``wakes`` (the queue that
+        brings the worker its tasks) takes the wakes of turns not ready yet; without it an
+        attempt sleeps until they are."""
         self._allowed = None if allowed_events is None else frozenset(allowed_events)
         self._store = store
         self._auth = authenticator
@@ -117,6 +131,7 @@ class Worker:
         self._budget = handler_budget_seconds
         self._refusals = LogSampler()  # unauthenticated noise must not fill a disk
         self._order_wait = order_wait
+        self._wakes = wakes
         self._inbox = Inbox(
             store=store,
             clock=clock,
@@ -124,6 +139,7 @@ class Worker:
             drain_seconds=handler_budget_seconds,
             order_wait=order_wait,
             rules=order_rules,
+            defer=None if wakes is None else self._queue_wake,
         )
 
     def settle(self, headers: Mapping[str, str], body: bytes) -> Settlement:
@@ -136,21 +152,64 @@ class Worker:
         unavailable for now, the record left open.
         """
         self._authenticate(headers)
+        wake = parse_wake(body)
+        if wake is not None:
+            return self._retried(lambda: self._wake(wake), delivery_id=None)
         try:
             envelope = Envelope.model_validate_json(body)
         except ValidationError as exc:
             # Only our own ingress writes tasks, so this is a bug; the queue keeps the body.
             log.error("task body is not an envelope: %s", exc.errors(include_input=False)[:3])
             raise BadDelivery("task body is not a delivery envelope") from exc
+        retries = headers.get(RETRY_COUNT_HEADER)
+        return self._retried(
+            lambda: self._process(envelope, body, retries=retries),
+            delivery_id=envelope.delivery_id,
+        )
+
+    def _retried(self, attempt: Callable[[], Settlement], *, delivery_id: str | None) -> Settlement:
+        """Run ``attempt``; a ``Transient`` it raises is logged and told to the queue with a
+        message safe to send back."""
         try:
-            return self._process(envelope, body, retries=headers.get(RETRY_COUNT_HEADER))
+            return attempt()
         except Transient as exc:
             log.warning(
                 "transient failure, the queue will retry: %s",
                 exc,
-                extra={"delivery_id": envelope.delivery_id},
+                extra={"delivery_id": delivery_id} if delivery_id else None,
             )
             raise Transient("transient failure; retry", retry_after=exc.retry_after) from exc
+
+    def _wake(self, wake: Wake) -> Settlement:
+        """Drain the inbox ``wake`` names. The wake is done once nothing is left in the inbox
+        that no other task brings back: it is retried while failing deliveries remain."""
+        try:
+            drained = self._inbox.drain(wake.group)
+        except InboxHeld as exc:
+            # Its holder lists again before it releases; the wake need not wait out the
+            # holder's lease (a dead one's) before it comes back: the queue's backoff will do.
+            raise Transient(str(exc)) from exc
+        if drained.woken_at is None and drained.failing:
+            raise Transient(f"deliveries of {wake.group} keep failing; the wake comes again")
+        if drained.woken_at == wake.ready_at:
+            # Early (the queue's clock is behind ours): the wake it queued again is this one,
+            # whose name stays taken once it is done, so this one must come back itself.
+            early = (wake.ready_at + WAKE_MARGIN - self._clock.now()).total_seconds()
+            raise Transient(f"the wake of {wake.group} came early", retry_after=max(early, 0.0))
+        return Settlement(None, waiting_until=drained.woken_at)
+
+    def _queue_wake(self, group: str, ready_at: datetime) -> bool:
+        """The inbox's ``defer``: queue the wake of ``group`` at ``ready_at``. A wake of that
+        name already queued counts as queued: the turn is not ready, so it has not run yet."""
+        assert self._wakes is not None
+        name = wake_task_name(group, ready_at)
+        due = ready_at + WAKE_MARGIN
+        try:
+            self._wakes.enqueue(Task(name=name, body=wake_body(group, ready_at), not_before=due))
+        except Permanent as exc:  # a bug; the attempt sleeps instead
+            log.error("the queue refused the wake of the inbox of %s: %s", group, exc)
+            return False
+        return True
 
     def _authenticate(self, headers: Mapping[str, str]) -> None:
         try:
@@ -195,11 +254,18 @@ class Worker:
             return Settlement(record.outcome, already=True)
         if not record.order_group or not record.order_key:
             return self._settle(envelope, record, retries=retries)
-        self._inbox.deliver(record)
+        drained = self._inbox.deliver(record)
+        return self._after_drain(delivery_id, drained)
+
+    def _after_drain(self, delivery_id: str, drained: Drained) -> Settlement:
+        """Where ``delivery_id`` stands once its inbox was drained: settled, or waiting for a
+        wake; otherwise the queue tries again."""
         stored = self._store.get_delivery(delivery_id)
-        if stored is None or not stored.settled:
-            raise Transient(f"delivery {delivery_id} waits in its inbox for its turn")
-        return Settlement(stored.outcome)
+        if stored is not None and stored.settled:
+            return Settlement(stored.outcome)
+        if drained.woken_at is not None:
+            return Settlement(None, waiting_until=drained.woken_at)
+        raise Transient(f"delivery {delivery_id} waits in its inbox for its turn")
 
     def _hand_off(
         self,

@@ -3,8 +3,9 @@
 group as a work item's id encodes its ref).
 
 Every change is a read, then a write conditioned on that read (create when absent, else
-"last updated at"): of racing takers exactly one commits, the others read again and knock.
-No transaction holds a lock, so nothing waits on the emulator's lock timeout.
+"last updated at"): of racing takers exactly one commits, the others read again and knock
+(a blind increment: ``FirestoreInboxes.take``). No transaction holds a lock, so nothing waits
+on the emulator's lock timeout.
 """
 
 from __future__ import annotations
@@ -36,16 +37,39 @@ class FirestoreInboxes:
     def take(
         self, group: str, *, holder: str, now: datetime, until: datetime
     ) -> InboxRecord | None:
-        """See ``Store.take_inbox``."""
+        """See ``Store.take_inbox``.
 
-        def take(current: InboxRecord) -> tuple[dict[str, Any] | None, InboxRecord | None]:
-            free = not current.holder or current.until is None or current.until < now
-            if free or current.holder == holder:
-                taken = current.model_copy(update={"holder": holder, "until": until})
-                return {"holder": holder, "until": until}, taken
-            return {"knocks": firestore.Increment(1)}, None
+        A knock is a blind increment, not a conditional write: a burst's attempts all knock at
+        once, and conditional knocks would fail each other round after round. The read after
+        it tells whether the knock counts: the inbox still held means its holder had not
+        released when the knock landed, so its release sees the count changed (or a new
+        holder took it, and lists this delivery after taking it); freed meanwhile, the
+        knocker takes it instead.
+        """
+        reference = self._inboxes.document(work_item_document_id(group))
 
-        return self._change(group, take, action="take an inbox")
+        def is_free(current: InboxRecord) -> bool:
+            expired = current.until is None or current.until < now
+            return not current.holder or expired or current.holder == holder
+
+        with translated("take an inbox"):
+            for _ in range(MAX_CAS_ROUNDS):
+                snapshot = reference.get()
+                current = self._read(group, snapshot)
+                if is_free(current):
+                    taken = current.model_copy(update={"holder": holder, "until": until})
+                    if self._write(
+                        reference, snapshot, current, {"holder": holder, "until": until}
+                    ):
+                        return taken
+                    continue
+                try:
+                    reference.update({"knocks": firestore.Increment(1)})
+                except gexc.NotFound:
+                    continue
+                if not is_free(self._read(group, reference.get())):
+                    return None
+        raise Transient(f"the inbox of {group} stayed contended; retry later")
 
     def keep(self, inbox: InboxRecord, *, until: datetime) -> InboxRecord | None:
         """See ``Store.keep_inbox``."""
@@ -88,21 +112,35 @@ class FirestoreInboxes:
         with translated(action):
             for _ in range(MAX_CAS_ROUNDS):
                 snapshot = reference.get()
-                data = snapshot.to_dict()
-                current = InboxRecord(group=group) if data is None else _inbox(group, data)
+                current = self._read(group, snapshot)
                 fields, answer = change(current)
-                if fields is None:
+                if fields is None or self._write(reference, snapshot, current, fields):
                     return answer
-                try:
-                    if data is None:
-                        reference.create({**current.model_dump(), **fields})
-                    else:
-                        option = self._client.write_option(last_update_time=snapshot.update_time)
-                        reference.update(fields, option=option)
-                except (gexc.AlreadyExists, gexc.FailedPrecondition, gexc.NotFound):
-                    continue  # changed since the read: decide again on fresh state
-                return answer
         raise Transient(f"the inbox of {group} stayed contended; retry later")
+
+    @staticmethod
+    def _read(group: str, snapshot: firestore.DocumentSnapshot[Any]) -> InboxRecord:
+        data = snapshot.to_dict()
+        return InboxRecord(group=group) if data is None else _inbox(group, data)
+
+    def _write(
+        self,
+        reference: firestore.DocumentReference,
+        snapshot: firestore.DocumentSnapshot[Any],
+        current: InboxRecord,
+        fields: dict[str, Any],
+    ) -> bool:
+        """Write ``fields`` if the document is as ``snapshot`` read it; False: it changed
+        since (decide again on fresh state)."""
+        try:
+            if not snapshot.exists:
+                reference.create({**current.model_dump(), **fields})
+            else:
+                option = self._client.write_option(last_update_time=snapshot.update_time)
+                reference.update(fields, option=option)
+        except (gexc.AlreadyExists, gexc.FailedPrecondition, gexc.NotFound):
+            return False
+        return True
 
 
 def _state(inbox: InboxRecord) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import random
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
@@ -158,8 +159,10 @@ class CloudTasksQueue:
 
     def _create_task_request(self, task: Task) -> dict[str, object]:
         """CreateTaskRequest's JSON body (the parent travels in the URL)."""
+        scheduled = {} if task.not_before is None else {"scheduleTime": _rfc3339(task.not_before)}
         return {
-            "task": {
+            "task": scheduled
+            | {
                 "name": f"{self._queue_path}/tasks/{task.name}",
                 "httpRequest": {
                     "url": self._worker_url,
@@ -256,3 +259,8 @@ def _session_for(api_endpoint: str | None) -> AuthorizedSession:
             "`gcloud auth application-default login` / GOOGLE_APPLICATION_CREDENTIALS locally"
         ) from exc
     return AuthorizedSession(credentials, default_host=_DEFAULT_HOST)  # type: ignore[no-untyped-call]
+
+
+def _rfc3339(moment: datetime) -> str:
+    """A protobuf Timestamp's JSON form: UTC, ``Z``-suffixed, microseconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -35,12 +35,14 @@ window (a done task older than ``window_start`` is queued afresh)."""
 
 @dataclass(frozen=True, slots=True)
 class Enqueue:
-    """One task to make durable, and the moments its dedup window is measured from."""
+    """One task to make durable, when it is due, and the moments its dedup window is measured
+    from."""
 
     now: float
     window_start: float
     name: str
     body: bytes
+    eta: float
 
 
 class EnqueueCommitter:
@@ -116,7 +118,7 @@ class EnqueueCommitter:
                             (
                                 item.name,
                                 item.body,
-                                item.now,
+                                item.eta,
                                 item.now,
                                 item.window_start,
                             ),

@@ -128,7 +128,8 @@ class SqliteQueue:
             return refused
         now = self._now()
         window_start = now - self._settings.dedup_window_seconds
-        item = Enqueue(now, window_start, task.name, task.body)
+        due = now if task.not_before is None else max(now, task.not_before.timestamp())
+        item = Enqueue(now, window_start, task.name, task.body, due)
         landed = self._committer.submit(item)
         landed.add_done_callback(self._landed)  # first, so dispatchers hear before callers
         return landed
