@@ -3,7 +3,8 @@
 Signed webhooks into ``Ingress``, ``CloudTasksQueue`` against the loopback Cloud Tasks
 recorder, a dispatcher with Cloud Tasks' semantics (each task pushed at once, a non-2xx retried
 after 1 s x 2^n: ``tests/cloudtasks_dispatcher.py``), and the real ``Worker`` over HTTP on a
-``FirestoreStore``; its handler records the order and the moment each delivery is handed off
+``FirestoreStore``, which queues its wakes (``core/wake.py``) on the same recorder; its
+handler records the order and the moment each delivery is handed off
 (the router and the session are left out: what is measured is the order the inbox keeps).
 The comments are made in one GitHub second with growing ids and sent from one thread each in
 a shuffled order. Prints, per burst size, the inversions (neighbours handed off out of creation

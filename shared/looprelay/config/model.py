@@ -445,7 +445,7 @@ class RoutingConfig(_Section):
         le=30,
         description="How far apart in receipt new comments may be and still be handed off in "
         "the order GitHub created them (a burst that arrives shuffled); a new comment waits this "
-        "long after the last of its run before it is handed off.",
+        "long after the latest received of its run before it is handed off.",
     )
     max_comment_run_seconds: float = Field(
         default=3.0,

@@ -48,6 +48,16 @@ CREATE TABLE IF NOT EXISTS runner_sessions (
 """
 _ENDPOINT_COLUMN = {"endpoint": "TEXT NOT NULL DEFAULT ''"}
 """A file made before each endpoint had its own line lacks it; opening fills it from the doc."""
+_REPOSITORY_COLUMN = {
+    "repository": "TEXT GENERATED ALWAYS AS (lower(json_extract(doc, '$.repository'))) VIRTUAL"
+}
+"""The dispatch's repository in lower case, for the heads' index (computed, never written)."""
+_HEADS_INDEX = (
+    "CREATE INDEX IF NOT EXISTS dispatches_heads ON dispatches"
+    " (status, repository, work_item, endpoint, seq, created_at, dispatch_id)"
+)
+"""Covers the heads' grouping (``list_dispatch_heads``): a backlog of thousands is read from
+the index alone, no document parsed, until the heads themselves."""
 _ENDPOINT_FILL = (
     "UPDATE dispatches SET endpoint = json_extract(doc, '$.endpoint') WHERE endpoint = ''"
 )
@@ -72,8 +82,9 @@ class SqliteWorkItemStore:
         Raises ``Transient`` when the file cannot be opened.
         """
         self._db = open_database(path, schema=_SCHEMA, what="SQLite work-item store")
-        self._db.add_columns("dispatches", _ENDPOINT_COLUMN)
+        self._db.add_columns("dispatches", {**_ENDPOINT_COLUMN, **_REPOSITORY_COLUMN})
         self._db.execute(_ENDPOINT_FILL)
+        self._db.execute(_HEADS_INDEX)
 
     def close(self) -> None:
         """Close the database connection."""
@@ -183,15 +194,16 @@ class SqliteWorkItemStore:
         served = ""
         if repositories is not None:
             wanted = sorted({repository.lower() for repository in repositories})
-            served = (
-                f" AND lower(json_extract(doc, '$.repository')) IN ({','.join('?' * len(wanted))})"
-            )
+            served = f" AND repository IN ({','.join('?' * len(wanted))})"
             params.extend(wanted)
-        # SQLite takes a bare column (doc) from the row that gave the group's MIN(seq).
+        # The heads from the index alone (SQLite takes the bare columns from the row that gave
+        # the group's MIN(seq)), then only their documents.
         rows = self._db.rows(
-            "SELECT doc, created_at, seq, dispatch_id FROM (SELECT doc, created_at,"  # noqa: S608
-            f" dispatch_id, MIN(seq) AS seq FROM dispatches WHERE status IN ({marks}){served}"
-            " GROUP BY work_item, endpoint) ORDER BY created_at, seq, dispatch_id LIMIT ?",
+            "SELECT d.doc FROM (SELECT dispatch_id, created_at, MIN(seq) AS seq"  # noqa: S608
+            f" FROM dispatches WHERE status IN ({marks}){served} GROUP BY work_item, endpoint"
+            " ORDER BY created_at, seq, dispatch_id LIMIT ?) AS heads"
+            " JOIN dispatches AS d ON d.dispatch_id = heads.dispatch_id"
+            " ORDER BY heads.created_at, heads.seq, heads.dispatch_id",
             (*params, limit),
         )
         return [DispatchRecord.model_validate_json(row["doc"]) for row in rows]
