@@ -70,6 +70,12 @@ class TestWorkItems:
         assert work_item_store.get_work_items(wanted) == saved
         assert work_item_store.get_work_items([]) == {}
         assert work_item_store.get_work_items(["github:octo/demo#999"]) == {}
+        # Read again after a save: the new version, never a copy kept from the last read.
+        changed = saved["github:octo/demo#7"].model_copy(update={"checklist_comment_id": 4242})
+        assert work_item_store.save_work_item(changed, expected_version=1)
+        again = work_item_store.get_work_items(wanted)
+        assert again["github:octo/demo#7"] == changed.model_copy(update={"version": 2})
+        assert again["github:octo/demo#8"] == saved["github:octo/demo#8"]
 
     def test_the_listing_is_newest_decision_first_and_bounded(
         self, work_item_store: WorkItemStore

@@ -7,6 +7,8 @@ the fields the queries filter and order on, written in the same statement so the
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -69,6 +71,35 @@ _HELD_BY = "status = 'leased' AND lease_holder = ?"
 """Only the runner holding the lease now may change it; a lapsed and retaken lease is not its."""
 
 
+PARSED_WORK_ITEMS = 4096
+"""Parsed work-item versions kept in memory (``get_work_items``): far above the heads a poll
+reads."""
+
+
+class _Parsed:
+    """The latest parsed work-item versions, least recently used dropped first; threadsafe."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._records: OrderedDict[tuple[str, int], WorkItemRecord] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> WorkItemRecord | None:
+        with self._lock:
+            record = self._records.get(key)
+            if record is not None:
+                self._records.move_to_end(key)
+            return record
+
+    def put(self, key: tuple[str, int], record: WorkItemRecord) -> WorkItemRecord:
+        with self._lock:
+            self._records[key] = record
+            self._records.move_to_end(key)
+            while len(self._records) > self._size:
+                self._records.popitem(last=False)
+        return record
+
+
 def _opt_utc_text(moment: datetime | None) -> str | None:
     return None if moment is None else utc_text(moment)
 
@@ -82,6 +113,7 @@ class SqliteWorkItemStore:
         Raises ``Transient`` when the file cannot be opened.
         """
         self._db = open_database(path, schema=_SCHEMA, what="SQLite work-item store")
+        self._parsed = _Parsed(PARSED_WORK_ITEMS)
         self._db.add_columns("dispatches", {**_ENDPOINT_COLUMN, **_REPOSITORY_COLUMN})
         self._db.execute(_ENDPOINT_FILL)
         self._db.execute(_HEADS_INDEX)
@@ -96,9 +128,23 @@ class SqliteWorkItemStore:
         return WorkItemRecord.model_validate_json(rows[0]["doc"]) if rows else None
 
     def get_work_items(self, refs: Collection[str]) -> dict[str, WorkItemRecord]:
-        """See ``WorkItemStore.get_work_items``."""
-        rows = self._db.rows_among("SELECT ref, doc FROM work_items WHERE ref IN ({marks})", refs)
-        return {row["ref"]: WorkItemRecord.model_validate_json(row["doc"]) for row in rows}
+        """See ``WorkItemStore.get_work_items``.
+
+        Every poll of a backlog reads the work items of its heads (``service.lease_desk``):
+        a version's document never changes, so each is parsed once (``_parsed``) and only
+        the versions are read again."""
+        versions = self._db.rows_among(
+            "SELECT ref, version FROM work_items WHERE ref IN ({marks})", refs
+        )
+        found = {row["ref"]: self._parsed.get((row["ref"], row["version"])) for row in versions}
+        missing = [ref for ref, record in found.items() if record is None]
+        rows = self._db.rows_among(
+            "SELECT ref, doc FROM work_items WHERE ref IN ({marks})", missing
+        )
+        for row in rows:
+            record = WorkItemRecord.model_validate_json(row["doc"])
+            found[row["ref"]] = self._parsed.put((record.ref, record.version), record)
+        return {ref: record for ref, record in found.items() if record is not None}
 
     def find_work_item_for_pull_request(self, pr_ref: str) -> WorkItemRecord | None:
         """See ``WorkItemStore.find_work_item_for_pull_request``."""
