@@ -1,4 +1,5 @@
-"""SqliteWorkItemStore on a file an older version made: it opens, and serves the heads."""
+"""SqliteWorkItemStore on a file an older version made: it opens, serves the heads, and
+opens again."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def test_a_file_without_the_endpoint_and_repository_columns_serves_its_heads(
     finally:
         store.close()
 
+    reopened = SqliteWorkItemStore(path)  # as the next `looprelay up` opens it
+    try:
+        assert reopened.list_dispatch_heads(statuses=("pending",), repositories=["octo/other"])
+    finally:
+        reopened.close()
     assert [head.dispatch_id for head in heads] == [mine.dispatch_id]
     assert heads[0].endpoint == mine.endpoint
     assert {head.dispatch_id for head in everything} == {mine.dispatch_id, other.dispatch_id}

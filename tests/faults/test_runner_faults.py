@@ -82,6 +82,10 @@ def runners() -> Iterator[list[Runner]]:
     for runner in started:
         runner.kill()
         kill_tmux(runner.socket_name)
+        # Shown only when the test failed (captured output): what each agent process said.
+        if runner.log_path.exists():
+            tail = runner.log_path.read_text(errors="replace").splitlines()[-60:]
+            print(f"--- the last lines of {runner.log_path.name}", *tail, sep="\n")
 
 
 def _send_comments(stack: Stack, plan: list[tuple[int, int]], rng: random.Random) -> list[str]:

@@ -106,7 +106,8 @@ class SqliteDatabase:
         with self._lock:
             try:
                 self._switch(self._synchronous)
-                have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                # table_xinfo: table_info leaves generated columns out.
+                have = {row[1] for row in self._db.execute(f"PRAGMA table_xinfo({table})")}
                 for name, declaration in columns.items():
                     if name not in have:
                         self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
