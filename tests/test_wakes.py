@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -107,6 +108,27 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass
+class Waiting:
+    """A worker whose comment 1 waits for its wake: the worker, its clock and handler, when
+    the comment is ready, and the wake's task."""
+
+    worker: Worker
+    clock: MovableClock
+    handed: Handed
+    until: datetime
+    wake: QueuedTask
+
+
+def _waiting(store: Store, queue: SqliteQueue) -> Waiting:
+    clock, handed = MovableClock(_now()), Handed()
+    worker = _worker(store, queue, clock, handed)
+    until = worker.settle(HEADERS, _comment(1, clock.at)).waiting_until
+    assert until is not None
+    [wake] = _wakes(queue)
+    return Waiting(worker, clock, handed, until, wake)
+
+
 class TestALoneComment:
     def test_its_attempt_ends_at_once_and_its_wake_is_due_when_it_is_ready(
         self, store: Store, queue: SqliteQueue
@@ -127,18 +149,16 @@ class TestALoneComment:
         assert wake.eta == pytest.approx((ready + WAKE_MARGIN).timestamp(), abs=0.001)
 
     def test_its_wake_hands_it_off_once_it_is_ready(self, store: Store, queue: SqliteQueue) -> None:
-        clock, handed = MovableClock(_now()), Handed()
-        worker = _worker(store, queue, clock, handed)
-        waiting = worker.settle(HEADERS, _comment(1, clock.at))
-        assert waiting.waiting_until is not None
+        waiting = _waiting(store, queue)
 
-        clock.at = waiting.waiting_until + WAKE_MARGIN
-        [wake] = _wakes(queue)
-        assert worker.settle(HEADERS, wake.body) == Settlement(None)
+        waiting.clock.at = waiting.until + WAKE_MARGIN
+        assert waiting.worker.settle(HEADERS, waiting.wake.body) == Settlement(None)
 
-        assert handed.calls == ["d-1"]
+        assert waiting.handed.calls == ["d-1"]
         assert _settled(store, "d-1") == "dispatched"
-        assert worker.settle(HEADERS, _comment(1, clock.at)).already  # the queue's retry
+        assert waiting.worker.settle(
+            HEADERS, _comment(1, waiting.clock.at)
+        ).already  # the queue's retry
 
     def test_two_comments_of_one_run_are_handed_off_in_order_by_the_last_wake(
         self, store: Store, queue: SqliteQueue
@@ -162,68 +182,59 @@ class TestALoneComment:
 
 class TestAWakeIsRetried:
     def test_while_what_it_hands_off_keeps_failing(self, store: Store, queue: SqliteQueue) -> None:
-        clock, handed = MovableClock(_now()), Handed()
-        worker = _worker(store, queue, clock, handed)
-        waiting = worker.settle(HEADERS, _comment(1, clock.at))
-        assert waiting.waiting_until is not None
-        clock.at = waiting.waiting_until + WAKE_MARGIN
-        [wake] = _wakes(queue)
+        waiting = _waiting(store, queue)
+        waiting.clock.at = waiting.until + WAKE_MARGIN
 
-        handed.failing = True
-        answer = worker_handler(worker)(
-            Request(method="POST", path="/", headers=HEADERS, body=wake.body)
+        waiting.handed.failing = True
+        answer = worker_handler(waiting.worker)(
+            Request(method="POST", path="/", headers=HEADERS, body=waiting.wake.body)
         )
-        assert answer.status == 503  # the queue tries the wake again: nothing else would
+        assert answer.status == 503  # the queue tries the waiting.wake again: nothing else would
         assert _settled(store, "d-1") is None
 
-        handed.failing = False
-        assert worker.settle(HEADERS, wake.body) == Settlement(None)
+        waiting.handed.failing = False
+        assert waiting.worker.settle(HEADERS, waiting.wake.body) == Settlement(None)
         assert _settled(store, "d-1") == "dispatched"
 
     def test_when_another_attempt_holds_the_inbox(self, store: Store, queue: SqliteQueue) -> None:
-        clock, handed = MovableClock(_now()), Handed()
-        worker = _worker(store, queue, clock, handed)
-        waiting = worker.settle(HEADERS, _comment(1, clock.at))
-        assert waiting.waiting_until is not None
-        clock.at = waiting.waiting_until + WAKE_MARGIN
+        waiting = _waiting(store, queue)
+        waiting.clock.at = waiting.until + WAKE_MARGIN
         held = store.take_inbox(
-            GROUP, holder="another", now=clock.at, until=clock.at + timedelta(seconds=15)
+            GROUP,
+            holder="another",
+            now=waiting.clock.at,
+            until=waiting.clock.at + timedelta(seconds=15),
         )
         assert held is not None
-        [wake] = _wakes(queue)
 
-        answer = worker_handler(worker)(
-            Request(method="POST", path="/", headers=HEADERS, body=wake.body)
+        answer = worker_handler(waiting.worker)(
+            Request(method="POST", path="/", headers=HEADERS, body=waiting.wake.body)
         )
-        # Knocked on, the holder lists again before it releases: the wake comes back on the
+        # Knocked on, the holder lists again before it releases: the waiting.wake comes back on the
         # queue's backoff, not after the holder's whole lease as a delivery's attempt does.
         assert (answer.status, answer.headers.get("retry-after")) == (503, None)
-        assert handed.calls == []
+        assert waiting.handed.calls == []
 
-        clock.at += timedelta(seconds=16)  # its holder died: its lease lapses
-        assert worker.settle(HEADERS, wake.body) == Settlement(None)
-        assert handed.calls == ["d-1"]
+        waiting.clock.at += timedelta(seconds=16)  # its holder died: its lease lapses
+        assert waiting.worker.settle(HEADERS, waiting.wake.body) == Settlement(None)
+        assert waiting.handed.calls == ["d-1"]
 
     def test_when_it_came_early_rather_than_queue_itself_again(
         self, store: Store, queue: SqliteQueue
     ) -> None:
         # A queue whose clock is behind the worker's: the wake's own name is taken until long
         # after it is done, so queueing "again" would queue nothing.
-        clock, handed = MovableClock(_now()), Handed()
-        worker = _worker(store, queue, clock, handed)
-        waiting = worker.settle(HEADERS, _comment(1, clock.at))
-        assert waiting.waiting_until is not None
-        [wake] = _wakes(queue)
+        waiting = _waiting(store, queue)
 
-        clock.at = waiting.waiting_until - timedelta(seconds=0.5)
+        waiting.clock.at = waiting.until - timedelta(seconds=0.5)
         with pytest.raises(Transient) as raised:
-            worker.settle(HEADERS, wake.body)
+            waiting.worker.settle(HEADERS, waiting.wake.body)
         assert "came early" in str(raised.value.__cause__)
-        assert handed.calls == [] and len(_wakes(queue)) == 1
+        assert waiting.handed.calls == [] and len(_wakes(queue)) == 1
 
-        clock.at = waiting.waiting_until + WAKE_MARGIN
-        assert worker.settle(HEADERS, wake.body) == Settlement(None)
-        assert handed.calls == ["d-1"]
+        waiting.clock.at = waiting.until + WAKE_MARGIN
+        assert waiting.worker.settle(HEADERS, waiting.wake.body) == Settlement(None)
+        assert waiting.handed.calls == ["d-1"]
 
 
 class TestWithoutAWake:
