@@ -21,7 +21,9 @@ the store adapters' methods (``SqliteStore`` and ``SqliteWorkItemStore``, the qu
 ``latency`` seconds on every call. ``kind`` is ``locked`` (``sqlite3.OperationalError
 "database is locked"``, translated by the adapter's own ``SqliteDatabase``, as the real error
 would be: it is raised inside the connection), ``transient`` (``looprelay.errors.Transient``
-from the adapter method) or ``queue`` (``Transient`` from the queue's enqueue).
+from the adapter method) or ``queue`` (``Transient`` from the queue's enqueue of a
+delivery; the worker's wakes are left alone, so the faults land on the webhook's tasks
+whatever the timing).
 
 ``LOOPRELAY_QUEUE_FAULT=<write>:<every>:<budget>`` makes every ``every``-th transaction of the
 embedded queue's bookkeeping write ``<write>`` (``claim``, ``finish`` or ``fail``:
@@ -46,7 +48,9 @@ from looprelay.adapters.sqlite.database import SqliteDatabase
 from looprelay.adapters.sqlite.queue import SqliteQueue
 from looprelay.adapters.sqlite.store import SqliteStore
 from looprelay.adapters.sqlite.work_items import SqliteWorkItemStore
+from looprelay.core.wake import parse_wake
 from looprelay.errors import Transient
+from looprelay.ports import Task
 
 FAULT_ENV = "LOOPRELAY_FAULT"
 STORE_FAULT_ENV = "LOOPRELAY_STORE_FAULT"
@@ -154,13 +158,15 @@ def install_store_errors(kind: str, every: int, budget: int, latency: float) -> 
 
     def failing_soon(original: Callable[..., Any]) -> Callable[..., Any]:
         # The webhook enqueues without blocking: the fault arrives as the future's outcome.
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(self: Any, task: Task, *args: Any, **kwargs: Any) -> Any:
+            if parse_wake(task.body) is not None:  # the worker's own wakes: not the webhook's
+                return original(self, task, *args, **kwargs)
             number = counter.next()
             if number <= budget and number % every == 0:
                 failed: Future[bool] = Future()
                 failed.set_exception(Transient(f"injected queue fault on call {number}"))
                 return failed
-            return original(self, *args, **kwargs)
+            return original(self, task, *args, **kwargs)
 
         return call
 

@@ -75,11 +75,6 @@ Defer = Callable[[str, datetime], bool]
 is queued (False: sleep instead). Raises ``Transient``."""
 
 
-class InboxHeld(Transient):
-    """Another attempt holds the inbox: it was knocked on, so it lists again before it
-    releases, and hands off what this attempt came for."""
-
-
 @dataclass(frozen=True)
 class Drained:
     """How a drain ended, the inbox left with nothing of its own to hand off: empty, or only
@@ -151,7 +146,7 @@ class Inbox:
         if inbox is None:
             # Its holder hands this one off; the retry (after the lease, should the holder
             # die) only confirms it. Sooner, a long drain would spend the queue's attempts.
-            raise InboxHeld(
+            raise Transient(
                 f"the inbox of {group} is being drained; it hands this one off",
                 retry_after=self._lease.total_seconds(),
             )

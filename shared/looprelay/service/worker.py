@@ -45,7 +45,6 @@ from looprelay.service.inbox import (
     DEFAULT_ORDER_WAIT,
     Drained,
     Inbox,
-    InboxHeld,
     went_ahead_event,
 )
 
@@ -183,12 +182,9 @@ class Worker:
     def _wake(self, wake: Wake) -> Settlement:
         """Drain the inbox ``wake`` names. The wake is done once nothing is left in the inbox
         that no other task brings back: it is retried while failing deliveries remain."""
-        try:
-            drained = self._inbox.drain(wake.group)
-        except InboxHeld as exc:
-            # Its holder lists again before it releases; the wake need not wait out the
-            # holder's lease (a dead one's) before it comes back: the queue's backoff will do.
-            raise Transient(str(exc)) from exc
+        # Another attempt holding the inbox answers Transient with the lease as Retry-After:
+        # sooner, a wake knocking through a long drain would spend its attempts and die.
+        drained = self._inbox.drain(wake.group)
         if drained.woken_at is None and drained.failing:
             raise Transient(f"deliveries of {wake.group} keep failing; the wake comes again")
         if drained.woken_at == wake.ready_at:
