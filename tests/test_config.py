@@ -69,7 +69,7 @@ class TestLoadConfig:
             ("store:\n  backend: postgres\n", "store.backend"),
             ("webhook:\n  maxBodyBytes: 99999999999\n", "webhook.maxBodyBytes"),
             ("store:\n  retentionDays: 1\n", "store.retentionDays"),
-            ("routing:\n  harness: codex\n", "codex runs headless only: set runnerKind"),
+            ("routing:\n  harness: cursor-agent\n", "cursor-agent runs headless only: set"),
             ("routing:\n  harness: aider\n", "routing.harness"),
         ],
     )

@@ -44,6 +44,21 @@ class TestInteractiveArgv:
             )
         assert caught.value.reason == "invalid-session-id"
 
+    @pytest.mark.parametrize(
+        ("resume", "expected"),
+        [
+            (False, ["/bin/codex", "-m", "o3"]),
+            (True, ["/bin/codex", "resume", "--last", "-m", "o3"]),
+        ],
+    )
+    def test_codex_names_its_own_conversations_and_resumes_the_trees_last(
+        self, resume: bool, expected: list[str]
+    ) -> None:
+        argv = harness.interactive_argv(
+            binary="/bin/codex", harness="codex", session_id=SID, resume=resume, extra=["-m", "o3"]
+        )
+        assert argv == expected
+
     def test_cursor_agent_cannot_be_hosted(self) -> None:
         with pytest.raises(RunnerError) as caught:
             harness.interactive_argv(

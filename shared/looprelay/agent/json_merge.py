@@ -1,7 +1,8 @@
-"""Merging into a JSON object file another program also rewrites: locked, atomic, merge-only.
+"""Merging into a config file another program also rewrites: locked, atomic, merge-only.
 
 Made for Claude Code's config (see ``claude_config``), which a running Claude rewrites whenever
-it likes. A merge:
+it likes, and used for every harness's own config file (JSON here; Codex's TOML through
+:func:`edit_config_file`). A merge:
   - reads the file as a JSON object and applies a merge function to it; a missing file is ``{}``;
   - writes nothing when the merge changed nothing;
   - never writes over a file that does not parse as a JSON object (it is left byte-for-byte);
@@ -34,6 +35,9 @@ from looprelay.errors import RunnerError
 JsonObject = dict[str, object]
 Merge = Callable[[JsonObject], list[str]]
 """Changes a parsed object in place; returns what it changed (empty: nothing to write)."""
+Edit = Callable[[str | None], tuple[str, list[str]]]
+"""Given a file's text (None: no file), returns its new text and what changed (empty: nothing
+to write). Raises ``RunnerError`` to leave the file as it is."""
 
 NEW_FILE_MODE = 0o600
 MERGE_ROUNDS = 5
@@ -62,8 +66,6 @@ class _Snapshot:
 
     stamp: _Stamp
     raw: bytes
-    header: str = ""
-    """Leading ``//`` comment lines, written back above the object."""
 
 
 def merge_json_file(path: Path, merge: Merge, *, peer_lock: Path | None, reason: str) -> list[str]:
@@ -78,10 +80,24 @@ def merge_json_file(path: Path, merge: Merge, *, peer_lock: Path | None, reason:
     object (left untouched), when ``merge`` raises it, or when the file cannot be read,
     locked or written.
     """
+
+    def edit(current: str | None) -> tuple[str, list[str]]:
+        header, data = ("", {}) if current is None else _parse_object(current, path, reason)
+        changes = merge(data)
+        return header + json.dumps(data, indent=2, ensure_ascii=False), changes  # Claude's layout
+
+    return edit_config_file(path, edit, peer_lock=peer_lock, reason=reason)
+
+
+def edit_config_file(path: Path, edit: Edit, *, peer_lock: Path | None, reason: str) -> list[str]:
+    """Apply ``edit`` to the UTF-8 text of ``path`` and write the result only if it changed,
+    under the same locks, rounds and atomic replace as :func:`merge_json_file`, which is this
+    for JSON. Returns ``edit``'s changes. Raises ``RunnerError`` with ``reason`` when the file
+    is not UTF-8 text or cannot be read, locked or written, and when ``edit`` raises it."""
     # Scenario, per round, under both locks:
-    #   read the object (and its snapshot) -> merge; nothing changed -> done, no write;
+    #   read the text (and its snapshot) -> edit; nothing changed -> done, no write;
     #   write a temp file beside it -> the file still matches the snapshot -> replace, done;
-    #   it does not (a writer that takes no lock) -> drop the temp file, merge again.
+    #   it does not (a writer that takes no lock) -> drop the temp file, edit again.
     target = path.resolve()
     _make_parent(target, reason)
     deadline = time.monotonic() + LOCK_WAIT_SECONDS
@@ -90,11 +106,11 @@ def merge_json_file(path: Path, merge: Merge, *, peer_lock: Path | None, reason:
         _peer_lock(peer_lock, deadline, reason),
     ):
         for _ in range(MERGE_ROUNDS):
-            snapshot, data = _read_object(target, reason)
-            changes = merge(data)
+            snapshot = _read(target, reason)
+            text, changes = edit(None if snapshot is None else _decoded(snapshot, target, reason))
             if not changes:
                 return []
-            if _replace_if_unchanged(target, data, snapshot, reason):
+            if _replace_if_unchanged(target, text, snapshot, reason):
                 return changes
     raise RunnerError(
         f"{target} kept changing while looprelay merged into it ({MERGE_ROUNDS} rounds); "
@@ -103,19 +119,33 @@ def merge_json_file(path: Path, merge: Merge, *, peer_lock: Path | None, reason:
     )
 
 
-def _read_object(path: Path, reason: str) -> tuple[_Snapshot | None, JsonObject]:
+def _read(path: Path, reason: str) -> _Snapshot | None:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
             raise RunnerError(f"{path} is not a regular file", reason=reason)
         with open(path, "rb") as handle:
             stamp = _stamp_of(os.fstat(handle.fileno()))
-            raw = handle.read()
+            return _Snapshot(stamp, handle.read())
     except FileNotFoundError:
-        return None, {}
+        return None
     except OSError as exc:
         raise RunnerError(f"cannot read {path}: {exc}", reason=reason) from exc
+
+
+def _decoded(snapshot: _Snapshot, path: Path, reason: str) -> str:
     try:
-        header, body = _comment_header(raw.decode("utf-8-sig"))
+        return snapshot.raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RunnerError(
+            f"{path} is not UTF-8 text ({exc}); looprelay left it untouched: fix or remove it",
+            reason=reason,
+        ) from exc
+
+
+def _parse_object(text: str, path: Path, reason: str) -> tuple[str, JsonObject]:
+    """The leading ``//`` comment lines of ``text`` and the JSON object after them."""
+    header, body = _comment_header(text)
+    try:
         data = json.loads(body)
     except ValueError as exc:
         raise RunnerError(
@@ -128,7 +158,7 @@ def _read_object(path: Path, reason: str) -> tuple[_Snapshot | None, JsonObject]
             "untouched: fix or remove it",
             reason=reason,
         )
-    return _Snapshot(stamp, raw, header), data
+    return header, data
 
 
 def _comment_header(text: str) -> tuple[str, str]:
@@ -140,12 +170,7 @@ def _comment_header(text: str) -> tuple[str, str]:
     return "".join(lines[:count]), "".join(lines[count:])
 
 
-def _replace_if_unchanged(
-    path: Path, data: JsonObject, snapshot: _Snapshot | None, reason: str
-) -> bool:
-    text = json.dumps(data, indent=2, ensure_ascii=False)  # the layout Claude writes
-    if snapshot is not None:
-        text = snapshot.header + text
+def _replace_if_unchanged(path: Path, text: str, snapshot: _Snapshot | None, reason: str) -> bool:
     mode = NEW_FILE_MODE if snapshot is None else snapshot.stamp.mode
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

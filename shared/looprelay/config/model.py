@@ -380,7 +380,7 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
-HOSTABLE_HARNESSES = ("claude", "gemini", "copilot")
+HOSTABLE_HARNESSES = ("claude", "codex", "gemini", "copilot")
 """The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
 
 
@@ -493,8 +493,8 @@ class RoutingConfig(_Section):
     )
     harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
         default="claude",
-        description="The coding agent sessions run. `claude`, `gemini` and `copilot` are hosted "
-        "in tmux or run headless; `cursor-agent` and `codex` run headless only (`runnerKind: "
+        description="The coding agent sessions run. `claude`, `codex`, `gemini` and `copilot` "
+        "are hosted in tmux or run headless; `cursor-agent` runs headless only (`runnerKind: "
         "process`).",
     )
     runner_kind: Literal["tmux", "process"] = Field(
