@@ -71,6 +71,9 @@ class TestLoadConfig:
             ("store:\n  retentionDays: 1\n", "store.retentionDays"),
             ("routing:\n  harness: cursor-agent\n", "cursor-agent runs headless only: set"),
             ("routing:\n  harness: aider\n", "routing.harness"),
+            ("routing:\n  harnessLabels: {x: aider}\n", "routing.harnessLabels.x"),
+            ("routing:\n  harnessLabels: {'agent: cursor': cursor-agent}\n", "picks cursor-agent"),
+            ("routing:\n  harnessLabels: {' ': codex}\n", "a label name is empty"),
         ],
     )
     def test_bad_files_get_a_clear_error(self, tmp_path: Path, text: str, message: str) -> None:

@@ -105,3 +105,17 @@ class TestCloseEndsSession:
     def test_another_value_is_a_config_error_naming_the_key(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=r"routing\.closeEndsSession: Input should be"):
             load_config(_routing(tmp_path, "  closeEndsSession: everyone\n"), environ={})
+
+
+class TestHarnessLabels:
+    def test_labels_reach_the_policy_in_the_order_written(self, tmp_path: Path) -> None:
+        path = _routing(
+            tmp_path,
+            "  authorizedUsers: [42]\n"
+            "  harnessLabels:\n"
+            "    'agent: gemini': gemini\n"
+            "    'agent: codex': codex\n",
+        )
+        policy = routing_policy(load_config(path, environ={}).routing)
+        assert policy.harness_labels == (("agent: gemini", "gemini"), ("agent: codex", "codex"))
+        assert policy.harness == "claude"

@@ -293,6 +293,15 @@ class TestRefusals:
         )
         assert rig.terminal.pane_dead(SESSION) is None
 
+    def test_a_harness_the_runner_does_not_serve_is_refused_though_it_is_on_path(
+        self, rig: Rig, fake_harness: FakeHarness
+    ) -> None:
+        rig.applier.preparer.served = frozenset({"cursor-agent"})  # runner run --harness
+        result = rig.applier.apply(make_dispatch())
+        assert (result.status, result.reason) == ("failed", "harness-missing")
+        assert result.detail == "this runner serves only cursor-agent (--harness), not claude"
+        assert fake_harness.starts() == []
+
     def test_cursor_agent_in_tmux_is_refused(self, rig: Rig, fake_harness: FakeHarness) -> None:
         result = rig.applier.apply(make_dispatch(harness="cursor-agent"))
         assert (result.status, result.reason) == ("failed", "harness-unsupported")

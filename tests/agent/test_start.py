@@ -203,6 +203,35 @@ class TestWhatItServes:
         assert f"tmux -L {default_tmux_socket(RUNNER_A)}" in text
 
 
+class TestHarnessChoice:
+    def test_harness_picks_which_of_those_on_path_it_serves(
+        self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
+    ) -> None:
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        everything = build_agent(_options(tmp_path, checkout))
+        assert everything.harnesses == ("claude", "cursor-agent")
+        for lock in everything.locks:
+            lock.release()
+
+        chosen = build_agent(_options(tmp_path, checkout, harnesses=("cursor-agent",)))
+        text = "\n".join(chosen.serving)
+
+        assert chosen.harnesses == ("cursor-agent",)
+        assert f"harness cursor-agent: {fake_harness.bin / 'cursor-agent'}" in text
+        assert "harness claude" not in text
+
+    def test_a_chosen_harness_missing_from_path_is_refused_in_one_line(
+        self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness
+    ) -> None:
+        checkout = repos.clone("octo/repo", tmp_path / "checkout")
+        with pytest.raises(ConfigError) as refused:
+            build_agent(_options(tmp_path, checkout, harnesses=("claude", "gemini")))
+        assert str(refused.value) == (
+            "--harness gemini: gemini is not on this runner's PATH; install it or fix PATH for "
+            "the agent"
+        )
+
+
 def _git_only(tmp_path: Path) -> Path:
     """A PATH directory with git and nothing else (no bwrap)."""
     tools = tmp_path / "git-only"

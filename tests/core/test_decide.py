@@ -294,6 +294,55 @@ class TestAnAuthorizedComment:
         )
 
 
+def _labelled_comment(body: str, *labels: str) -> Envelope:
+    """Codertocat comments ``body`` on issue #1, which carries ``labels``."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["comment"]["body"] = body
+        data["issue"]["labels"] = [{"name": name} for name in labels]
+
+    return _envelope("issue_comment.created", edit)
+
+
+CODEX_LABELS = replace(
+    POLICY, harness_labels=(("agent: codex", "codex"), ("agent: gemini", "gemini"))
+)
+
+
+class TestHarnessLabels:
+    def test_a_start_on_an_issue_with_a_harness_label_spawns_that_harness(self) -> None:
+        start = _labelled_comment("the-loop start", "bug", "agent: codex")
+
+        decision = _decide(_situation(start, _item("armed")), CODEX_LABELS)
+
+        (spawn,) = decision.dispatches
+        assert (spawn.kind, spawn.harness) == ("spawn", "codex")
+        assert decision.work_item is not None
+        assert decision.work_item.sessions[REF].harness == "codex"
+
+    def test_the_first_listed_label_wins_and_without_one_the_configured_harness_runs(
+        self,
+    ) -> None:
+        both = _labelled_comment("the-loop start", "agent: gemini", "agent: codex")
+        plain = _labelled_comment("the-loop start", "bug")
+
+        [both_spawn] = _decide(_situation(both, _item("armed")), CODEX_LABELS).dispatches
+        [plain_spawn] = _decide(_situation(plain, _item("armed")), CODEX_LABELS).dispatches
+
+        assert (both_spawn.harness, plain_spawn.harness) == ("codex", "claude")
+
+    def test_a_resumed_session_keeps_its_harness_whatever_the_labels_say_now(self) -> None:
+        comment = _labelled_comment("Carry on.", "agent: codex")
+        gemini = _session(status="exited").model_copy(update={"harness": "gemini"})
+
+        decision = _decide(_situation(comment, _item("started", gemini)), CODEX_LABELS)
+
+        (spawn,) = decision.dispatches
+        assert (spawn.kind, spawn.resume, spawn.harness) == ("spawn", True, "gemini")
+        assert decision.work_item is not None
+        assert decision.work_item.sessions[REF].harness == "gemini"
+
+
 class TestAnOutsider:
     def test_is_refused_with_the_reason_and_nothing_changes(self) -> None:
         envelope = _comment("the-loop stop", login="mallory", id=9_000_001)

@@ -205,9 +205,12 @@ class TestPlanSend:
             assert (dispatch.harness, dispatch.runner_kind) == ("codex", "process")
         else:
             assert (session.status, session.runner_id) == ("pending", runner_id)
+            # A resume goes back to the conversation's own harness; a new session takes the
+            # configured one.
+            harness, runner_kind = ("codex", "process") if resume else ("claude", "tmux")
             assert (dispatch.harness, dispatch.runner_kind, dispatch.interaction) == (
-                "claude",
-                "tmux",
+                harness,
+                runner_kind,
                 "work-item",
             )
 

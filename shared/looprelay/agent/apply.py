@@ -173,7 +173,7 @@ class Applier:
             return ApplyResult(DELIVERED, session_id=sid, tmux_target=name, detail="pasted")
         argv_for = partial(
             harness.interactive_argv,
-            binary=harness.resolve_binary(d.harness),
+            binary=self.preparer.binary(d.harness),
             harness=d.harness,
             extra=self.harness_args.get(d.harness, ()),
         )
@@ -294,7 +294,7 @@ class Applier:
         )
 
     def _headless(self, d: Dispatch) -> ApplyResult:
-        binary = harness.resolve_binary(d.harness)
+        binary = self.preparer.binary(d.harness)
         prepared = self.preparer.prepare(d, trust=False)  # no trust dialog without a TUI
         checkout, notes = prepared.checkout, list(prepared.notes)
         local, fresh = self.ledger.session(d.session_name), str(self.new_uuid())

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from looprelay.agent import harnesses
+from looprelay.agent import harness, harnesses
 from looprelay.agent.harnesses.base import Harness, is_session_id
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.skill import install_skill
@@ -69,6 +69,19 @@ class SessionPreparer:
     ledger: Ledger
     harness_args: Mapping[str, Sequence[str]]
     environ: Mapping[str, str] | None = None
+    served: frozenset[str] | None = None
+    """The harnesses this runner runs (``runner run --harness``); None: any on ``PATH``."""
+
+    def binary(self, harness_name: str) -> str:
+        """Return the absolute path of ``harness_name``'s binary. Raises ``RunnerError``
+        ``harness-missing`` when this runner does not serve it or it is not on ``PATH``."""
+        if self.served is not None and harness_name not in self.served:
+            raise RunnerError(
+                f"this runner serves only {', '.join(sorted(self.served))} (--harness), "
+                f"not {harness_name}",
+                reason="harness-missing",
+            )
+        return harness.resolve_binary(harness_name)
 
     def prepare(self, d: Dispatch, *, trust: bool) -> Preparation:
         """Return ``d``'s session tree with the skill installed where its harness reads it

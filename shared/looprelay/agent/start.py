@@ -58,6 +58,8 @@ class RunnerOptions:
     """What a poll asks for; the server caps it (``runners.pollWaitSeconds``)."""
     keep_session_on_terminate: bool = True
     harness_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    harnesses: Sequence[str] = ()
+    """The harnesses to serve (``--harness``); empty: every one found on ``PATH``."""
     sandbox: str = "untrusted"
 
 
@@ -117,12 +119,7 @@ def _assemble(
         keep_on_close=options.keep_checkout_on_close,
     )
     workspaces.check()
-    binaries = available_harnesses()
-    if not binaries:
-        raise ConfigError(
-            f"none of {', '.join(harnesses.NAMES)} is on PATH; install one (Claude Code: "
-            "npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
-        )
+    binaries = served_harnesses(options.harnesses)
     socket_name = options.tmux_socket or default_tmux_socket(credentials.runner_id)
     terminal = TmuxTerminal(socket_name)
     sandbox = runner_sandbox(options, state_dir)
@@ -145,7 +142,7 @@ def _assemble(
         applier=Applier(
             terminal,
             ledger,
-            SessionPreparer(workspaces, ledger, options.harness_args),
+            SessionPreparer(workspaces, ledger, options.harness_args, served=frozenset(binaries)),
             keep_session_on_terminate=options.keep_session_on_terminate,
             sandbox=sandbox,
             session_env=SessionEnv(client),
@@ -199,14 +196,25 @@ def sandbox_line(sandbox: Sandbox) -> str:
     return f"sandbox {sandbox.mode}: {which} run in bubblewrap ({sandbox.probe.bwrap})"
 
 
-def available_harnesses() -> dict[str, str]:
-    """Return each harness whose binary is on PATH, with its absolute path."""
+def served_harnesses(chosen: Sequence[str]) -> dict[str, str]:
+    """Return the harnesses to serve with their binaries' absolute paths: each of ``chosen``
+    (``--harness``), or every one on PATH when none was chosen. Raises ``ConfigError`` for an
+    unknown name, a chosen one not on PATH, or none found at all."""
+    for name in chosen:
+        if name not in harnesses.REGISTRY:
+            raise ConfigError(f"--harness {name} is not one of {', '.join(harnesses.NAMES)}")
     found = {}
-    for name in harnesses.NAMES:
+    for name in dict.fromkeys(chosen or harnesses.NAMES):
         try:
             found[name] = harness.resolve_binary(name)
-        except RunnerError:
-            continue
+        except RunnerError as exc:
+            if chosen:
+                raise ConfigError(f"--harness {name}: {exc}") from None
+    if not found:
+        raise ConfigError(
+            f"none of {', '.join(harnesses.NAMES)} is on PATH; install one (Claude Code: "
+            "npm install -g @anthropic-ai/claude-code) or fix PATH for the agent"
+        )
     return found
 
 

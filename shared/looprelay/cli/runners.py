@@ -9,12 +9,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import click
 
 from looprelay.cli.common import data_path, load, log_options, state_options, table
-from looprelay.config.model import MAX_POLL_WAIT_SECONDS
+from looprelay.config.model import MAX_POLL_WAIT_SECONDS, HarnessName
 from looprelay.logs import LogFormat
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -293,6 +293,14 @@ def runner_register(
     help="Keep a work item's worktree or clone when its issue or PR closes.",
 )
 @click.option(
+    "--harness",
+    "harness_names",
+    multiple=True,
+    type=click.Choice(get_args(HarnessName)),
+    help="A coding agent this runner serves; repeat for more [default: every one on PATH]. "
+    "Work bound to another harness is left to other runners.",
+)
+@click.option(
     "--harness-arg",
     "harness_args",
     multiple=True,
@@ -350,6 +358,7 @@ def runner_run(
     git_host: str,
     git_timeout: float,
     keep_checkout_on_close: bool,
+    harness_names: tuple[str, ...],
     harness_args: tuple[str, ...],
     tmux_socket: str | None,
     capacity: int,
@@ -389,6 +398,7 @@ def runner_run(
             poll_wait_seconds=poll_wait,
             keep_session_on_terminate=keep_session_on_terminate,
             harness_args=parse_harness_args(harness_args),
+            harnesses=harness_names,
             sandbox=sandbox,
         )
     )

@@ -380,6 +380,8 @@ def _authorized_user(index: int, entry: dict[str, Any]) -> AuthorizedUser:
         ) from None
 
 
+HarnessName = Literal["claude", "cursor-agent", "codex", "gemini", "copilot"]
+"""The harnesses of ``agent/harnesses``' registry."""
 HOSTABLE_HARNESSES = ("claude", "codex", "gemini", "copilot")
 """The harnesses a runner can host in tmux (``agent/harnesses``: ``hostable``)."""
 
@@ -491,11 +493,20 @@ class RoutingConfig(_Section):
         "events go to the work item's session, told the code is untrusted). See "
         "docs/security.md.",
     )
-    harness: Literal["claude", "cursor-agent", "codex", "gemini", "copilot"] = Field(
+    harness: HarnessName = Field(
         default="claude",
         description="The coding agent sessions run. `claude`, `codex`, `gemini` and `copilot` "
         "are hosted in tmux or run headless; `cursor-agent` runs headless only (`runnerKind: "
         "process`).",
+    )
+    harness_labels: dict[str, HarnessName] = Field(
+        default_factory=dict,
+        max_length=20,
+        description="Labels that pick the coding agent of a work item's new sessions, for "
+        'example `{"agent: codex": codex}`: a session spawned while its issue or pull '
+        "request carries one of these labels (the first listed wins) runs that harness instead "
+        "of `harness`. A session keeps its harness for life (a resume never changes it); a "
+        "runner that lacks it is never given the work, and the wait says `harness-missing`.",
     )
     runner_kind: Literal["tmux", "process"] = Field(
         default="tmux",
@@ -550,6 +561,14 @@ class RoutingConfig(_Section):
             raise ValueError(
                 f"harness {self.harness} runs headless only: set runnerKind: process with it"
             )
+        for label, harness in self.harness_labels.items():
+            if not label.strip():
+                raise ValueError("harnessLabels: a label name is empty")
+            if self.runner_kind == "tmux" and harness not in HOSTABLE_HARNESSES:
+                raise ValueError(
+                    f"harnessLabels: {label!r} picks {harness}, which runs headless only: set "
+                    "runnerKind: process with it"
+                )
         return self
 
 

@@ -60,6 +60,7 @@ def routing_policy(config: RoutingConfig) -> RoutingPolicy:
             session_per_pr=session_per_pr,
             interaction=interaction,
             harness=config.harness,
+            harness_labels=tuple(config.harness_labels.items()),
             runner_kind=config.runner_kind,
             phases=tuple(Phase(p.token, p.label, p.opt_in) for p in config.phases),
             close_ends_session=CloseEndsSession(config.close_ends_session),

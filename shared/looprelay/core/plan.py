@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from looprelay.core.checklist import Phase
-from looprelay.core.control import Keywords
+from looprelay.core.control import Keywords, envelope_labels
 from looprelay.core.envelope import Envelope
 from looprelay.core.excerpt import render_excerpt, wrap_untrusted
 from looprelay.core.forks import ForkSessions
@@ -73,6 +73,8 @@ class RoutingPolicy:
     harness: str
     runner_kind: str
     phases: tuple[Phase, ...]
+    harness_labels: tuple[tuple[str, str], ...] = ()
+    """``routing.harnessLabels`` in the operator's order: (label, harness) pairs."""
     close_ends_session: CloseEndsSession = CloseEndsSession.AUTHORIZED
     pr_session_wait: timedelta = timedelta(minutes=5)
     """How long a pull request's own session may wait for a runner before its events go to
@@ -222,8 +224,9 @@ class Plan:
             session_id=session.session_id
             if resume and session
             else session_uuid(self.session_seed, endpoint, seq),
-            harness=self.policy.harness,
-            runner_kind=self.policy.runner_kind,
+            # A conversation belongs to its harness: a resume keeps it.
+            harness=session.harness if resume and session else self._new_session_harness(),
+            runner_kind=session.runner_kind if resume and session else self.policy.runner_kind,
             interaction=self.policy.interaction.mode,
             repository=repository or (session.repository if session else ""),
             runner_id=session.runner_id if session and session.status in PINNED_STATUSES else None,
@@ -233,6 +236,15 @@ class Plan:
         self._set_session(fresh)
         prompt = self._prompt(fresh, spawn=True, notice=notice)
         return self._add("spawn", fresh, prompt, resume=resume)
+
+    def _new_session_harness(self) -> str:
+        """The harness of a session spawned now: the first of ``harness_labels`` whose label
+        the event's issue or pull request carries, else the configured one."""
+        labels = set(envelope_labels(self.envelope))
+        return next(
+            (harness for label, harness in self.policy.harness_labels if label in labels),
+            self.policy.harness,
+        )
 
     def control(
         self, kind: str, *, statuses: frozenset[str], becomes: str, closing: bool = False
