@@ -19,6 +19,13 @@ approved fork spawn: a fork's pull request linked to a started work item, its he
 hostile agent config, is approved by ``the-loop start`` on the pull request; from that send
 until the runner reported the spawn, which cloned the base repository, fetched the approved
 head, restored the base's agent config, kept the fork's aside and started the harness.
+
+And per coding-agent CLI (``--harnesses``), in a rig of its own whose runner serves only that
+real CLI (the pinned binaries ``./dev`` installs), hosted in tmux and pointed at a loopback
+stand-in for its model API (``tests.model_apis``): first spawns and then pastes into those live
+sessions, one at a time, each timed from the send until the runner reported it applied and
+until the stand-in received the model request carrying the comment's text. Here the comment
+window is 0, so the figures are the harness's own cost and not the wait for a burst's order.
 """
 
 from __future__ import annotations
@@ -31,20 +38,29 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
-from loadrig import REPOSITORY, LoadError, Rig, rig
+from loadrig import REPOSITORY, LoadError, RealCli, Rig, rig
 from loadrun import Delivery, build_deliveries, send_all, summary_ms
 
+from tests import claude_cli, harness_clis
 from tests.agent.forks import push_tree
 from tests.gitrepos import GitRepos, offline_github
 from tests.harness.payloads import pull_request_opened
+from tests.model_apis import ModelApi
 from tests.samples import commented
 
+HARNESSES = ("claude", "codex", "gemini", "copilot")
+"""The real CLIs measured: every one that is hosted in tmux and on npm (cursor-agent is
+neither)."""
+BASELINE = "fake"
+"""The fake harness, measured the same way first: looprelay's own share of each figure."""
 TARGET_P50_MS = 25.0
 TARGET_P99_MS = 100.0
 WAIT_SECONDS = 30.0
@@ -264,44 +280,133 @@ def _fork_spawn_run(count: int) -> dict[str, float]:
     return summary_ms(spans)
 
 
+def _level_run(level: int, *, count: int, warmup: int) -> dict[str, Any]:
+    """The comment figures at ``level`` concurrent senders, with the target's verdict."""
+    with (
+        tempfile.TemporaryDirectory(prefix="looprelay-e2e-") as tmp,
+        rig(Path(tmp), capacity=max(2, level), count_store=False) as running,
+    ):
+        spans = _measure(running, Watcher(running), senders=level, count=count, warmup=warmup)
+    figures = summary_ms([span[0] for span in spans])
+    verdict = figures["p50"] < TARGET_P50_MS and figures["p99"] < TARGET_P99_MS
+    stages = {
+        name: summary_ms([span[i] for span in spans])["p50"]
+        for i, name in ((1, "ack_p50"), (2, "routed_p50"), (3, "lease_wait_p50"))
+    }
+    pasted = summary_ms([span[4] for span in spans])
+    stages |= {"paste_applied_p50": pasted["p50"], "paste_applied_p99": pasted["p99"]}
+    return {"senders": level, **figures, **stages, "target": "pass" if verdict else "miss"}
+
+
+def installed(name: str) -> bool:
+    """Whether the pinned ``name`` CLI is in ``./dev``'s cache (the fake always is)."""
+    if name == BASELINE:
+        return True
+    if name == "claude":
+        return claude_cli.cached_binary() is not None
+    return (harness_clis.bin_dir() / name).is_file()
+
+
+def _model_saw(api: ModelApi, token: str) -> float:
+    """When the stand-in received the first request carrying ``token`` (wall clock)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        seen = api.first_seen(token)
+        if seen is not None:
+            return seen
+        time.sleep(0.01)
+    raise LoadError(f"the model API never received {token} within {WAIT_SECONDS:.0f} s")
+
+
+def _harness_run(name: str, *, spawns: int, pastes: int) -> dict[str, dict[str, float]]:
+    """First spawns of ``name`` hosted in tmux, then ``pastes`` comments into each session, one
+    at a time: send->applied and (a real CLI) send->model request, per kind."""
+    # Window 0: the harness's own cost, not the wait that keeps a burst in creation order.
+    routing = {"runnerKind": "tmux", "commentWindowSeconds": 0}
+    with (
+        tempfile.TemporaryDirectory(prefix="looprelay-e2e-") as tmp,
+        pytest.MonkeyPatch.context() as patch,  # the CLI's environment, inherited by the rig
+    ):
+        root = Path(tmp)
+        if name == BASELINE:  # the fake claude
+            with rig(root, capacity=spawns + 1, count_store=False, routing=routing) as running:
+                return _measure_harness(running, None, spawns=spawns, pastes=pastes)
+        (root / "cli").mkdir()
+        with (
+            harness_clis.pointed_at_stand_in(name, root / "cli", patch) as (api, args),
+            rig(
+                root / "rig",
+                capacity=spawns + 1,
+                count_store=False,
+                routing=routing | {"harness": name},
+                real_cli=RealCli(name, args),
+            ) as running,
+        ):
+            return _measure_harness(running, api, spawns=spawns, pastes=pastes)
+
+
+def _measure_harness(
+    running: Rig, api: ModelApi | None, *, spawns: int, pastes: int
+) -> dict[str, dict[str, float]]:
+    watcher = Watcher(running)
+    starts, comments = build_deliveries(total=spawns * (pastes + 1), work_items=spawns)
+    spans: dict[str, list[float]] = defaultdict(list)
+    for kind, items in (("spawn", starts), ("paste", comments)):
+        for item in items:
+            sent = _send(running, item)
+            watcher.wait(item.delivery_id, applied=True)
+            spans[f"{kind}_applied"].append(
+                watcher.applied_time(item.delivery_id, succeeded=True) - sent
+            )
+            if api is not None:
+                # The next comment waits for the model to have this one: none queues behind it.
+                spans[f"{kind}_model"].append(_model_saw(api, item.token) - sent)
+    return {stage: summary_ms(values) for stage, values in spans.items()}
+
+
 def main() -> int:
     """Measure and print p50/p99 per concurrency level; exit 1 if the rig failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200, help="measured sends per sender")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured sends per sender")
-    parser.add_argument("--levels", default="1,4", help="concurrent senders, comma-separated")
+    parser.add_argument(
+        "--levels", default="1,4", help="concurrent senders, comma-separated ('' for none)"
+    )
     parser.add_argument("--spawns", type=int, default=30, help="first spawns measured apart")
     parser.add_argument(
         "--fork-spawns", type=int, default=30, help="approved fork spawns measured apart"
     )
+    parser.add_argument(
+        "--harnesses",
+        default=",".join(HARNESSES),
+        help="real CLIs to measure hosted, comma-separated ('' for none; a missing one is "
+        "reported, not measured)",
+    )
+    parser.add_argument("--harness-spawns", type=int, default=3, help="first spawns per real CLI")
+    parser.add_argument(
+        "--harness-pastes", type=int, default=3, help="pastes into each of those sessions"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    levels = [int(level) for level in args.levels.split(",")]
+    levels = [int(level) for level in args.levels.split(",") if level]
+    chosen = [name for name in args.harnesses.split(",") if name]
+    if unknown := sorted(set(chosen) - set(HARNESSES)):
+        parser.error(f"--harnesses: {', '.join(unknown)} not among {', '.join(HARNESSES)}")
     results = []
     try:
         for level in levels:
-            with (
-                tempfile.TemporaryDirectory(prefix="looprelay-e2e-") as tmp,
-                rig(Path(tmp), capacity=max(2, level), count_store=False) as running,
-            ):
-                watcher = Watcher(running)
-                spans = _measure(
-                    running, watcher, senders=level, count=args.count, warmup=args.warmup
-                )
-            figures = summary_ms([span[0] for span in spans])
-            verdict = figures["p50"] < TARGET_P50_MS and figures["p99"] < TARGET_P99_MS
-            stages = {
-                name: summary_ms([span[i] for span in spans])["p50"]
-                for i, name in ((1, "ack_p50"), (2, "routed_p50"), (3, "lease_wait_p50"))
-            }
-            pasted = summary_ms([span[4] for span in spans])
-            stages |= {"paste_applied_p50": pasted["p50"], "paste_applied_p99": pasted["p99"]}
-            results.append(
-                {"senders": level, **figures, **stages, "target": "pass" if verdict else "miss"}
-            )
+            results.append(_level_run(level, count=args.count, warmup=args.warmup))
             print(f"c={level}: done", file=sys.stderr, flush=True)
         spawned = _spawn_run(args.spawns) if args.spawns else None
         forked = _fork_spawn_run(args.fork_spawns) if args.fork_spawns else None
+        per_harness: dict[str, dict[str, dict[str, float]] | None] = {}
+        for name in [BASELINE, *chosen] if chosen else []:
+            per_harness[name] = (
+                _harness_run(name, spawns=args.harness_spawns, pastes=args.harness_pastes)
+                if installed(name)
+                else None
+            )
+            print(f"{name}: done", file=sys.stderr, flush=True)
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -313,11 +418,21 @@ def main() -> int:
                     "runs": results,
                     "first_spawn_applied_ms": spawned,
                     "approved_fork_spawn_applied_ms": forked,
+                    "real_cli_ms": per_harness,
                 },
                 indent=2,
             )
         )
         return 0
+    if results:
+        _print_levels(results)
+    _print_spawns(spawned, forked)
+    if per_harness:
+        _print_harnesses(per_harness)
+    return 0
+
+
+def _print_levels(results: list[dict[str, Any]]) -> None:
     row = "{:>7} {:>5} {:>7} {:>7} {:>7} {:>7}  {:<6} {:>8} {:>9} {:>10}"
     head = ("senders", "n", "p50 ms", "p95 ms", "p99 ms", "max ms", "target")
     print(row.format(*head, "ack p50", "routed p50", "lease p50"))
@@ -340,6 +455,13 @@ def main() -> int:
             f"  paste, c={r['senders']}: p50 {r['paste_applied_p50']:.1f} ms, "
             f"p99 {r['paste_applied_p99']:.1f} ms"
         )
+
+
+def _print_spawns(spawned: dict[str, float] | None, forked: dict[str, float] | None) -> None:
+    if spawned is None and forked is None:
+        return
+    print()
+    print("first spawns, until the runner reported them applied (send -> result recorded):")
     if spawned is not None:
         print(
             f"  first spawn (worktree, trust, skill, tmux), one at a time, "
@@ -351,7 +473,34 @@ def main() -> int:
             f"skill, tmux), one at a time, n={forked['count']:.0f}: p50 {forked['p50']:.1f} ms, "
             f"p99 {forked['p99']:.1f} ms"
         )
-    return 0
+
+
+def _print_harnesses(per_harness: dict[str, dict[str, dict[str, float]] | None]) -> None:
+    print()
+    print(
+        "coding-agent CLIs hosted in tmux, real ones against a model API stand-in, one at a time,"
+        " comment window 0 (p50 / max ms; x = p50 against the fake's, same run):"
+        " send -> runner reported applied, send -> model request"
+    )
+    row = "  {:<8} {:>3} {:>13} {:>6} {:>13}   {:>3} {:>13} {:>6} {:>13}"
+    print(row.format("harness", "n", "spawn applied", "x", "spawn model",
+                     "n", "paste applied", "x", "paste model"))  # fmt: skip
+    baseline = per_harness.get(BASELINE)
+    for name, figures in per_harness.items():
+        if figures is None:
+            print(f"  {name:<8} not installed (./dev test installs the pinned CLIs)")
+            continue
+        cells: list[str] = []
+        for kind in ("spawn", "paste"):
+            applied, model = figures[f"{kind}_applied"], figures.get(f"{kind}_model")
+            base = baseline[f"{kind}_applied"]["p50"] if baseline else 0.0
+            cells += [
+                f"{applied['count']:.0f}",
+                f"{applied['p50']:.0f} / {applied['max']:.0f}",
+                f"{applied['p50'] / base:.1f}" if base else "-",
+                f"{model['p50']:.0f} / {model['max']:.0f}" if model else "-",
+            ]
+        print(row.format(name, *cells))
 
 
 if __name__ == "__main__":

@@ -21,11 +21,13 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -127,6 +129,20 @@ def install_fake_harness(bin_dir: Path) -> FakeHarness:
     return FakeHarness(bin=bin_dir)
 
 
+@dataclass(frozen=True)
+class RealCli:
+    """A real coding-agent CLI for the runner to serve instead of the fake one: found on this
+    process's ``PATH`` (set up to talk to a stand-in for its model API), with its
+    ``--harness-arg`` flags."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    def runner_flags(self) -> list[str]:
+        """``runner run`` flags serving only this CLI."""
+        return ["--harness", self.name, *(f"--harness-arg={self.name}={a}" for a in self.args)]
+
+
 @dataclass
 class Rig:
     """A running ``looprelay up`` and one registered runner agent."""
@@ -136,9 +152,17 @@ class Rig:
     secret: bytes
     up: Process
     runner: Process
-    harness: FakeHarness
+    fake: FakeHarness | None
+    """The fake harness the runner serves; None when it serves a :class:`RealCli`."""
     tmux_socket: str
     counts_path: Path
+
+    @property
+    def harness(self) -> FakeHarness:
+        """The fake harness; raises ``LoadError`` in a rig serving a real CLI."""
+        if self.fake is None:
+            raise LoadError("this rig's runner serves a real CLI, not the fake harness")
+        return self.fake
 
     @property
     def data_dir(self) -> Path:
@@ -163,12 +187,14 @@ class Rig:
             return int(db.execute(sql).fetchone()[0])
 
 
-def _config(root: Path, extra_yaml: str) -> Path:
+def _config(root: Path, routing: Mapping[str, object]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "looprelay.yaml"
-    config.write_text(
-        "routing:\n  authorizedUsers: [codertocat]\nrunners:\n  heartbeatSeconds: 5\n" + extra_yaml,
-        encoding="utf-8",
-    )
+    settings = {
+        "routing": {"authorizedUsers": ["codertocat"], **routing},
+        "runners": {"heartbeatSeconds": 5},
+    }
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     return config
 
 
@@ -181,19 +207,21 @@ def rig(
     root: Path,
     *,
     capacity: int,
-    extra_yaml: str = "",
+    routing: Mapping[str, object] | None = None,
     count_store: bool = True,
     workspace: Path | None = None,
+    real_cli: RealCli | None = None,
 ) -> Iterator[Rig]:
     """Start ``looprelay up`` and one runner agent holding ``capacity`` sessions under ``root``;
     ``up`` runs through ``storecount.py`` unless ``count_store`` is off (a latency benchmark:
     the counting traces every SQLite statement, which production does not pay for). With
     ``workspace`` the agent also gets that workspace root (``--workspace``), so pull requests
     may have trees of their own, cloned from ``https://github.com/`` (point git elsewhere
-    through the environment, as ``tests/gitrepos.offline_github`` does).
+    through the environment, as ``tests/gitrepos.offline_github`` does). With ``real_cli`` the
+    runner serves that CLI, found on this process's ``PATH``, instead of the fake harness.
 
     Raises ``LoadError`` when either does not come up within ``READY_SECONDS``."""
-    config = _config(root, extra_yaml)
+    config = _config(root, routing or {})
     data, port = root / "data", free_port()
     counts_path = root / "store-counts.json"
     tmux_socket = f"lr-load-{uuid.uuid4().hex[:10]}"
@@ -210,19 +238,20 @@ def rig(
         stack.callback(up.stop)
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(up, base + "/healthz")
-        harness = install_fake_harness(root / "fakebin")
+        fake = None if real_cli else install_fake_harness(root / "fakebin")
         runner = _start_runner(
             root,
             base=base,
             state=state,
             tmux_socket=tmux_socket,
             capacity=capacity,
-            harness=harness,
+            harness_flags=real_cli.runner_flags() if real_cli else [],
+            path=f"{fake.bin}:/usr/bin:/bin" if fake else os.environ["PATH"],
             stack=stack,
             workspace=workspace,
         )
         secret = (data / WEBHOOK_SECRET_FILE).read_text(encoding="ascii").strip().encode()
-        yield Rig(root, base + "/webhook", secret, up, runner, harness, tmux_socket, counts_path)
+        yield Rig(root, base + "/webhook", secret, up, runner, fake, tmux_socket, counts_path)
 
 
 def _wait_healthy(up: Process, url: str) -> None:
@@ -245,7 +274,8 @@ def _start_runner(
     state: list[str],
     tmux_socket: str,
     capacity: int,
-    harness: FakeHarness,
+    harness_flags: list[str],
+    path: str,
     stack: ExitStack,
     workspace: Path | None,
 ) -> Process:
@@ -256,7 +286,7 @@ def _start_runner(
         "runner", "register", "--server", base, "--token", token, "--name", "load",
         "--capacity", str(capacity), "--credentials", str(credentials),
     )  # fmt: skip
-    env = os.environ | {"PATH": f"{harness.bin}:/usr/bin:/bin"}
+    env = os.environ | {"PATH": path}
     stack.callback(subprocess.run, ["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
     runner = Process(
         [
@@ -264,7 +294,7 @@ def _start_runner(
             "--checkout", f"{REPOSITORY}={checkout}", "--state", str(root / "runner-state"),
             "--tmux-socket", tmux_socket, "--capacity", str(min(capacity, AGENT_WORKERS)),
             "--poll-wait", "25",
-            "--log-level", "WARNING",
+            "--log-level", "WARNING", *harness_flags,
             *(["--workspace", str(workspace)] if workspace else []),
             # The fake harness is a script whose Python lives where the sandbox hides it (a
             # venv under $HOME); the real Claude binary runs inside (tests/agent/test_sandbox).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -121,6 +122,8 @@ class ModelApi:
         self, dialect: Callable[[str, bytes, bool], Reply], *, failing: bool = False
     ) -> None:
         self.bodies: list[bytes] = []
+        self.arrivals: list[float] = []
+        """When each of ``bodies`` was received (wall clock)."""
         self.failing = failing
         lock, api = threading.Lock(), self
 
@@ -131,6 +134,7 @@ class ModelApi:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 with lock:
                     api.bodies.append(body)
+                    api.arrivals.append(time.time())
                 status, kind, reply = dialect(self.path, body, api.failing)
                 self.send_response(status)
                 self.send_header("content-type", kind)
@@ -149,8 +153,13 @@ class ModelApi:
 
     def saw(self, text: str) -> bool:
         """Tell whether a request body held ``text`` (as JSON string content)."""
+        return self.first_seen(text) is not None
+
+    def first_seen(self, text: str) -> float | None:
+        """When the first request holding ``text`` was received (wall clock), if one was."""
         needle = json.dumps(text)[1:-1].encode()
-        return any(needle in body for body in list(self.bodies))
+        received = list(zip(self.arrivals, self.bodies, strict=False))
+        return next((at for at, body in received if needle in body), None)
 
     def requests_with(self, text: str) -> int:
         """How many request bodies held ``text``."""
