@@ -22,9 +22,10 @@ import pytest
 
 from looprelay.agent import harnesses
 from looprelay.agent.agent_config import is_agent_config
-from looprelay.agent.apply import Applier
+from looprelay.agent.apply import Applier, ApplyResult
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
+from looprelay.agent.sandbox import Probe, Sandbox
 from looprelay.agent.skill import SKILL_NAME
 from looprelay.agent.tmux import TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
@@ -68,6 +69,25 @@ def turns(
     yield from _turns(name, terminal, tmp_path, git_repos, monkeypatch)
 
 
+@pytest.fixture(
+    params=[(name, False) for name in sorted(DIALECTS)] + [(name, True) for name in HOSTED],
+    ids=lambda param: f"{param[0]}-{'hosted' if param[1] else 'headless'}",
+)
+def sandboxed(
+    request: pytest.FixtureRequest,
+    bwrap: Probe,
+    terminal: TmuxTerminal,
+    tmp_path: Path,
+    git_repos: GitRepos,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[Turns, bool]]:
+    """A harness whose sessions all run in bubblewrap, and whether it is hosted in tmux."""
+    name, hosted = request.param
+    sandbox = Sandbox(mode="always", probe=bwrap)
+    for turns in _turns(name, terminal, tmp_path, git_repos, monkeypatch, sandbox=sandbox):
+        yield turns, hosted
+
+
 @pytest.fixture(params=HOSTED)
 def hosted(
     request: pytest.FixtureRequest,
@@ -89,6 +109,8 @@ def _turns(
     tmp_path: Path,
     git_repos: GitRepos,
     monkeypatch: pytest.MonkeyPatch,
+    *,
+    sandbox: Sandbox | None = None,
 ) -> Iterator[Turns]:
     stack = ExitStack()
     api, args = stack.enter_context(pointed_at_stand_in(name, tmp_path, monkeypatch))
@@ -103,6 +125,7 @@ def _turns(
         SessionPreparer(workspaces, ledger, {name: args}),
         headless_timeout_seconds=TURN_TIMEOUT_SECONDS,
         spawn_probe_seconds=1.0,
+        sandbox=sandbox or Sandbox(),
     )
     yield Turns(name, applier, api, tmp_path / "ws" / SESSION)
     ledger.close()
@@ -111,13 +134,7 @@ def _turns(
 
 class TestHarnessContract:
     def test_a_turn_is_answered_and_the_model_saw_the_prompt(self, turns: Turns) -> None:
-        result = turns.applier.apply(
-            make_dispatch(runner_kind="process", harness=turns.name, prompt="first prompt")
-        )
-        assert (result.status, result.reason) == ("done", ""), result.detail
-        assert result.reply == "Noted."
-        assert turns.api.saw("first prompt")
-        assert result.session_id, "the conversation's id is kept for the next turn"
+        _one_turn_answered(turns)
 
     def test_a_later_turn_resumes_the_same_conversation(self, turns: Turns) -> None:
         first = turns.applier.apply(
@@ -165,36 +182,66 @@ class TestHarnessContract:
         assert turns.api.saw(SKILL_NAME), "the harness did not tell its model about the skill"
 
 
+def _spawned(hosted: Turns) -> ApplyResult:
+    """Spawn ``hosted``'s harness in tmux and wait until the stand-in saw its boot prompt."""
+    spawned = hosted.applier.apply(make_dispatch(harness=hosted.name, prompt="first prompt"))
+    assert spawned.status == "spawned", spawned.detail
+    wait_until(
+        lambda: hosted.api.saw("first prompt"),
+        seconds=DEADLINE,
+        what="boot prompt",
+        explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+    )
+    return spawned
+
+
+def _wait_for_both(hosted: Turns, what: str) -> None:
+    """Wait until a request carried the second prompt with the first: one conversation."""
+    wait_until(
+        lambda: any(b"first prompt" in b and b"second prompt" in b for b in hosted.api.bodies),
+        seconds=DEADLINE,
+        what=what,
+        explain=lambda: hosted.applier.terminal.last_lines(SESSION),
+    )
+
+
+def _spawn_then_paste(hosted: Turns) -> None:
+    """Spawn ``hosted``'s harness, then paste a comment: both prompts in one conversation."""
+    _spawned(hosted)
+    later = make_dispatch(harness=hosted.name, kind="deliver", seq=2, prompt="second prompt")
+    delivered = hosted.applier.apply(later)
+    assert (delivered.status, delivered.detail) == ("delivered", "pasted")
+    _wait_for_both(hosted, "the comment, in the same chat")
+
+
+def _one_turn_answered(turns: Turns) -> None:
+    """A headless turn of ``turns``' harness: answered, the prompt seen, the id kept."""
+    result = turns.applier.apply(
+        make_dispatch(runner_kind="process", harness=turns.name, prompt="first prompt")
+    )
+    assert (result.status, result.reason) == ("done", ""), result.detail
+    assert result.reply == "Noted."
+    assert turns.api.saw("first prompt")
+    assert result.session_id, "the conversation's id is kept for the next turn"
+
+
+class TestSandboxedContract:
+    def test_a_session_inside_bubblewrap_is_served(self, sandboxed: tuple[Turns, bool]) -> None:
+        # What a fork's session runs in: the CLI must find all it needs (its package, its
+        # interpreter, its config) with the rest of the machine hidden.
+        turns, hosted = sandboxed
+        if hosted:
+            _spawn_then_paste(turns)
+        else:
+            _one_turn_answered(turns)
+
+
 class TestHostedContract:
     def test_a_spawn_and_a_later_comment_reach_the_same_live_session(self, hosted: Turns) -> None:
-        spawn = make_dispatch(harness=hosted.name, prompt="first prompt")
-        spawned = hosted.applier.apply(spawn)
-        assert spawned.status == "spawned", spawned.detail
-        wait_until(
-            lambda: hosted.api.saw("first prompt"),
-            seconds=DEADLINE,
-            what="boot prompt",
-            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
-        )
-        later = make_dispatch(harness=hosted.name, kind="deliver", seq=2, prompt="second prompt")
-        delivered = hosted.applier.apply(later)
-        assert (delivered.status, delivered.detail) == ("delivered", "pasted")
-        wait_until(
-            lambda: _both(hosted),
-            seconds=DEADLINE,
-            what="the comment, in the same chat",
-            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
-        )
+        _spawn_then_paste(hosted)
 
     def test_a_killed_harness_resumes_the_same_conversation(self, hosted: Turns) -> None:
-        spawned = hosted.applier.apply(make_dispatch(harness=hosted.name, prompt="first prompt"))
-        assert spawned.status == "spawned", spawned.detail
-        wait_until(
-            lambda: hosted.api.saw("first prompt"),
-            seconds=DEADLINE,
-            what="boot prompt",
-            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
-        )
+        spawned = _spawned(hosted)
         terminal = hosted.applier.terminal
         terminal.terminate_harness(SESSION, 5.0)
         wait_until(lambda: terminal.pane_dead(SESSION), seconds=DEADLINE, what="the harness gone")
@@ -202,17 +249,7 @@ class TestHostedContract:
         respawned = hosted.applier.apply(later)
         assert (respawned.status, respawned.resumed) == ("spawned", True), respawned.detail
         assert respawned.session_id == spawned.session_id
-        wait_until(
-            lambda: _both(hosted),
-            seconds=DEADLINE,
-            what="the resumed conversation",
-            explain=lambda: hosted.applier.terminal.last_lines(SESSION),
-        )
-
-
-def _both(turns: Turns) -> bool:
-    """A request carried the second prompt with the first: one conversation."""
-    return any(b"first prompt" in body and b"second prompt" in body for body in turns.api.bodies)
+        _wait_for_both(hosted, "the resumed conversation")
 
 
 def test_every_hosted_harness_has_a_contract_case() -> None:

@@ -151,6 +151,37 @@ class TestWhatASessionReaches:
         assert (paths["home"] / ".claude" / "history").read_text() == "seen\n"
         assert not (paths["home"] / ".scratch").exists()  # the rest of HOME was a tmpfs
 
+    def test_an_npm_cli_finds_its_package_tree_and_an_interpreter_under_home(
+        self, bwrap: Probe, tmp_path: Path
+    ) -> None:
+        # Codex's and Copilot's launchers start a platform binary from a sibling package, and
+        # nvm puts node under HOME: with only the launcher's directory shown, both failed.
+        paths = _operator_home(tmp_path)
+        modules = paths["home"] / ".npm-global" / "lib" / "node_modules"
+        launcher = modules / "@acme" / "cli" / "bin" / "cli.js"
+        native = modules / "@acme" / "cli-linux-x64" / "native.txt"
+        interpreter = paths["home"] / ".nvm" / "bin" / "lrnode"
+        launcher.parent.mkdir(parents=True)
+        native.parent.mkdir(parents=True)
+        interpreter.parent.mkdir(parents=True)
+        native.write_text("native ran\n")
+        launcher.write_text(
+            "#!/usr/bin/env lrnode\n"
+            'cat "$(dirname "$0")/../../cli-linux-x64/native.txt"\n'
+            f"cat {paths['ssh']} 2>/dev/null || echo ssh: hidden\n"
+        )
+        interpreter.write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
+        for script in (launcher, interpreter):
+            script.chmod(0o755)
+        environ = {"HOME": str(paths["home"]), "PATH": f"{interpreter.parent}:/usr/bin:/bin"}
+        sandbox = Sandbox(mode="untrusted", probe=bwrap, environ=environ)
+        argv = sandbox.wrap(
+            [str(launcher)], harness_name=harness.CLAUDE, tree=paths["tree"], trusted=False
+        )
+        done = run_child(argv, cwd=paths["tree"], env=environ, timeout_seconds=DEADLINE_SECONDS)
+        assert done.exit_code == 0, done.stderr
+        assert done.stdout.splitlines() == ["native ran", "ssh: hidden"]
+
     def test_a_tree_holding_home_is_refused(self, bwrap: Probe, tmp_path: Path) -> None:
         paths = _operator_home(tmp_path)
         paths["tree"] = paths["home"]

@@ -2,7 +2,8 @@
 reach on the runner machine.
 
 Inside, the session sees an empty root with, read-only, the system (``/usr``, ``/etc`` and the
-``/bin``, ``/sbin``, ``/lib*`` links or directories) and the harness binary's own directory;
+``/bin``, ``/sbin``, ``/lib*`` links or directories) and what the harness binary needs to start
+(its directory, or the ``node_modules`` an npm CLI was installed into, and its interpreter);
 read-write, its tree and the harness's own config (Claude: ``${CLAUDE_CONFIG_DIR:-~/.claude}``
 and its ``.claude.json``); a fresh ``/proc`` (its own processes only), a minimal ``/dev``, and an
 empty ``/tmp`` and ``$HOME`` (tmpfs, gone when it exits). Everything else is absent: the rest of
@@ -183,7 +184,7 @@ class Sandbox:
             home=home,
             tree=where,
             writable=(*_harness_config(harness_name, env), *(_git_dirs(tree) if trusted else ())),
-            readable=(binary.parent,),
+            readable=_runtime(binary, env),
             hidden=tuple((p.resolve(), p.is_dir()) for p in self.hidden if p.exists()),
             unset=(*UNSET_ENV, *sorted(n for n in env if n.startswith("LOOPRELAY_"))),
         )
@@ -198,6 +199,40 @@ def _system() -> tuple[tuple[str, str | None], ...]:
         elif os.path.isdir(path):
             found.append((path, None))
     return tuple(found)
+
+
+def _runtime(binary: Path, env: Mapping[str, str]) -> tuple[Path, ...]:
+    """What ``binary`` (resolved) needs to start, beyond the system: its own directory; the
+    ``node_modules`` it was installed into, where an npm CLI finds its platform binary and its
+    dependencies (Codex, Copilot); and a script's interpreter (``#!/usr/bin/env node``, found
+    on the environment's PATH), which may live under ``$HOME`` (nvm)."""
+    needed = [binary.parent]
+    package_root = next((p for p in binary.parents if p.name == "node_modules"), None)
+    if package_root is not None:
+        needed = [package_root]
+    interpreter = _interpreter(binary, env)
+    if interpreter is not None and not _inside_any(interpreter, [Path(p) for p in SYSTEM_PATHS]):
+        needed.append(interpreter)
+    return tuple(needed)
+
+
+def _interpreter(binary: Path, env: Mapping[str, str]) -> Path | None:
+    """The resolved interpreter a ``#!`` script names (``env``'s argument looked up on PATH)."""
+    try:
+        with binary.open("rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    if Path(words[0]).name == "env":
+        program = next((w for w in words[1:] if not w.startswith("-")), None)
+        found = program and shutil.which(program, path=env.get("PATH", os.defpath))
+        return Path(os.path.realpath(found)) if found else None
+    return Path(os.path.realpath(words[0]))
 
 
 def _harness_config(name: str, env: Mapping[str, str]) -> list[Path]:
