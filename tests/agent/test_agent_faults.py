@@ -620,6 +620,33 @@ class TestParallelism:
             [_bracketed("event 1 of #1"), _bracketed("event 1 of #2")],
         )
 
+    def test_an_idle_agent_holds_one_poll_open_whatever_its_capacity(
+        self,
+        relay: Relay,
+        start_agent: Callable[..., LocalAgent],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        # The runner API's instances are counted by the polls held open: one an agent, not
+        # one a slot. A dispatch still goes to a free worker at once (the test above).
+        lock, open_now, most_open, answered = threading.Lock(), [0], [0], [0]
+        polling = RunnerClient.poll
+
+        def counted(client: RunnerClient, wait: float, *, agent_id: str = "") -> Any:
+            with lock:
+                open_now[0] += 1
+                most_open[0] = max(most_open[0], open_now[0])
+            try:
+                return polling(client, wait, agent_id=agent_id)
+            finally:
+                with lock:
+                    open_now[0] -= 1
+                    answered[0] += 1
+
+        monkeypatch.setattr(RunnerClient, "poll", counted)
+        start_agent("laptop", capacity=3)
+        wait_until(lambda: answered[0] >= 4, seconds=DEADLINE)  # each waits POLL_WAIT_SECONDS
+        assert most_open[0] == 1
+
 
 class TestKilledRunner:
     def test_a_runner_killed_with_its_lease_on_the_wire_leaves_the_dispatch_to_a_survivor(

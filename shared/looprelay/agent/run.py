@@ -1,11 +1,13 @@
 """The runner agent's lifecycle: heartbeat, poll, apply, report, drain.
 
-Scenario: the agent starts, heartbeats, and runs ``capacity`` workers. Each long-polls; a
-dispatch it gets is applied through the ledger (at most once, even across a crash) while a
-renewer keeps its lease; the result is reported, and a report that cannot get through is
-retried until the server answers. The server unreachable: back off with jitter, keep trying.
-First SIGTERM (``drain``): take nothing new, finish what is in hand, report, exit. Second
-(``stop``): exit now; a lease left behind lapses and the ledger reports it on the next start.
+Scenario: the agent starts, heartbeats, and runs ``capacity`` workers. A free worker
+long-polls, one at a time (the poll turn: an agent holds one poll open whatever its capacity,
+and the next free worker polls as soon as a dispatch comes back). A dispatch it gets is applied
+through the ledger (at most once, even across a crash) while a renewer keeps its lease; the
+result is reported, and a report that cannot get through is retried until the server answers.
+The server unreachable: back off with jitter, keep trying. First SIGTERM (``drain``): take
+nothing new, finish what is in hand, report, exit. Second (``stop``): exit now; a lease left
+behind lapses and the ledger reports it on the next start.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _DONE_VERBS = {
 """How the agent's log names what each dispatch kind did."""
 
 MAX_BACKOFF_SECONDS = 30.0
+POLL_TURN_CHECK_SECONDS = 0.2
+"""How often a worker waiting for the poll turn looks whether the agent drains or stops."""
 BACKOFF_JITTER = (0.5, 1.5)
 """Each backoff wait is its nominal value times a factor drawn from this range."""
 
@@ -123,6 +127,9 @@ class Agent:
     _told_exited: set[tuple[str, datetime | None]] = field(default_factory=set, init=False)
     """Harness exits (session, when) a heartbeat the server answered named: not named again
     (the server keeps what it was told, and a heartbeat that names none reads less)."""
+    _poll_turn: threading.Lock = field(default_factory=threading.Lock, init=False)
+    """Held by the one worker whose poll is open: idle, an agent keeps one request open at
+    the server, not one per worker (the runner API's instances are counted by open polls)."""
     _plain_heartbeats: bool = field(default=False, init=False)
     """The server refused the failover and identity fields (it is older): heartbeats and
     polls go without them."""
@@ -305,14 +312,27 @@ class Agent:
         return bool(self._released)
 
     def _work_loop(self) -> None:
+        while not (self.drain.is_set() or self.stop.is_set()):
+            if not self._poll_turn.acquire(timeout=POLL_TURN_CHECK_SECONDS):
+                continue  # another worker is polling; look at drain and stop again
+            try:
+                dispatch = self._poll()
+            finally:
+                self._poll_turn.release()
+            if dispatch is not None and self.drain.is_set():
+                self._hand_back(dispatch)
+            elif dispatch is not None:
+                self._handle(dispatch)
+
+    def _poll(self) -> Dispatch | None:
+        """One long poll, retried with backoff while the server is unreachable (the turn is
+        kept meanwhile, so the agent backs off as one); None when it timed out empty, or the
+        agent drains, stops or was refused."""
         backoff = 1.0
         while not (self.drain.is_set() or self.stop.is_set()):
+            agent_id = "" if self._plain_heartbeats else self.agent_id
             try:
-                agent_id = "" if self._plain_heartbeats else self.agent_id
                 dispatch = self.client.poll(self.poll_wait_seconds, agent_id=agent_id)
-                if backoff > 1.0:
-                    log.info("reconnected to the server; polling again")
-                backoff = 1.0
             except Transient as exc:
                 if isinstance(exc, BadRequest) and agent_id:
                     # A server older than the agent id refuses it: poll as before, unnamed.
@@ -326,11 +346,11 @@ class Agent:
                 continue
             except Unauthorized as exc:
                 self._refused(exc)
-                return
-            if dispatch is not None and self.drain.is_set():
-                self._hand_back(dispatch)
-            elif dispatch is not None:
-                self._handle(dispatch)
+                return None
+            if backoff > 1.0:
+                log.info("reconnected to the server; polling again")
+            return dispatch
+        return None
 
     def _handle(self, dispatch: Dispatch) -> None:
         log.info(
