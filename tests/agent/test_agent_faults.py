@@ -39,12 +39,13 @@ from looprelay.adapters.github.auth import TokenAuth
 from looprelay.adapters.github.rest import GitHubRest
 from looprelay.agent.apply import Applier
 from looprelay.agent.client import RunnerClient
-from looprelay.agent.credentials import Credentials, write_credentials
+from looprelay.agent.credentials import Credentials, read_credentials, write_credentials
 from looprelay.agent.ledger import Ledger
 from looprelay.agent.prepare import SessionPreparer
 from looprelay.agent.register import register
 from looprelay.agent.run import BACKOFF_JITTER, MAX_BACKOFF_SECONDS, Agent, AgentState
 from looprelay.agent.start import LEDGER_FILE, STATUS_FILE
+from looprelay.agent.statedir import StateLock
 from looprelay.agent.tmux import COMMAND_TIMEOUT_SECONDS, TmuxTerminal
 from looprelay.agent.workspaces import Workspaces
 from looprelay.app.asgi import AsyncHandler, Blocking
@@ -1215,13 +1216,33 @@ class TestOneAgentPerRunner:
             (first.state.parent / "runner-box-elsewhere" / "agent.id").read_text().strip()
         }
 
+    @pytest.mark.parametrize(
+        ("died_between", "refusals"), [(None, 0), ("unheard", 0), ("heard", 1)]
+    )
     def test_a_restart_after_sigkill_is_accepted_at_once(
-        self, relay: Relay, launch: Callable[..., RunnerProcess], fake_harness: FakeHarness
+        self,
+        relay: Relay,
+        launch: Callable[..., RunnerProcess],
+        fake_harness: FakeHarness,
+        died_between: str | None,
+        refusals: int,
     ) -> None:
         box = launch("box")
         dead = wait_until(lambda: relay.runner(box.runner_id).agent_id, seconds=DEADLINE)
         box.kill()
         relay.quiesce()  # its last long poll, still waiting at the server, ends empty
+        if died_between is not None:
+            # Another restart, killed on its way up: after taking the state directory and
+            # before its first heartbeat ("unheard": the server still has the one before as
+            # live; its successor used to name only it, and was refused as a second agent),
+            # or after the server accepted it and before it recorded that ("heard").
+            between = StateLock.acquire(box.state)
+            between_id = uuid.uuid4().hex
+            between.claim_agent_id(between_id)
+            if died_between == "heard":
+                hello = {"restarted": True, "agent_id": between_id, "replaces": dead}
+                RunnerClient(read_credentials(box.credentials)).heartbeat(hello)
+            between.release()
         # The server's clock stands still: the dead agent stays live there, yet its
         # successor on the same state directory is taken at once.
         again = launch("box")
@@ -1235,10 +1256,11 @@ class TestOneAgentPerRunner:
         [done] = relay.wait_settled("dp-1-1")
         assert (done.status, done.lease_holder) == ("succeeded", box.runner_id)
         assert again.proc.poll() is None
-        assert relay.events("runner.second_agent_refused") == []
-        assert (
-            relay.runner(box.runner_id).agent_id == (again.state / "agent.id").read_text().strip()
-        )
+        # Each agent its state directory names is tried, oldest first, until one is on record.
+        assert len(relay.events("runner.second_agent_refused")) == refusals
+        # Accepted: the agent on record is the only one its state directory still names.
+        recorded = (again.state / "agent.id").read_text().split()
+        assert recorded == [relay.runner(box.runner_id).agent_id]
 
 
 class TestEnvironmentPerSpawn:

@@ -98,11 +98,11 @@ class TestEachRegistrationKeepsItsOwnState:
         for lock in first.locks:
             lock.release()
         second = build_agent(_options(tmp_path, checkout))
-        assert first.agent_id and first.replaces == ""
+        assert first.agent_id and first.replaces == ()
         assert second.agent_id not in ("", first.agent_id)
-        assert second.replaces == first.agent_id
+        assert second.replaces == (first.agent_id,)
         elsewhere = build_agent(_options(tmp_path, checkout, state_dir=tmp_path / "other"))
-        assert elsewhere.replaces == ""
+        assert elsewhere.replaces == ()
 
     def test_two_agents_cannot_share_a_workspace_root(
         self, tmp_path: Path, repos: GitRepos, state_home: Path, fake_harness: FakeHarness

@@ -27,7 +27,7 @@ from looprelay.agent.client import BadRequest, LeaseLost, RunnerClient, SecondAg
 from looprelay.agent.hosted import Hosted, look
 from looprelay.agent.statedir import StateLock
 from looprelay.core.replies import MAX_REPLY_CHARS, cut_to
-from looprelay.errors import RunnerError, Transient, Unauthorized
+from looprelay.errors import ConfigError, RunnerError, Transient, Unauthorized
 from looprelay.wire.runner_api import MAX_AGENT_EVENTS, MAX_HELD_SESSIONS, Dispatch
 
 log = logging.getLogger("looprelay.agent")
@@ -111,8 +111,12 @@ class Agent:
     serving: list[str] = field(default_factory=list)
     agent_id: str = ""
     """This process's id, new at each start, named on every heartbeat and poll ("": none)."""
-    replaces: str = ""
-    """The id of the agent that held this state directory before (a restart), or ""."""
+    replaces: tuple[str, ...] = ()
+    """The ids of the agents that held this state directory before (a restart), oldest
+    first: the first heartbeat names each in turn until the server accepts one."""
+    identity: StateLock | None = None
+    """The state directory's lock, which records this agent's id once the server accepted
+    it (None: nothing to record, as in tests)."""
     _in_hand: dict[str, str] = field(default_factory=dict, init=False)
     """Dispatch id -> the session it is being applied to (changed and read under _truth)."""
     _truth: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -172,13 +176,20 @@ class Agent:
         (it was killed, or stopped hard), instead of after they lapse; a lease this process
         took itself must not be among them, hence before the first poll. Retries with the
         poll's backoff (doubling from 1 s to ``MAX_BACKOFF_SECONDS``, jittered) until answered,
-        drained, stopped or refused.
+        drained, stopped or refused. Refused as a second agent, it names the next agent its
+        state directory recorded before giving up; accepted, it records its own id there.
         """
         backoff = 1.0
         while not (self.drain.is_set() or self.stop.is_set()):
             try:
                 self._beat(restarted=True)
-                return
+            except SecondAgent as exc:
+                if len(self.replaces) < 2:
+                    self._refused(exc)
+                    return
+                # The agent named was killed before the server heard of it: the one before.
+                self.replaces = self.replaces[1:]
+                continue
             except Transient as exc:
                 log.warning("first heartbeat failed, retrying in about %.0fs: %s", backoff, exc)
                 self.stop.wait(backoff * random.uniform(*BACKOFF_JITTER))  # noqa: S311 - jitter only
@@ -186,6 +197,21 @@ class Agent:
             except Unauthorized as exc:
                 self._refused(exc)
                 return
+            else:
+                self._accepted()
+                return
+
+    def _accepted(self) -> None:
+        """The server knows this agent now: record it as the one the next start replaces."""
+        self.replaces = ()
+        if self.identity is None:
+            return
+        try:
+            self.identity.confirm_agent_id(self.agent_id)
+        except ConfigError as exc:
+            # The next start then names the agents before this one too; the server takes it
+            # once this one has been silent for runners.lostAfterSeconds.
+            log.warning("could not record this agent's id: %s", exc)
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.heartbeat_seconds):
@@ -267,7 +293,7 @@ class Agent:
         if self.agent_id:
             fields["agent_id"] = self.agent_id
         if self.replaces:
-            fields["replaces"] = self.replaces
+            fields["replaces"] = self.replaces[0]
         if self.hostname:
             fields["hostname"] = self.hostname
         if self.harnesses:

@@ -95,7 +95,7 @@ def build_agent(options: RunnerOptions) -> Agent:
                 StateLock.acquire(options.workspace, option="give this one its own --workspace")
             )
         agent = _assemble(options, credentials, state_dir, locks)
-        agent.agent_id, agent.replaces = agent_id, replaces
+        agent.agent_id, agent.replaces, agent.identity = agent_id, replaces, locks[0]
         agent.hostname = reported_hostname()
         return agent
     except BaseException:

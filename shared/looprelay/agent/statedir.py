@@ -5,9 +5,11 @@ The default directory is keyed by the runner's id, so two runners registered on 
 exclusive lock on its directory for as long as it runs: a second agent on the same state is
 refused at start instead of applying dispatches from the first one's ledger.
 
-The directory also keeps the id of the agent process that holds it (``agent.id``): the next
-process to take the lock names that one as the agent it replaces, so the server accepts a
-restart at once and refuses a second agent started elsewhere on the same credentials.
+The directory also keeps the ids of the agent processes that held it (``agent.id``): the one
+the server last accepted, then any started since that were killed before the server heard of
+them. The next process to take the lock names them, oldest first, as the agent it replaces,
+so the server accepts a restart at once, even after a restart that died before it said
+hello, and refuses a second agent started elsewhere on the same credentials.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ LOCK_FILE = "agent.lock"
 AGENT_ID_FILE = "agent.id"
 AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What the runner API takes as an agent id (``wire.runner_api``)."""
+MAX_UNCONFIRMED_IDS = 8
+"""Ids of agents killed before the server accepted them that ``agent.id`` keeps (the newest)."""
 
 
 def default_state_dir(runner_id: str) -> Path:
@@ -63,25 +67,40 @@ class StateLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(fd, directory)
 
-    def claim_agent_id(self, agent_id: str) -> str:
-        """Record ``agent_id`` as the id of the agent holding this directory; return the id
-        recorded before (the agent this one replaces), or "" when there was none.
+    def claim_agent_id(self, agent_id: str) -> tuple[str, ...]:
+        """Record ``agent_id`` as the newest agent to hold this directory; return the ids
+        recorded before, oldest first: the one the server last accepted, then those killed
+        before it accepted them. One of them is the agent the server knows, when any is.
 
-        Only the lock's holder calls this, so the previous id is a dead agent's. Raises
+        Only the lock's holder calls this, so they are dead agents' ids. Raises
         ``ConfigError`` when the file cannot be written.
         """
+        previous = self._recorded()
+        kept = (*previous[:1], *previous[1:][-MAX_UNCONFIRMED_IDS:])
+        self._record((*kept, agent_id))
+        return kept
+
+    def confirm_agent_id(self, agent_id: str) -> None:
+        """Record that the server accepted ``agent_id``: the ids before it are forgotten.
+        Raises ``ConfigError`` when the file cannot be written."""
+        self._record((agent_id,))
+
+    def _recorded(self) -> tuple[str, ...]:
         path = self.directory / AGENT_ID_FILE
         try:
-            previous = path.read_text(encoding="ascii").strip() if path.exists() else ""
+            text = path.read_text(encoding="ascii") if path.exists() else ""
         except (OSError, UnicodeDecodeError):
-            previous = ""  # unreadable: the server then waits for the old one to fall silent
+            text = ""  # unreadable: the server then waits for the old one to fall silent
+        return tuple(line for line in text.split() if AGENT_ID.fullmatch(line))
+
+    def _record(self, ids: tuple[str, ...]) -> None:
+        path = self.directory / AGENT_ID_FILE
         temporary = path.with_suffix(".tmp")
         try:
-            temporary.write_text(f"{agent_id}\n", encoding="ascii")
+            temporary.write_text("".join(f"{i}\n" for i in ids), encoding="ascii")
             temporary.replace(path)
         except OSError as exc:
             raise ConfigError(f"cannot write {path}: {exc.strerror}") from exc
-        return previous if AGENT_ID.fullmatch(previous) else ""
 
     def release(self) -> None:
         """Give the directory up; closing the descriptor drops the lock."""
