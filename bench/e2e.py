@@ -40,13 +40,14 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
-from loadrig import REPOSITORY, LoadError, RealCli, Rig, rig
+from loadrig import REPOSITORY, LoadError, RealCli, Rig, rig, wait_for
 from loadrun import Delivery, build_deliveries, send_all, summary_ms
 
 from tests import claude_cli, harness_clis
@@ -307,17 +308,6 @@ def installed(name: str) -> bool:
     return (harness_clis.bin_dir() / name).is_file()
 
 
-def _model_saw(api: ModelApi, token: str) -> float:
-    """When the stand-in received the first request carrying ``token`` (wall clock)."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
-        seen = api.first_seen(token)
-        if seen is not None:
-            return seen
-        time.sleep(0.01)
-    raise LoadError(f"the model API never received {token} within {WAIT_SECONDS:.0f} s")
-
-
 def _harness_run(name: str, *, spawns: int, pastes: int) -> dict[str, dict[str, float]]:
     """First spawns of ``name`` hosted in tmux, then ``pastes`` comments into each session, one
     at a time: send->applied and (a real CLI) send->model request, per kind."""
@@ -360,7 +350,13 @@ def _measure_harness(
             )
             if api is not None:
                 # The next comment waits for the model to have this one: none queues behind it.
-                spans[f"{kind}_model"].append(_model_saw(api, item.token) - sent)
+                # (The stand-in stamps each request as it arrives: the poll's pace is not timed.)
+                seen = wait_for(
+                    partial(api.first_seen, item.token),
+                    seconds=WAIT_SECONDS,
+                    what=f"the model request carrying {item.token}",
+                )
+                spans[f"{kind}_model"].append(seen - sent)
     return {stage: summary_ms(values) for stage, values in spans.items()}
 
 

@@ -206,10 +206,8 @@ def _runtime(binary: Path, env: Mapping[str, str]) -> tuple[Path, ...]:
     ``node_modules`` it was installed into, where an npm CLI finds its platform binary and its
     dependencies (Codex, Copilot); and a script's interpreter (``#!/usr/bin/env node``, found
     on the environment's PATH), which may live under ``$HOME`` (nvm)."""
-    needed = [binary.parent]
     package_root = next((p for p in binary.parents if p.name == "node_modules"), None)
-    if package_root is not None:
-        needed = [package_root]
+    needed = [package_root or binary.parent]
     interpreter = _interpreter(binary, env)
     if interpreter is not None and not _inside_any(interpreter, [Path(p) for p in SYSTEM_PATHS]):
         needed.append(interpreter)

@@ -217,16 +217,16 @@ class Plan:
             boot = self._prompt(session, spawn=True, notice=notice)
             return self._add("deliver", session, prompt, boot_prompt=boot)
         seq = self.item.next_seq
-        resume = session is not None and session.status in RESUMABLE_STATUSES
+        resumed = session if session and session.status in RESUMABLE_STATUSES else None
         fresh = SessionRecord(
             endpoint=endpoint,
             session_name=tmux_session_name(endpoint),
-            session_id=session.session_id
-            if resume and session
+            session_id=resumed.session_id
+            if resumed
             else session_uuid(self.session_seed, endpoint, seq),
             # A conversation belongs to its harness: a resume keeps it.
-            harness=session.harness if resume and session else self._new_session_harness(),
-            runner_kind=session.runner_kind if resume and session else self.policy.runner_kind,
+            harness=resumed.harness if resumed else self._new_session_harness(),
+            runner_kind=resumed.runner_kind if resumed else self.policy.runner_kind,
             interaction=self.policy.interaction.mode,
             repository=repository or (session.repository if session else ""),
             runner_id=session.runner_id if session and session.status in PINNED_STATUSES else None,
@@ -235,7 +235,7 @@ class Plan:
         )
         self._set_session(fresh)
         prompt = self._prompt(fresh, spawn=True, notice=notice)
-        return self._add("spawn", fresh, prompt, resume=resume)
+        return self._add("spawn", fresh, prompt, resume=resumed is not None)
 
     def _new_session_harness(self) -> str:
         """The harness of a session spawned now: the first of ``harness_labels`` whose label
